@@ -1,0 +1,18 @@
+"""Typed messages, one module per actor boundary.
+
+    requests.py   api -> scheduler, detokenizer -> scheduler (AddRequest, AbortRequest, FinishRequest)
+    execute.py    scheduler <-> executor (ExecuteBatch, BatchResult, ...)
+    outputs.py    scheduler -> detokenizer -> api (TokenDeltas, RequestOutputs, SchedulerStats)
+    control.py    lifecycle messages every actor understands (Shutdown, Ping/Pong)
+
+`ALL_MESSAGE_TYPES` is what the engine's codec registers.
+"""
+
+from trillium.actors.protocol import control, execute, outputs, requests
+
+ALL_MESSAGE_TYPES: tuple[type, ...] = (
+    *requests.MESSAGES,
+    *execute.MESSAGES,
+    *outputs.MESSAGES,
+    *control.MESSAGES,
+)

@@ -1,0 +1,113 @@
+"""scheduler <-> executor: one step of work and its result.
+
+Pattern: scheduler PUSH -> executor PULL (executor binds its inbox);
+executor PUSH -> scheduler PULL (scheduler's inbox).
+
+Send once, then diffs: a request's tokens and sampling params cross once in
+`NewRequestData` (again after a preemption, as a resumed request); every
+later step carries only its new blocks and token count, columnar, so a
+64-request decode step is a handful of small arrays.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from trillium.sampling_params import SamplingParams
+
+
+@attrs.frozen
+class NewRequestData:
+    """First scheduling of a request (or re-scheduling after preemption)."""
+
+    request_id: str
+    token_ids: np.ndarray  # int32: prompt followed by outputs generated so far
+    num_prompt_tokens: int
+    sampling: SamplingParams
+    eos_token_ids: tuple[int, ...]
+    block_ids: np.ndarray  # int32
+    num_computed_tokens: int  # prefix-cache hit (tokens already in the blocks)
+    lora_id: int = 0
+
+
+@attrs.frozen
+class CachedRequests:
+    """Diffs for requests the executor already knows, columnar."""
+
+    request_ids: tuple[str, ...] = ()
+    num_computed_tokens: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
+    # New blocks of request i: new_block_ids[new_block_offsets[i]:new_block_offsets[i+1]]
+    new_block_ids: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
+    new_block_offsets: np.ndarray = attrs.field(factory=lambda: np.zeros(1, np.int32))
+
+
+@attrs.frozen
+class ExecuteBatch:
+    """Run one forward over the scheduled tokens and sample where due.
+
+    Batch order is new requests first, then cached ones;
+    `num_scheduled_tokens[i]` tokens of request i are computed, starting at
+    its num_computed_tokens. A request is sampled when its scheduled tokens
+    reach the end of its known tokens.
+    """
+
+    step_id: int
+    new_requests: tuple[NewRequestData, ...]
+    cached: CachedRequests
+    num_scheduled_tokens: np.ndarray  # int32 [num_new + num_cached]
+    finished_request_ids: tuple[str, ...] = ()  # drop state
+    preempted_request_ids: tuple[str, ...] = ()  # drop blocks, keep sampling state
+
+
+@attrs.frozen
+class TokenLogprobs:
+    """Logprobs of one sampled position: the sampled token first, then top-N."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top_token_ids: tuple[int, ...]
+    top_logprobs: tuple[float, ...]
+
+
+@attrs.frozen
+class PromptLogprobs:
+    """Logprobs of prompt tokens start..start+len-1 (position 0 has none)."""
+
+    request_id: str
+    start: int
+    entries: tuple[TokenLogprobs, ...]
+
+
+@attrs.frozen
+class BatchResult:
+    """Sampled tokens of one ExecuteBatch, in batch order; -1 = not sampled
+    (a prefill chunk that has not reached the end of the prompt)."""
+
+    step_id: int
+    request_ids: tuple[str, ...]
+    sampled_token_ids: np.ndarray  # int32 [num_requests]
+    # Only for requests that asked for logprobs: request_id -> logprobs.
+    logprobs: dict[str, TokenLogprobs] = attrs.field(factory=dict)
+    prompt_logprobs: tuple[PromptLogprobs, ...] = ()
+    execute_time_s: float = 0.0
+
+
+@attrs.frozen
+class ExecutorFailed:
+    """executor -> scheduler: a step raised; the engine must stop."""
+
+    step_id: int
+    error: str
+
+
+MESSAGES = (
+    NewRequestData,
+    CachedRequests,
+    ExecuteBatch,
+    TokenLogprobs,
+    PromptLogprobs,
+    BatchResult,
+    ExecutorFailed,
+)

@@ -1,0 +1,107 @@
+"""Per-request sampling parameters, validated once at the edge.
+
+`SamplingParams` is a frozen attrs class: it crosses the api → scheduler →
+executor boundaries inside protocol messages, so it holds only plain values.
+`validate(vocab_size, max_model_len)` raises `ValueError` naming the bad
+parameter; the offline API and the HTTP layer call it before a request ever
+reaches the engine.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class SamplingParams:
+    """What to sample and when to stop, vLLM's names and defaults.
+
+    temperature == 0 means greedy. top_k <= 0 (or -1) means off, top_p == 1
+    and min_p == 0 mean off. Penalties follow vLLM: presence/frequency are
+    additive over generated tokens, repetition is multiplicative over prompt
+    and generated tokens (1.0 = off).
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        # WHY: callers pass lists (JSON, vLLM habits); store tuples so the
+        # object stays hashable and immutable.
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif not isinstance(self.stop, tuple):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if not isinstance(self.stop_token_ids, tuple):
+            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if self.logit_bias is not None:
+            object.__setattr__(
+                self, "logit_bias", {int(k): float(v) for k, v in self.logit_bias.items()}
+            )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise ValueError naming the first invalid parameter."""
+
+        def bad(name: str, why: str) -> None:
+            raise ValueError(f"invalid sampling parameter {name!r}: {why}")
+
+        if not isinstance(self.n, int) or self.n < 1:
+            bad("n", f"must be an integer >= 1, got {self.n!r}")
+        if not (self.temperature >= 0.0):
+            bad("temperature", f"must be >= 0, got {self.temperature!r}")
+        if not (0.0 < self.top_p <= 1.0):
+            bad("top_p", f"must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or (self.top_k < -1):
+            bad("top_k", f"must be -1 (off), 0 (off) or a positive integer, got {self.top_k!r}")
+        if not (0.0 <= self.min_p <= 1.0):
+            bad("min_p", f"must be in [0, 1], got {self.min_p!r}")
+        if not (-2.0 <= self.presence_penalty <= 2.0):
+            bad("presence_penalty", f"must be in [-2, 2], got {self.presence_penalty!r}")
+        if not (-2.0 <= self.frequency_penalty <= 2.0):
+            bad("frequency_penalty", f"must be in [-2, 2], got {self.frequency_penalty!r}")
+        if not (self.repetition_penalty > 0.0):
+            bad("repetition_penalty", f"must be > 0, got {self.repetition_penalty!r}")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+            bad("max_tokens", f"must be a positive integer, got {self.max_tokens!r}")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            bad("min_tokens", f"must be a non-negative integer, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            bad("min_tokens", f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            bad("seed", f"must be an integer, got {self.seed!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0 or value > 20):
+                bad(name, f"must be an integer in [0, 20], got {value!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            bad("stop", "must be non-empty strings")
+        if vocab_size is not None:
+            for tid in self.stop_token_ids:
+                if not (0 <= tid < vocab_size):
+                    bad("stop_token_ids", f"token id {tid} outside the vocabulary [0, {vocab_size})")
+            for tid, bias in (self.logit_bias or {}).items():
+                if not (0 <= tid < vocab_size):
+                    bad("logit_bias", f"token id {tid} outside the vocabulary [0, {vocab_size})")
+                if not (-100.0 <= bias <= 100.0):
+                    bad("logit_bias", f"bias for token {tid} must be in [-100, 100], got {bias}")
