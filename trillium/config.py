@@ -65,8 +65,8 @@ class EngineConfig:
 
     def resolve(self) -> "EngineConfig":
         """Fill max_model_len, num_blocks, dtype and served_model_name from the model."""
-        from trillium.models.config import load_model_config
-        from trillium.models.llama import kv_cache_bytes_per_block
+        from trillium.models.loader import load_model_config
+        from trillium.models.llama import kv_cache_block_bytes
 
         model_config = load_model_config(self.model)
         dtype = self.dtype if self.dtype != "auto" else _auto_dtype(model_config, self.device)
@@ -77,7 +77,7 @@ class EngineConfig:
                 f"({model_config.max_position_embeddings})"
             )
         budget = parse_memory(self.kv_cache_memory, _device_memory_bytes(self.device))
-        per_block = kv_cache_bytes_per_block(model_config, self.block_size, dtype)
+        per_block = kv_cache_block_bytes(model_config, self.block_size, dtype)
         num_blocks = self.num_blocks or budget // per_block
         if num_blocks < 2:
             raise ValueError(

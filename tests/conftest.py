@@ -1,0 +1,39 @@
+"""Shared fixtures: synthetic checkpoints built once per session, one torch thread."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trillium.models.synthetic import build_checkpoint
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory):
+    """checkpoint(variant, **kwargs) -> Path, built once per distinct arguments."""
+    built: dict[tuple, Path] = {}
+
+    def get(variant: str, **kwargs) -> Path:
+        key = (variant, tuple(sorted(kwargs.items())))
+        if key not in built:
+            root = tmp_path_factory.mktemp(f"ckpt-{variant}")
+            built[key] = build_checkpoint(root, variant, **kwargs)
+        return built[key]
+
+    return get
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Run these tests on one intra-op thread, restoring the setting afterwards.
+
+    WHY: on a small shared CI box, OpenMP threads of tiny matmuls spin against
+    each other and other processes; one thread is ~100x faster here.
+    """
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -1,0 +1,124 @@
+"""The api side of the engine: submit requests, stream their outputs.
+
+Owns the api inbox (RequestOutputs from the detokenizer, SchedulerStats
+from the scheduler) and the registry of live requests. Used by
+`trillium.LLM` and by the HTTP data plane alike.
+
+`submit()` returns a `RequestStream`; a router task appends each
+RequestOutputDelta to its stream. Streams buffer (bounded by the request's
+max_tokens), so a slow consumer never stalls the router for everyone else.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import trio
+
+from trillium.actors.engine import ActorConfig, engine_codec
+from trillium.actors.mailbox import Mailbox
+from trillium.actors.protocol.control import Shutdown
+from trillium.actors.protocol.outputs import RequestOutputDelta, RequestOutputs, SchedulerStats
+from trillium.actors.protocol.requests import AbortRequest, AddRequest
+from trillium.actors.transport import Outbox
+from trillium.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class RequestStream:
+    """Deltas of one request, in order; iterate with `async for`."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self._deltas: list[RequestOutputDelta] = []
+        self._event = trio.Event()
+        self.finished = False
+
+    def _push(self, delta: RequestOutputDelta) -> None:
+        self._deltas.append(delta)
+        self.finished = self.finished or delta.finished
+        self._event.set()
+
+    def __aiter__(self):
+        return self._iterate()
+
+    async def _iterate(self):
+        while True:
+            await self._event.wait()
+            deltas, self._deltas = self._deltas, []
+            self._event = trio.Event()
+            for delta in deltas:
+                yield delta
+                if delta.finished:
+                    return
+
+
+class EngineClient:
+    def __init__(self, config: ActorConfig) -> None:
+        self.config = config
+        codec = engine_codec()
+        self._mailbox = Mailbox.bind(config.addresses.api, codec)
+        self._to_scheduler = Outbox.connect(config.addresses.scheduler, codec)
+        self._to_executor = Outbox.connect(config.addresses.executor, codec)
+        self._to_detokenizer = Outbox.connect(config.addresses.detokenizer, codec)
+        self._streams: dict[str, RequestStream] = {}
+        self.last_stats: SchedulerStats | None = None
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Route outputs until cancelled."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._mailbox.pump)
+            task_status.started()
+            while True:
+                message = await self._mailbox.receive()
+                if isinstance(message, RequestOutputs):
+                    for delta in message.deltas:
+                        stream = self._streams.get(delta.request_id)
+                        if stream is not None:
+                            stream._push(delta)
+                            if delta.finished:
+                                del self._streams[delta.request_id]
+                elif isinstance(message, SchedulerStats):
+                    self.last_stats = message
+
+    async def submit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int] | np.ndarray,
+        params: SamplingParams,
+        eos_token_ids: tuple[int, ...],
+        *,
+        priority: int = 0,
+        group_id: str | None = None,
+    ) -> RequestStream:
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        stream = RequestStream(request_id)
+        self._streams[request_id] = stream
+        await self._to_scheduler.send(
+            AddRequest(
+                request_id=request_id,
+                prompt_token_ids=np.asarray(prompt_token_ids, dtype=np.int32),
+                sampling=params,
+                eos_token_ids=tuple(eos_token_ids),
+                arrival_time=time.time(),
+                priority=priority,
+                group_id=group_id,
+            )
+        )
+        return stream
+
+    async def abort(self, request_ids: list[str]) -> None:
+        await self._to_scheduler.send(AbortRequest(request_ids=tuple(request_ids)))
+
+    async def shutdown_engine(self) -> None:
+        """Ask every actor to return (in-process engines end this way)."""
+        for box in (self._to_scheduler, self._to_executor, self._to_detokenizer):
+            await box.send(Shutdown(reason="client shutdown"))
+
+    def close(self) -> None:
+        for box in (self._to_scheduler, self._to_executor, self._to_detokenizer):
+            box.close()

@@ -1,0 +1,72 @@
+"""Assembly of the engine: addresses, actor specs, the shared codec.
+
+One `ActorConfig` (engine config + every actor's inbox address) is handed
+to each actor as bytes. `engine_specs(...)` lists the actors in start order
+for the supervisor: in one process over inproc:// (trillium.LLM, tests) or
+as one process each over ipc:// (`trillium serve`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import uuid
+
+import attrs
+import cattrs
+
+from trillium.actors.codec import Codec
+from trillium.actors.protocol import ALL_MESSAGE_TYPES
+from trillium.actors.supervisor import ActorSpec
+from trillium.config import EngineConfig
+
+_converter = cattrs.Converter()
+
+
+@attrs.frozen
+class Addresses:
+    scheduler: str
+    executor: str
+    detokenizer: str
+    api: str
+
+    @staticmethod
+    def inproc() -> "Addresses":
+        tag = uuid.uuid4().hex[:8]
+        return Addresses(*(f"inproc://{tag}-{name}" for name in ("scheduler", "executor", "detokenizer", "api")))
+
+    @staticmethod
+    def ipc(directory: str | None = None) -> "Addresses":
+        directory = directory or tempfile.mkdtemp(prefix="trillium-")
+        return Addresses(
+            *(f"ipc://{os.path.join(directory, name)}" for name in ("scheduler", "executor", "detokenizer", "api"))
+        )
+
+
+@attrs.frozen
+class ActorConfig:
+    engine: EngineConfig
+    addresses: Addresses
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(_converter.unstructure(self)).encode()
+
+    @staticmethod
+    def from_bytes(data: bytes) -> "ActorConfig":
+        return _converter.structure(json.loads(data), ActorConfig)
+
+
+def engine_codec() -> Codec:
+    return Codec(ALL_MESSAGE_TYPES)
+
+
+def engine_specs(config: ActorConfig) -> list[ActorSpec]:
+    """Actors in start order: the executor (slowest start: loads weights),
+    then the detokenizer and the scheduler, which connect to it."""
+    blob = config.to_bytes()
+    return [
+        ActorSpec(name="executor", target="trillium.actors.executor.actor:run", config=blob),
+        ActorSpec(name="detokenizer", target="trillium.actors.detokenizer.actor:run", config=blob),
+        ActorSpec(name="scheduler", target="trillium.actors.scheduler.actor:run", config=blob),
+    ]

@@ -1,0 +1,51 @@
+"""Executor actor: the trio shell around `executor.core.ExecutorCore`.
+
+Consumes ExecuteBatch (scheduler), Shutdown. Produces BatchResult, or
+ExecutorFailed when a step raises (the scheduler then stops the engine).
+Weights load and every step runs in a worker thread, so the trio loop (and
+in-process neighbours) never block on torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+
+import trio
+
+from trillium.actors.engine import ActorConfig, engine_codec
+from trillium.actors.executor.core import ExecutorCore
+from trillium.actors.protocol.control import Shutdown
+from trillium.actors.protocol.execute import ExecuteBatch, ExecutorFailed
+from trillium.actors.transport import Inbox, Outbox
+
+log = logging.getLogger(__name__)
+
+
+async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    cfg = ActorConfig.from_bytes(config)
+    codec = engine_codec()
+    core = await trio.to_thread.run_sync(ExecutorCore, cfg.engine)
+    inbox = Inbox.bind(cfg.addresses.executor, codec)
+    to_scheduler = Outbox.connect(cfg.addresses.scheduler, codec)
+    task_status.started()
+    try:
+        while True:
+            message = await inbox.receive()
+            if isinstance(message, Shutdown):
+                return
+            if not isinstance(message, ExecuteBatch):
+                log.error("executor: unexpected message %r", type(message).__name__)
+                continue
+            try:
+                result = await trio.to_thread.run_sync(core.execute, message)
+            except Exception as exc:
+                log.exception("executor step %d failed", message.step_id)
+                await to_scheduler.send(
+                    ExecutorFailed(step_id=message.step_id, error="".join(traceback.format_exception_only(exc)).strip())
+                )
+                raise
+            await to_scheduler.send(result)
+    finally:
+        inbox.close()
+        to_scheduler.close()

@@ -1,0 +1,184 @@
+"""Executor core: model weights, the paged KV cache, forward and sampling.
+
+Consumes `ExecuteBatch`, produces `BatchResult` (protocol/execute.py).
+Owns: the model, one (k_cache, v_cache) pair per layer, and per-request
+state (token ids, block table, sampling state with its generator).
+
+The idea of one step: every scheduled request contributes
+`num_scheduled_tokens` tokens starting at its `num_computed_tokens`; they are
+laid flat (no padding) with their positions and cache slots, the model runs
+once, and the requests whose scheduled tokens reach the end of their known
+tokens are sampled from their last row. A sampled token is appended to the
+executor's own copy of the request's tokens, so the next step needs only
+the token count from the scheduler (send once, then diffs).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import attrs
+import numpy as np
+import torch
+
+from trillium.actors.executor.sampler import SamplingState, compute_prompt_logprobs, sample
+from trillium.actors.protocol.execute import (
+    BatchResult,
+    ExecuteBatch,
+    NewRequestData,
+    PromptLogprobs,
+    TokenLogprobs,
+)
+from trillium.config import EngineConfig
+from trillium.kernels import AttentionMetadata
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@attrs.define
+class RequestState:
+    request_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    block_ids: list[int]
+    num_computed_tokens: int
+    sampling: SamplingState
+
+
+class ExecutorCore:
+    def __init__(self, config: EngineConfig) -> None:
+        from trillium.models.llama import allocate_kv_caches
+        from trillium.models.loader import load_model
+
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype = _DTYPES[config.dtype]
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.model, self.model_config = load_model(
+            config.model, dtype=config.dtype, device=config.device, max_positions=config.max_model_len
+        )
+        self.model.eval()
+        self.kv_caches = allocate_kv_caches(
+            self.model_config, config.num_blocks, config.block_size, self.dtype, self.device
+        )
+        self.requests: dict[str, RequestState] = {}
+        log.info(
+            "executor ready: %s (%s), KV cache %d blocks x %d tokens",
+            config.model, config.dtype, config.num_blocks, config.block_size,
+        )
+
+    # -- state updates -------------------------------------------------
+
+    def _add(self, new: NewRequestData) -> RequestState:
+        old = self.requests.get(new.request_id)
+        # A resumed (preempted) request keeps its sampling state, so a seeded
+        # request continues the same random stream.
+        sampling = old.sampling if old is not None else SamplingState(
+            new.sampling,
+            new.token_ids[: new.num_prompt_tokens].tolist(),
+            vocab_size=self.model_config.vocab_size,
+            eos_token_ids=new.eos_token_ids,
+            output_token_ids=new.token_ids[new.num_prompt_tokens :].tolist(),
+            device=self.device,
+        )
+        state = RequestState(
+            request_id=new.request_id,
+            token_ids=new.token_ids.tolist(),
+            num_prompt_tokens=new.num_prompt_tokens,
+            block_ids=new.block_ids.tolist(),
+            num_computed_tokens=new.num_computed_tokens,
+            sampling=sampling,
+        )
+        self.requests[new.request_id] = state
+        return state
+
+    def _apply_diffs(self, batch: ExecuteBatch) -> list[RequestState]:
+        for rid in batch.finished_request_ids:
+            self.requests.pop(rid, None)
+        for rid in batch.preempted_request_ids:
+            state = self.requests.get(rid)
+            if state is not None:
+                state.block_ids = []
+        order = [self._add(new) for new in batch.new_requests]
+        cached = batch.cached
+        offsets = cached.new_block_offsets
+        new_blocks = cached.new_block_ids
+        for i, rid in enumerate(cached.request_ids):
+            state = self.requests[rid]
+            lo, hi = int(offsets[i]), int(offsets[i + 1])
+            if hi > lo:
+                state.block_ids.extend(new_blocks[lo:hi].tolist())
+            state.num_computed_tokens = int(cached.num_computed_tokens[i])
+            order.append(state)
+        return order
+
+    # -- one step ------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute(self, batch: ExecuteBatch) -> BatchResult:
+        start = time.perf_counter()
+        states = self._apply_diffs(batch)
+        counts = batch.num_scheduled_tokens.tolist()
+        input_ids: list[int] = []
+        positions: list[int] = []
+        seq_lens: list[int] = []
+        sample_rows: list[int] = []
+        sample_states: list[RequestState] = []
+        sample_index: list[int] = []  # position of each sampled request in the batch
+        prompt_lp: list[tuple[RequestState, int, int]] = []  # state, first row, num rows
+        row = 0
+        for index, (state, n) in enumerate(zip(states, counts)):
+            begin = state.num_computed_tokens
+            end = begin + n
+            input_ids.extend(state.token_ids[begin:end])
+            positions.extend(range(begin, end))
+            seq_lens.append(end)
+            if state.sampling.params.prompt_logprobs is not None and begin < state.num_prompt_tokens - 1:
+                prompt_lp.append((state, row, min(end, state.num_prompt_tokens - 1) - begin))
+            row += n
+            if end >= len(state.token_ids):
+                sample_rows.append(row - 1)
+                sample_states.append(state)
+                sample_index.append(index)
+        meta = AttentionMetadata.build(
+            counts, seq_lens, [s.block_ids for s in states], self.config.block_size, self.device
+        )
+        ids_t = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
+        pos_t = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        hidden = self.model(ids_t, pos_t, self.kv_caches, meta)
+
+        sampled = np.full(len(states), -1, dtype=np.int32)
+        logprobs: dict[str, TokenLogprobs] = {}
+        if sample_rows:
+            rows_t = torch.tensor(sample_rows, dtype=torch.int64, device=self.device)
+            logits = self.model.compute_logits(hidden.index_select(0, rows_t))
+            out = sample(logits, [s.sampling for s in sample_states])
+            tokens = out.token_ids.tolist()
+            for j, (state, token, index) in enumerate(zip(sample_states, tokens, sample_index)):
+                state.token_ids.append(token)
+                state.sampling.append(token)
+                sampled[index] = token
+                if out.logprobs is not None and state.sampling.params.logprobs is not None:
+                    logprobs[state.request_id] = out.logprobs.row(j)
+        prompt_results = tuple(self._prompt_logprobs(hidden, item) for item in prompt_lp)
+        return BatchResult(
+            step_id=batch.step_id,
+            request_ids=tuple(s.request_id for s in states),
+            sampled_token_ids=sampled,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_results,
+            execute_time_s=time.perf_counter() - start,
+        )
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, item: tuple[RequestState, int, int]) -> PromptLogprobs:
+        state, first_row, num_rows = item
+        begin = state.num_computed_tokens
+        logits = self.model.compute_logits(hidden[first_row : first_row + num_rows])
+        targets = torch.tensor(state.token_ids[begin + 1 : begin + 1 + num_rows], device=self.device)
+        tensors = compute_prompt_logprobs(logits, targets, state.sampling.params.prompt_logprobs)
+        entries = tuple(e for e in tensors.to_token_logprobs() if e is not None)
+        return PromptLogprobs(request_id=state.request_id, start=begin + 1, entries=entries)

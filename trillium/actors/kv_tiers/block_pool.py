@@ -1,0 +1,326 @@
+"""Device KV block pool: paged allocation, ref counts and the prefix cache.
+
+Role: the scheduler's accounting of the executor's KV cache tensors. The
+pool never touches memory; it hands out block ids, counts who holds each
+block, and remembers which full blocks hold which tokens so a later request
+with the same prefix reuses them instead of recomputing them.
+
+State it owns: per-block ref count and hash, the free-block queue, the
+prefix index (hash -> block), and each request's block table.
+
+Block layout (block_size = 4, two requests sharing a 2-block prefix)::
+
+    token positions   0  1  2  3 | 4  5  6  7 | 8  9  .  .
+    request A  ->  [ block 7    ][ block 2    ][ block 9  ]    (9: partial)
+    request B  ->  [ block 7    ][ block 2    ][ block 4  ]
+                     ref 2          ref 2        ref 1 each
+    hashes           h0 = H(root, t0..t3, lora)
+                                   h1 = H(h0, t4..t7, lora)
+                                                 (partial blocks are never hashed)
+
+    free queue (evict from the left)                prefix index
+      [ 5 | 3 | 8 | 6 | ... ]                        h0 -> 7, h1 -> 2, hX -> 8
+        ^ no cached content     ^ least recently freed cached blocks
+
+A freed block keeps its hash and stays findable in the index until it is
+handed out again (vLLM v1's design): a prefix hit on a free cached block
+takes it back out of the free queue. Blocks are appended to the queue in
+reverse order on free, so a request's tail blocks are evicted before its
+head blocks (the head is what other requests share). Blocks with no cached
+content go to the front: they are worth nothing, so they are reused first.
+
+Hash: SHA-256 over (parent hash, extra key, int64 token ids). Stable across
+processes and hosts, so the same hashes can later key host and disk tiers,
+and collision-resistant, so a crafted prompt cannot alias another user's KV.
+The extra key is the LoRA id (0 = base model), mixed into every block, so
+adapters never share blocks.
+
+Cost: allocation and freeing are O(blocks touched); the free queue is an
+OrderedDict (a C doubly linked list: O(1) pop-front, append, remove).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from typing import NamedTuple, NewType, Protocol, Sequence
+
+BlockId = NewType("BlockId", int)
+BlockHash = NewType("BlockHash", bytes)
+
+
+def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int], extra_key: int) -> BlockHash:
+    """Chained hash of one full block: H(parent, extra_key, tokens)."""
+    h = hashlib.sha256(parent or b"")
+    h.update(extra_key.to_bytes(8, "little", signed=True))
+    h.update(array("q", token_ids).tobytes())
+    return BlockHash(h.digest())
+
+
+class PoolRequest(Protocol):
+    """What the pool reads from a request (the scheduler's Request has it)."""
+
+    request_id: str
+    lora_id: int
+    num_computed_tokens: int
+    block_hashes: list[BlockHash]  # hashes of the request's full blocks, in order
+
+    @property
+    def all_token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def reads_prefix_cache(self) -> bool: ...
+
+
+class PrefixHit(NamedTuple):
+    """Leading blocks of a request found in the cache, and the tokens they hold."""
+
+    block_ids: tuple[BlockId, ...]
+    num_computed_tokens: int
+
+
+NO_HIT = PrefixHit((), 0)
+
+
+class PrefixIndex:
+    """hash -> block id of cached full blocks, with hit counters in tokens."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._blocks: dict[BlockHash, BlockId] = {}
+        self.num_query_tokens = 0
+        self.num_hit_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def extend_block_hashes(self, request: PoolRequest) -> None:
+        """Append hashes for the request's full blocks not hashed yet."""
+        hashes, tokens, size = request.block_hashes, request.all_token_ids, self.block_size
+        parent = hashes[-1] if hashes else None
+        for start in range(len(hashes) * size, len(tokens) - size + 1, size):
+            parent = hash_block_tokens(parent, tokens[start : start + size], request.lora_id)
+            hashes.append(parent)
+
+    def lookup(self, block_hash: BlockHash) -> BlockId | None:
+        return self._blocks.get(block_hash)
+
+    def insert(self, block_hash: BlockHash, block_id: BlockId) -> bool:
+        """Register a block; False if the hash is already cached elsewhere."""
+        if block_hash in self._blocks:
+            return False
+        self._blocks[block_hash] = block_id
+        return True
+
+    def discard(self, block_hash: BlockHash, block_id: BlockId) -> None:
+        if self._blocks.get(block_hash) == block_id:
+            del self._blocks[block_hash]
+
+    def clear(self) -> int:
+        num = len(self._blocks)
+        self._blocks.clear()
+        return num
+
+    def record_query(self, num_query_tokens: int, num_hit_tokens: int) -> None:
+        self.num_query_tokens += num_query_tokens
+        self.num_hit_tokens += num_hit_tokens
+
+
+class DisabledPrefixIndex(PrefixIndex):
+    """Prefix caching off: nothing is hashed, found or registered."""
+
+    def extend_block_hashes(self, request: PoolRequest) -> None:
+        return None
+
+    def lookup(self, block_hash: BlockHash) -> BlockId | None:
+        return None
+
+    def insert(self, block_hash: BlockHash, block_id: BlockId) -> bool:
+        return False
+
+    def record_query(self, num_query_tokens: int, num_hit_tokens: int) -> None:
+        return None
+
+
+class BlockPool:
+    """Fixed set of `num_blocks` KV blocks of `block_size` tokens each."""
+
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._index = PrefixIndex(block_size) if enable_prefix_caching else DisabledPrefixIndex(block_size)
+        self._ref_cnt = [0] * num_blocks
+        self._hash: list[BlockHash | None] = [None] * num_blocks
+        # INVARIANT: a block is in _free iff its ref count is 0.
+        self._free: OrderedDict[BlockId, None] = OrderedDict((BlockId(b), None) for b in range(num_blocks))
+        self._req_blocks: dict[str, list[BlockId]] = {}
+        self._req_num_cached_blocks: dict[str, int] = {}
+
+    # -- read-only views ------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by requests (free cached blocks count as free)."""
+        return 1.0 - len(self._free) / self.num_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._index)
+
+    @property
+    def prefix_cache_query_tokens(self) -> int:
+        return self._index.num_query_tokens
+
+    @property
+    def prefix_cache_hit_tokens(self) -> int:
+        return self._index.num_hit_tokens
+
+    def ref_count(self, block_id: int) -> int:
+        return self._ref_cnt[block_id]
+
+    def is_cached(self, block_id: int) -> bool:
+        return self._hash[block_id] is not None
+
+    def block_ids(self, request_id: str) -> tuple[BlockId, ...]:
+        return tuple(self._req_blocks.get(request_id, ()))
+
+    def can_allocate(self, num_blocks: int) -> bool:
+        return num_blocks <= len(self._free)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- prefix cache ---------------------------------------------------
+
+    def update_block_hashes(self, request: PoolRequest) -> None:
+        """Hash the request's newly full blocks (call after tokens are appended)."""
+        self._index.extend_block_hashes(request)
+
+    def match_prefix(self, block_hashes: Sequence[BlockHash]) -> int:
+        """Number of leading blocks of this hash chain held in the cache."""
+        num = 0
+        for block_hash in block_hashes:
+            if self._index.lookup(block_hash) is None:
+                break
+            num += 1
+        return num
+
+    def get_computed_blocks(self, request: PoolRequest) -> PrefixHit:
+        """Longest cached prefix of a request that is not running yet.
+
+        Never the whole request: the last token must be computed so its
+        position produces logits, so only blocks that end at or before
+        num_tokens - 1 are looked up (a fully cached prompt backs off by one
+        block). Pure lookup: nothing is taken until `allocate_slots`.
+        """
+        if not request.reads_prefix_cache:
+            return NO_HIT
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        found: list[BlockId] = []
+        for block_hash in request.block_hashes[:max_blocks]:
+            block_id = self._index.lookup(block_hash)
+            if block_id is None:
+                break
+            found.append(block_id)
+        return PrefixHit(tuple(found), len(found) * self.block_size)
+
+    def cache_full_blocks(self, request: PoolRequest) -> int:
+        """Register the request's blocks that are full of computed tokens.
+
+        Call once the step that computed them has returned, so a cached block
+        always holds its KV. Returns the number of blocks newly registered.
+        """
+        rid = request.request_id
+        blocks = self._req_blocks.get(rid)
+        if blocks is None:
+            return 0
+        done = self._req_num_cached_blocks[rid]
+        upto = min(request.num_computed_tokens // self.block_size, len(request.block_hashes), len(blocks))
+        num_new = 0
+        for i in range(done, upto):
+            block_id = blocks[i]
+            # WHY: a duplicate of an already-cached block (two requests computed
+            # the same prefix at once) stays unregistered and is reused first.
+            if self._hash[block_id] is None and self._index.insert(request.block_hashes[i], block_id):
+                self._hash[block_id] = request.block_hashes[i]
+                num_new += 1
+        self._req_num_cached_blocks[rid] = max(done, upto)
+        return num_new
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block (e.g. after a weight update). Blocks in use
+        stay with their requests but are never found again. Returns the number
+        of cache entries dropped. O(num_blocks): an admin operation."""
+        for block_id in range(self.num_blocks):
+            self._hash[block_id] = None
+        # NOTE: _req_num_cached_blocks is left as is, so running requests do not
+        # re-register blocks computed before the reset.
+        return self._index.clear()
+
+    # -- allocation -----------------------------------------------------
+
+    def allocate_slots(
+        self, request: PoolRequest, num_new_tokens: int, prefix_hit: PrefixHit = NO_HIT
+    ) -> list[BlockId] | None:
+        """Give the request enough blocks for `num_new_tokens` more tokens.
+
+        `prefix_hit` (from get_computed_blocks, only on admission) is taken
+        first: its blocks join the request's table and its tokens count as
+        computed. Returns the block ids appended to the request's table
+        (hit blocks, then fresh ones), or None, changing nothing, if the free
+        queue is too short.
+        """
+        rid = request.request_id
+        held = self._req_blocks.get(rid)
+        is_new = held is None
+        num_tokens = request.num_computed_tokens + prefix_hit.num_computed_tokens + num_new_tokens
+        num_held = (0 if held is None else len(held)) + len(prefix_hit.block_ids)
+        num_fresh = max(0, self.blocks_needed(num_tokens) - num_held)
+        # Hit blocks with ref 0 sit in the free queue: taking them shrinks it.
+        num_revived = sum(1 for b in prefix_hit.block_ids if self._ref_cnt[b] == 0)
+        if num_fresh + num_revived > len(self._free):
+            return None
+        for block_id in prefix_hit.block_ids:
+            if self._ref_cnt[block_id] == 0:
+                del self._free[block_id]
+            self._ref_cnt[block_id] += 1
+        added = list(prefix_hit.block_ids)
+        added.extend(self._pop_free() for _ in range(num_fresh))
+        if is_new:
+            self._req_blocks[rid] = added.copy()
+            self._req_num_cached_blocks[rid] = len(prefix_hit.block_ids)
+            if request.reads_prefix_cache:
+                self._index.record_query(request.num_tokens, prefix_hit.num_computed_tokens)
+        else:
+            held.extend(added)
+        return added
+
+    def free(self, request: PoolRequest) -> None:
+        """Drop the request's hold on its blocks (tail first, see module doc)."""
+        blocks = self._req_blocks.pop(request.request_id, None)
+        self._req_num_cached_blocks.pop(request.request_id, None)
+        for block_id in reversed(blocks or ()):
+            self._ref_cnt[block_id] -= 1
+            if self._ref_cnt[block_id] == 0:
+                self._free[block_id] = None
+                if self._hash[block_id] is None:
+                    self._free.move_to_end(block_id, last=False)
+
+    def _pop_free(self) -> BlockId:
+        block_id, _ = self._free.popitem(last=False)
+        block_hash = self._hash[block_id]
+        if block_hash is not None:  # evict: its content is about to be overwritten
+            self._index.discard(block_hash, block_id)
+            self._hash[block_id] = None
+        self._ref_cnt[block_id] = 1
+        return block_id

@@ -1,0 +1,43 @@
+"""A bound inbox drained by a background task into a bounded trio channel.
+
+WHY: an actor loop needs both `await receive()` and a non-blocking drain
+(take every pending message before scheduling the next step). A reader task
+moves decoded messages from the ZeroMQ inbox into a memory channel, whose
+`receive_nowait` gives the drain; the channel bound gives back-pressure.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from trillium.actors.codec import Codec
+from trillium.actors.transport import Inbox
+
+
+class Mailbox:
+    def __init__(self, inbox: Inbox, max_buffered: int = 4096) -> None:
+        self._inbox = inbox
+        self._send, self._receive = trio.open_memory_channel(max_buffered)
+
+    @classmethod
+    def bind(cls, address: str, codec: Codec, max_buffered: int = 4096) -> "Mailbox":
+        return cls(Inbox.bind(address, codec), max_buffered)
+
+    async def pump(self) -> None:
+        """Run in the actor's nursery: forward inbox messages forever."""
+        try:
+            while True:
+                await self._send.send(await self._inbox.receive())
+        finally:
+            self._inbox.close()
+
+    async def receive(self):
+        return await self._receive.receive()
+
+    def drain(self) -> list:
+        messages = []
+        while True:
+            try:
+                messages.append(self._receive.receive_nowait())
+            except trio.WouldBlock:
+                return messages

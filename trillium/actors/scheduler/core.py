@@ -1,0 +1,361 @@
+"""Scheduler core: continuous batching over a paged KV block pool.
+
+Pure synchronous Python (no trio, no zmq, no torch); `actor.py` is its shell.
+Consumes AddRequest / AbortRequest / FinishRequest (as calls) and
+BatchResult; produces ExecuteBatch, TokenDeltas and SchedulerStats.
+State: every live request, the running list, the waiting queue (inside the
+policy), the device BlockPool, and ids the executor must hear about.
+
+The idea (vLLM v1): there is no prefill phase and no decode phase. Each
+request has `num_computed_tokens` catching up with its `num_tokens` (prompt
+plus outputs so far). A step hands out a token budget: running requests
+first, in order (a decode needs one token, a prefill chunk as many as the
+budget allows), then waiting requests in policy order, each starting after
+its prefix-cache hit. When a running request cannot get a block, running
+requests are preempted by recompute (blocks freed, progress reset, back to
+the front of the queue) until it can, possibly itself.
+
+One step is in flight at a time: `schedule()`, then `update_from_output()`
+with that step's result, then the next `schedule()`. Progress is counted
+when a step is scheduled; blocks are registered in the prefix cache only
+when its result comes back, so a cached block always holds computed KV.
+`step_plan.py` turns a step's choices into the ExecuteBatch message;
+`policy.py` holds the waiting order, the preemption choice and n > 1 gating.
+
+Executor contract for an ExecuteBatch: apply `finished_request_ids` and
+`preempted_request_ids` first, then `new_requests` (replacing any state of a
+resumed request but its sampling state), then `cached`. Request i computes
+`num_scheduled_tokens[i]` tokens from its num_computed_tokens, and is sampled
+iff num_computed_tokens + num_scheduled_tokens == its number of known tokens
+(NewRequestData.token_ids plus every token the executor sampled for it since).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from trillium.actors.kv_tiers.block_pool import BlockId, BlockPool
+from trillium.actors.protocol.execute import BatchResult, ExecuteBatch, TokenLogprobs
+from trillium.actors.protocol.outputs import RequestDelta, SchedulerStats, TokenDeltas
+from trillium.actors.protocol.requests import AddRequest
+from trillium.actors.scheduler.policy import SiblingGate, make_policy
+from trillium.actors.scheduler.request import Request, RequestStatus
+from trillium.actors.scheduler.step_plan import StepPlan
+
+
+def _positive(instance, attribute, value) -> None:
+    if value < 1:
+        raise ValueError(f"{attribute.name} must be >= 1, got {value}")
+
+
+@attrs.frozen
+class SchedulerConfig:
+    num_blocks: int = attrs.field(validator=_positive)
+    block_size: int = attrs.field(default=16, validator=_positive)
+    max_num_seqs: int = attrs.field(default=256, validator=_positive)
+    max_num_batched_tokens: int = attrs.field(default=8192, validator=_positive)
+    max_model_len: int = attrs.field(default=4096, validator=_positive)
+    enable_prefix_caching: bool = True
+    policy: str = attrs.field(default="fcfs", validator=attrs.validators.in_(("fcfs", "priority")))
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0  # 0 = off; else cap a prefill's tokens per step
+
+    def __attrs_post_init__(self) -> None:
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                "without chunked prefill max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
+            )
+        if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
+            raise ValueError("long_prefill_token_threshold splits prompts: it needs chunked prefill")
+
+
+def build_scheduler(engine) -> "Scheduler":
+    """The scheduler for an `EngineConfig` (resolved: num_blocks and max_model_len set)."""
+    config = SchedulerConfig(
+        num_blocks=engine.num_blocks,
+        block_size=engine.block_size,
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        max_model_len=engine.max_model_len,
+        enable_prefix_caching=engine.enable_prefix_caching,
+        policy=engine.scheduling_policy,
+    )
+    return Scheduler(config)
+
+
+class Scheduler:
+    """Owns the requests and the device block pool; one step at a time.
+
+    `pool` may be passed in (tests, a tier manager sharing it); by default
+    it is built from the config.
+    """
+
+    def __init__(self, config: SchedulerConfig, pool: BlockPool | None = None) -> None:
+        if pool is None:
+            pool = BlockPool(
+                config.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
+            )
+        if pool.block_size != config.block_size:
+            raise ValueError(f"pool block_size {pool.block_size} != config block_size {config.block_size}")
+        self.config = config
+        self.pool = pool
+        self._policy = make_policy(config.policy)
+        self._siblings = SiblingGate()
+        self._requests: dict[str, Request] = {}
+        self._running: list[Request] = []
+        self._arrival_seq = 0
+        self._step_id = 0
+        self._in_flight_step: int | None = None
+        self._last_num_scheduled_tokens = 0
+        self._num_preempted_total = 0
+        # Reported with the next batch so the executor drops state / blocks.
+        self._finished_ids: list[str] = []
+        self._preempted_ids: list[str] = []
+        self._pending_deltas: list[RequestDelta] = []
+
+    # -- inputs -----------------------------------------------------------
+
+    def add_request(self, msg: AddRequest) -> None:
+        """Queue a request; ValueError if it can never fit."""
+        if msg.request_id in self._requests:
+            raise ValueError(f"duplicate request id {msg.request_id!r}")
+        request = Request(msg, self._arrival_seq, self.config.max_model_len)
+        num_blocks = self.pool.blocks_needed(request.max_kv_tokens)
+        if num_blocks > self.pool.num_blocks:
+            raise ValueError(
+                f"request {msg.request_id}: up to {request.max_kv_tokens} tokens need "
+                f"{num_blocks} KV blocks, the cache has {self.pool.num_blocks}"
+            )
+        self._arrival_seq += 1
+        self.pool.update_block_hashes(request)
+        self._requests[request.request_id] = request
+        self._policy.add(request)
+
+    def abort(self, request_ids) -> None:
+        """Client gone / operator abort: free blocks now; a final "abort" delta
+        is queued for `take_pending_deltas`. Unknown ids are ignored."""
+        self._end(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def finish(self, request_ids) -> None:
+        """A stop string matched (detokenizer): finish with reason "stop"."""
+        self._end(request_ids, RequestStatus.FINISHED_STOPPED)
+
+    def reject(self, request_id: str, reason: str) -> None:
+        """Queue an "abort" delta for a request add_request refused."""
+        self._pending_deltas.append(
+            RequestDelta(request_id=request_id, new_token_ids=(), finish_reason="abort", stop_reason=reason)
+        )
+
+    def take_pending_deltas(self) -> TokenDeltas | None:
+        """Deltas produced outside a step (aborts, finishes, rejects)."""
+        if not self._pending_deltas:
+            return None
+        deltas, self._pending_deltas = tuple(self._pending_deltas), []
+        return TokenDeltas(step_id=self._step_id, deltas=deltas)
+
+    def _end(self, request_ids, status: RequestStatus) -> None:
+        for rid in request_ids:
+            request = self._requests.get(rid)
+            if request is not None:
+                self._finish(request, status)
+                self._pending_deltas.append(self._delta(request, (), status, None))
+
+    # -- one step -------------------------------------------------------
+
+    def schedule(self) -> ExecuteBatch | None:
+        """Pick this step's work (see the module docstring); None if nothing runs."""
+        if self._in_flight_step is not None:
+            raise RuntimeError(f"step {self._in_flight_step} is in flight: call update_from_output first")
+        plan = StepPlan(token_budget=self.config.max_num_batched_tokens)
+        self._schedule_running(plan)
+        self._preempted_ids.extend(plan.preempted)
+        if not plan.preempted:  # WHY: blocks are short; admitting now would thrash
+            self._schedule_waiting(plan)
+        if not plan.requests:
+            return None
+        batch = plan.to_batch(self._step_id, self.pool, tuple(self._finished_ids), tuple(self._preempted_ids))
+        self._finished_ids, self._preempted_ids = [], []
+        for request in plan.new:
+            request.known_to_executor = True
+        for request in plan.requests:
+            request.num_computed_tokens += plan.num_tokens[request.request_id]
+        self._last_num_scheduled_tokens = int(batch.num_scheduled_tokens.sum())
+        self._in_flight_step = self._step_id
+        self._step_id += 1
+        return batch
+
+    def _num_new_tokens(self, request: Request, num_computed: int, budget: int) -> int:
+        """Tokens to compute for a request this step; 0 if it must wait."""
+        num = request.num_tokens - num_computed
+        threshold = self.config.long_prefill_token_threshold
+        if 0 < threshold < num:
+            num = threshold
+        if num > budget:
+            return budget if self.config.enable_chunked_prefill else 0
+        return num
+
+    def _schedule_running(self, plan: StepPlan) -> None:
+        for request in list(self._running):
+            if plan.token_budget <= 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num = self._num_new_tokens(request, request.num_computed_tokens, plan.token_budget)
+            if num <= 0:
+                continue
+            new_blocks = self._allocate_or_preempt(request, num, plan)
+            if new_blocks is not None:
+                plan.add(request, num, new_blocks, is_new=False)
+
+    def _allocate_or_preempt(
+        self, request: Request, num_tokens: int, plan: StepPlan
+    ) -> list[BlockId] | None:
+        while True:
+            new_blocks = self.pool.allocate_slots(request, num_tokens)
+            if new_blocks is not None:
+                return new_blocks
+            victim = self._policy.pick_victim(self._running)
+            self._preempt(victim, plan)
+            if victim is request:
+                return None
+
+    def _preempt(self, request: Request, plan: StepPlan) -> None:
+        plan.drop(request)
+        self.pool.free(request)
+        self._running.remove(request)
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.set_status(RequestStatus.PREEMPTED)
+        self._policy.push_front([request])
+        self._num_preempted_total += 1
+        plan.preempted.append(request.request_id)
+
+    def _schedule_waiting(self, plan: StepPlan) -> None:
+        put_back: list[Request] = []
+        while len(self._policy) and len(self._running) < self.config.max_num_seqs and plan.token_budget > 0:
+            request = self._policy.pop()
+            if self._siblings.must_wait(request):
+                put_back.append(request)
+                continue
+            if not self._admit(request, plan):
+                put_back.append(request)
+                break  # WHY: strict order; a later, smaller request must not starve this one
+        self._policy.push_front(put_back)
+
+    def _admit(self, request: Request, plan: StepPlan) -> bool:
+        hit = self.pool.get_computed_blocks(request)
+        num = self._num_new_tokens(request, hit.num_computed_tokens, plan.token_budget)
+        if num <= 0:
+            return False
+        new_blocks = self.pool.allocate_slots(request, num, hit)
+        if new_blocks is None:
+            return False
+        request.num_computed_tokens = hit.num_computed_tokens
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = hit.num_computed_tokens
+        request.set_status(RequestStatus.RUNNING)
+        self._running.append(request)
+        self._siblings.admitted(request)
+        plan.add(request, num, new_blocks, is_new=True)
+        return True
+
+    # -- results --------------------------------------------------------
+
+    def update_from_output(self, result: BatchResult) -> TokenDeltas:
+        """Append sampled tokens, apply stop rules, cache full blocks, free
+        finished requests; one RequestDelta per request that got a token."""
+        if result.step_id != self._in_flight_step:
+            raise ValueError(f"result of step {result.step_id}, but step {self._in_flight_step} is in flight")
+        self._in_flight_step = None
+        for chunk in result.prompt_logprobs:
+            request = self._requests.get(chunk.request_id)
+            if request is not None:
+                request.add_prompt_logprobs(chunk)
+        deltas = []
+        for rid, token in zip(result.request_ids, result.sampled_token_ids.tolist()):
+            request = self._requests.get(rid)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue  # aborted or finished while the step ran
+            if token >= 0:
+                request.append_token(token)
+                self.pool.update_block_hashes(request)
+            self.pool.cache_full_blocks(request)
+            if token < 0:
+                continue  # a prefill chunk short of the prompt's end
+            status = request.check_stop(token, self.config.max_model_len)
+            deltas.append(self._delta(request, (token,), status, result.logprobs.get(rid)))
+            if status is not None:
+                self._finish(request, status)
+        return TokenDeltas(step_id=result.step_id, deltas=tuple(deltas))
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        if request.status is RequestStatus.RUNNING:
+            self._running.remove(request)
+        else:
+            self._policy.remove(request)
+        request.set_status(status)
+        self.pool.free(request)
+        self._siblings.finished(request)
+        del self._requests[request.request_id]
+        if request.known_to_executor:
+            self._finished_ids.append(request.request_id)
+
+    def _delta(
+        self,
+        request: Request,
+        tokens: tuple[int, ...],
+        status: RequestStatus | None,
+        logprobs: TokenLogprobs | None,
+    ) -> RequestDelta:
+        first = not request.delivered
+        request.delivered = True
+        return RequestDelta(
+            request_id=request.request_id,
+            new_token_ids=tokens,
+            finish_reason=None if status is None else status.finish_reason,
+            stop_reason=None if status is None else request.stop_reason,
+            logprobs=() if logprobs is None else (logprobs,),
+            prompt_logprobs=request.take_prompt_logprobs() if first else None,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_cached_tokens=max(0, request.num_cached_tokens),
+            spec=request.detokenize_spec() if first else None,
+        )
+
+    # -- views ------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        return bool(self._running) or len(self._policy) > 0
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._policy)
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self._requests.get(request_id)
+
+    def running_requests(self) -> tuple[Request, ...]:
+        return tuple(self._running)
+
+    def waiting_requests(self) -> tuple[Request, ...]:
+        return tuple(self._policy)
+
+    def reset_prefix_cache(self) -> int:
+        return self.pool.reset_prefix_cache()
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            step_id=self._step_id,
+            num_running=len(self._running),
+            num_waiting=len(self._policy),
+            num_preempted_total=self._num_preempted_total,
+            kv_usage=self.pool.usage,
+            num_free_blocks=self.pool.num_free_blocks,
+            prefix_cache_queries_total=self.pool.prefix_cache_query_tokens,
+            prefix_cache_hits_total=self.pool.prefix_cache_hit_tokens,
+            num_scheduled_tokens=self._last_num_scheduled_tokens,
+        )

@@ -1,0 +1,189 @@
+"""The scheduler's view of one request: tokens, progress, status, stop rules.
+
+A `Request` is built from an `AddRequest` and lives in the scheduler core
+until it finishes. Its status is an explicit state machine
+(`RequestStatus`, `TRANSITIONS`); every change goes through `set_status`,
+which refuses a transition the table does not list.
+
+    WAITING ──admit──> RUNNING ──preempt──> PREEMPTED ──admit──> RUNNING
+       │                  │                     │
+       └── abort/finish ──┴── EOS/stop/length ──┴──> FINISHED_*   (terminal)
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+from trillium.actors.kv_tiers.block_pool import BlockHash
+from trillium.actors.protocol.execute import PromptLogprobs, TokenLogprobs
+from trillium.actors.protocol.outputs import DetokenizeSpec
+from trillium.actors.protocol.requests import AddRequest
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # back in the waiting queue, its blocks freed
+    FINISHED_STOPPED = "stop"  # EOS, a stop token id, or a stop string
+    FINISHED_LENGTH = "length"  # max_tokens or max_model_len
+    FINISHED_ABORTED = "abort"  # client gone, operator abort, rejected
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The OpenAI finish_reason of a finished status, else None."""
+        return self.value if self in _FINISHED else None
+
+
+_FINISHED = frozenset(
+    {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
+)
+
+S = RequestStatus
+TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
+    # A stop string can end a preempted or waiting request: the detokenizer
+    # saw its tokens before the preemption.
+    S.WAITING: frozenset({S.RUNNING, S.FINISHED_STOPPED, S.FINISHED_ABORTED}),
+    S.RUNNING: frozenset({S.PREEMPTED, *_FINISHED}),
+    S.PREEMPTED: frozenset({S.RUNNING, S.FINISHED_STOPPED, S.FINISHED_ABORTED}),
+    S.FINISHED_STOPPED: frozenset(),
+    S.FINISHED_LENGTH: frozenset(),
+    S.FINISHED_ABORTED: frozenset(),
+}
+del S
+
+
+class Request:
+    """Mutable per-request state owned by the scheduler core."""
+
+    def __init__(self, msg: AddRequest, arrival_seq: int, max_model_len: int) -> None:
+        prompt = np.asarray(msg.prompt_token_ids, dtype=np.int32)
+        num_prompt = int(prompt.shape[0])
+        if num_prompt == 0:
+            raise ValueError(f"request {msg.request_id}: empty prompt")
+        max_tokens = msg.sampling.max_tokens
+        if max_tokens is None:
+            max_tokens = max_model_len - num_prompt
+        if max_tokens < 1 or num_prompt + max_tokens > max_model_len:
+            raise ValueError(
+                f"request {msg.request_id}: prompt ({num_prompt} tokens) + max_tokens "
+                f"({msg.sampling.max_tokens}) exceeds max_model_len ({max_model_len})"
+            )
+        self.request_id = msg.request_id
+        self.prompt_token_ids = prompt
+        self.all_token_ids: list[int] = prompt.tolist()
+        self.num_prompt_tokens = num_prompt
+        self.sampling = msg.sampling
+        self.eos_token_ids = msg.eos_token_ids
+        self.max_tokens = max_tokens
+        self.arrival_time = msg.arrival_time
+        self.arrival_seq = arrival_seq  # tie-break for equal arrival times
+        self.priority = msg.priority
+        self.group_id = msg.group_id
+        self.lora_id = msg.lora_id
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.block_hashes: list[BlockHash] = []
+        self.num_cached_tokens = -1  # prefix-cache hit at first admission; -1 before
+        self.num_preemptions = 0
+        self.known_to_executor = False  # sent as NewRequestData at least once
+        self.delivered = False  # its first delta (with the DetokenizeSpec) went out
+        self.stop_reason: int | str | None = None
+        self._eos = frozenset(() if msg.sampling.ignore_eos else msg.eos_token_ids)
+        self._stop_ids = frozenset(msg.sampling.stop_token_ids)
+        self._prompt_logprobs_start = 0
+        self._prompt_logprobs: list[TokenLogprobs] = []
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, {self.status.name}, "
+            f"computed={self.num_computed_tokens}/{self.num_tokens})"
+        )
+
+    # -- sizes ----------------------------------------------------------
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens :]
+
+    @property
+    def max_kv_tokens(self) -> int:
+        """Most tokens whose KV this request can ever hold (the last sampled
+        token is never fed back)."""
+        return self.num_prompt_tokens + self.max_tokens - 1
+
+    @property
+    def reads_prefix_cache(self) -> bool:
+        # WHY: prompt logprobs need every prompt position computed (as vLLM).
+        return self.sampling.prompt_logprobs is None
+
+    # -- state machine --------------------------------------------------
+
+    def set_status(self, status: RequestStatus) -> None:
+        if status not in TRANSITIONS[self.status]:
+            raise RuntimeError(
+                f"request {self.request_id}: illegal transition {self.status.name} -> {status.name}"
+            )
+        self.status = status
+
+    # -- tokens and stop rules ------------------------------------------
+
+    def append_token(self, token_id: int) -> None:
+        self.all_token_ids.append(token_id)
+
+    def check_stop(self, token_id: int, max_model_len: int) -> RequestStatus | None:
+        """The finished status the just-appended token causes, if any (vLLM's
+        order: min_tokens holds off EOS and stop tokens; EOS, then stop token
+        ids, then length). Sets stop_reason for a stop token id."""
+        if self.num_output_tokens < self.sampling.min_tokens:
+            return None
+        if token_id in self._eos:
+            return RequestStatus.FINISHED_STOPPED
+        if token_id in self._stop_ids:
+            self.stop_reason = token_id
+            return RequestStatus.FINISHED_STOPPED
+        if self.num_output_tokens >= self.max_tokens or self.num_tokens >= max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    # -- outputs ---------------------------------------------------------
+
+    def detokenize_spec(self) -> DetokenizeSpec:
+        return DetokenizeSpec(
+            prompt_token_ids=self.prompt_token_ids,
+            skip_special_tokens=self.sampling.skip_special_tokens,
+            stop=self.sampling.stop,
+            include_stop_str_in_output=self.sampling.include_stop_str_in_output,
+            min_tokens=self.sampling.min_tokens,
+        )
+
+    def add_prompt_logprobs(self, chunk: PromptLogprobs) -> None:
+        """Accumulate prompt logprobs over prefill chunks. After a preemption
+        the prompt is recomputed; positions already held are skipped."""
+        if self.delivered:
+            return
+        if not self._prompt_logprobs:
+            self._prompt_logprobs_start = chunk.start
+        end = self._prompt_logprobs_start + len(self._prompt_logprobs)
+        skip = max(0, end - chunk.start)
+        self._prompt_logprobs.extend(chunk.entries[skip:])
+
+    def take_prompt_logprobs(self) -> PromptLogprobs | None:
+        if not self._prompt_logprobs:
+            return None
+        out = PromptLogprobs(self.request_id, self._prompt_logprobs_start, tuple(self._prompt_logprobs))
+        self._prompt_logprobs = []
+        return out

@@ -1,0 +1,88 @@
+"""One step's plan: which requests compute how many tokens, with which new
+blocks, and its translation into the `ExecuteBatch` wire message.
+
+Built and filled by `Scheduler.schedule()`; `to_batch` lays it out in batch
+order (requests new to the executor first, then cached ones, columnar):
+
+    num_scheduled_tokens  [ new_0 .. new_k | cached_0 .. cached_m ]
+    new_block_ids         [ blocks of cached_0 | blocks of cached_1 | ... ]
+    new_block_offsets     [ 0, len0, len0 + len1, ... ]      (m + 1 entries)
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from trillium.actors.kv_tiers.block_pool import BlockId, BlockPool
+from trillium.actors.protocol.execute import CachedRequests, ExecuteBatch, NewRequestData
+from trillium.actors.scheduler.request import Request
+
+
+@attrs.define
+class StepPlan:
+    token_budget: int
+    new: list[Request] = attrs.Factory(list)  # admitted from waiting this step
+    cached: list[Request] = attrs.Factory(list)  # already running
+    num_tokens: dict[str, int] = attrs.Factory(dict)
+    new_block_ids: dict[str, list[BlockId]] = attrs.Factory(dict)
+    preempted: list[str] = attrs.Factory(list)
+
+    def add(self, request: Request, num_tokens: int, new_blocks: list[BlockId], *, is_new: bool) -> None:
+        (self.new if is_new else self.cached).append(request)
+        self.num_tokens[request.request_id] = num_tokens
+        self.new_block_ids[request.request_id] = new_blocks
+        self.token_budget -= num_tokens
+
+    def drop(self, request: Request) -> None:
+        """Unschedule a running request preempted after it was picked (the
+        priority policy may choose one earlier in the running list)."""
+        num = self.num_tokens.pop(request.request_id, None)
+        if num is not None:
+            self.token_budget += num
+            self.cached.remove(request)
+            del self.new_block_ids[request.request_id]
+
+    @property
+    def requests(self) -> list[Request]:
+        return self.new + self.cached  # batch order
+
+    def to_batch(
+        self,
+        step_id: int,
+        pool: BlockPool,
+        finished_request_ids: tuple[str, ...],
+        preempted_request_ids: tuple[str, ...],
+    ) -> ExecuteBatch:
+        # Requests are read before the step's progress is added: each
+        # num_computed_tokens is where its scheduled tokens start.
+        new = tuple(
+            NewRequestData(
+                request_id=r.request_id,
+                token_ids=np.asarray(r.all_token_ids, dtype=np.int32),
+                num_prompt_tokens=r.num_prompt_tokens,
+                sampling=r.sampling,
+                eos_token_ids=r.eos_token_ids,
+                block_ids=np.asarray(pool.block_ids(r.request_id), dtype=np.int32),
+                num_computed_tokens=r.num_computed_tokens,
+                lora_id=r.lora_id,
+            )
+            for r in self.new
+        )
+        block_lists = [self.new_block_ids[r.request_id] for r in self.cached]
+        offsets = np.zeros(len(block_lists) + 1, dtype=np.int32)
+        np.cumsum([len(b) for b in block_lists], out=offsets[1:])
+        cached = CachedRequests(
+            request_ids=tuple(r.request_id for r in self.cached),
+            num_computed_tokens=np.asarray([r.num_computed_tokens for r in self.cached], dtype=np.int32),
+            new_block_ids=np.asarray([b for blocks in block_lists for b in blocks], dtype=np.int32),
+            new_block_offsets=offsets,
+        )
+        return ExecuteBatch(
+            step_id=step_id,
+            new_requests=new,
+            cached=cached,
+            num_scheduled_tokens=np.asarray([self.num_tokens[r.request_id] for r in self.requests], dtype=np.int32),
+            finished_request_ids=finished_request_ids,
+            preempted_request_ids=preempted_request_ids,
+        )

@@ -1,0 +1,105 @@
+"""Choose the Triton kernel on CUDA, the torch reference elsewhere.
+
+A call goes to Triton when its input tensor is on CUDA, Triton imports, and
+TRILLIUM_KERNELS is not "reference"; shapes a Triton kernel does not handle
+fall back to the reference. The Triton modules are imported lazily, on the
+first CUDA call, so importing the kernels never needs a GPU or a working
+Triton install, and CPU calls cost one attribute check over the reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from types import ModuleType
+
+import torch
+
+from trillium.kernels import reference
+from trillium.kernels.metadata import AttentionMetadata
+
+# The one place the kernel choice is read from the environment. Read per CUDA
+# call (not cached) so tests and operators can flip it without re-importing.
+KERNELS_ENV = "TRILLIUM_KERNELS"
+
+
+@functools.cache
+def triton_available() -> bool:
+    """True when `import triton` works (checked once, on the first CUDA call)."""
+    try:
+        importlib.import_module("triton")
+    except Exception:  # ImportError, or a broken install failing at import
+        return False
+    return True
+
+
+def wants_triton(tensor: torch.Tensor) -> bool:
+    """Route this call to Triton? CPU tensors answer without touching env or triton."""
+    return tensor.is_cuda and os.environ.get(KERNELS_ENV, "") != "reference" and triton_available()
+
+
+def _triton(module: str) -> ModuleType:
+    # Cached by sys.modules after the first import.
+    return importlib.import_module(f"trillium.kernels.triton_{module}")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if wants_triton(x):
+        kernels = _triton("pointwise")
+        if kernels.rms_norm_supported(x, weight) and x.stride(-1) == 1:
+            return kernels.rms_norm(x, weight, eps)
+    return reference.rms_norm(x, weight, eps)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if wants_triton(x) and x.stride(-1) == 1:
+        return _triton("pointwise").silu_and_mul(x)
+    return reference.silu_and_mul(x)
+
+
+def rotary_embedding(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if wants_triton(q):
+        head_dim = q.shape[-1]
+        if q.stride(-1) != 1 or q.stride(-2) != head_dim:
+            q = q.contiguous()
+        if k.stride(-1) != 1 or k.stride(-2) != head_dim:
+            k = k.contiguous()
+        return _triton("pointwise").rotary_embedding(positions, q, k, cos_sin_cache)
+    return reference.rotary_embedding(positions, q, k, cos_sin_cache)
+
+
+def write_kv_cache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    if wants_triton(k) and k_cache.is_contiguous() and v_cache.is_contiguous():
+        head_dim = k.shape[-1]
+        if k.stride(-1) != 1 or k.stride(-2) != head_dim:
+            k = k.contiguous()
+        if v.stride(-1) != 1 or v.stride(-2) != head_dim:
+            v = v.contiguous()
+        _triton("kv_cache").write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+        return
+    reference.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    if wants_triton(q):
+        kernels = _triton("attention")
+        if kernels.paged_attention_supported(q, k_cache, v_cache):
+            if q.stride(-1) != 1:
+                q = q.contiguous()
+            return kernels.paged_attention(q, k_cache, v_cache, meta, scale)
+    return reference.paged_attention(q, k_cache, v_cache, meta, scale)

@@ -1,0 +1,264 @@
+"""Offline API: `LLM(model=PATH).generate(prompts, params)` and `.chat(...)`.
+
+Runs the real engine actors (executor, detokenizer, scheduler) in one
+process over inproc:// ZeroMQ, on a trio loop in a background thread; the
+caller's thread submits work with `trio.from_thread`. Inputs are validated
+here, before anything reaches the engine, so bad input raises ValueError
+naming the parameter and never disturbs other requests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Sequence
+
+import attrs
+import trio
+
+from trillium.actors.client import EngineClient
+from trillium.actors.engine import ActorConfig, Addresses, engine_specs
+from trillium.actors.protocol.execute import TokenLogprobs
+from trillium.actors.supervisor import run_in_process
+from trillium.config import EngineConfig
+from trillium.outputs import CompletionOutput, Logprob, RequestOutput
+from trillium.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+PromptInput = str | Sequence[int] | dict
+
+
+class LLM:
+    """An in-process engine. Keyword arguments are `EngineConfig` fields
+    (dtype, max_model_len, max_num_seqs, max_num_batched_tokens, block_size,
+    kv_cache_memory, enable_prefix_caching, scheduling_policy, ...)."""
+
+    def __init__(self, model: str, **engine_args) -> None:
+        from trillium.models.tokenizer import load_tokenizer
+
+        self.config = EngineConfig(model=model, **engine_args).resolve()
+        self.tokenizer = load_tokenizer(model)
+        self._actor_config = ActorConfig(self.config, Addresses.inproc())
+        self._ids = itertools.count()
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self._client: EngineClient | None = None
+        self._stop: trio.Event | None = None
+        self._thread = threading.Thread(target=self._thread_main, name="trillium-engine", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._failure is not None:
+            raise RuntimeError(f"engine failed to start: {self._failure}") from self._failure
+
+    # -- engine thread -------------------------------------------------
+
+    def _thread_main(self) -> None:
+        try:
+            trio.run(self._engine_main)
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller thread
+            self._failure = exc
+            log.error("engine stopped: %s", exc)
+        finally:
+            self._ready.set()
+
+    async def _engine_main(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self._stop = trio.Event()
+        client = EngineClient(self._actor_config)
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(client.run)
+                await nursery.start(run_in_process, engine_specs(self._actor_config))
+                self._client = client
+                self._ready.set()
+                await self._stop.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            client.close()
+
+    def _call(self, fn, *args):
+        if self._failure is not None or not self._thread.is_alive():
+            raise RuntimeError(f"the engine is not running: {self._failure}")
+        return trio.from_thread.run(fn, *args, trio_token=self._token)
+
+    def shutdown(self) -> None:
+        if self._thread.is_alive() and self._stop is not None:
+            trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+            self._thread.join(timeout=30)
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # -- public API ----------------------------------------------------
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def get_stats(self):
+        """The engine's latest per-step SchedulerStats (None before the first step)."""
+        return self._client.last_stats if self._client is not None else None
+
+    def generate(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for each prompt (text, token ids, or {"prompt_token_ids": [...]})."""
+        items = self._normalize_prompts(prompts)
+        params = _broadcast_params(sampling_params, len(items))
+        prepared = [self._prepare(text, ids, p) for (text, ids), p in zip(items, params)]
+        priorities = list(priority) if priority is not None else [0] * len(prepared)
+        if len(priorities) != len(prepared):
+            raise ValueError("priority: needs one value per prompt")
+        return self._call(self._generate_async, prepared, priorities)
+
+    def chat(
+        self,
+        messages: Sequence[dict] | Sequence[Sequence[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Apply the model's chat template to one or more conversations and generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        if not conversations:
+            raise ValueError("messages: at least one conversation is required")
+        prompts = []
+        for conversation in conversations:
+            ids = self.tokenizer.encode_chat(list(conversation), add_generation_prompt=add_generation_prompt)
+            prompts.append({"prompt_token_ids": list(ids)})
+        return self.generate(prompts, sampling_params)
+
+    # -- helpers -------------------------------------------------------
+
+    def _normalize_prompts(self, prompts) -> list[tuple[str | None, list[int]]]:
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
+        if not isinstance(prompts, Sequence) or len(prompts) == 0:
+            raise ValueError("prompts: at least one prompt is required")
+        items = []
+        for prompt in prompts:
+            if isinstance(prompt, str):
+                items.append((prompt, list(self.tokenizer.encode(prompt))))
+            elif isinstance(prompt, dict):
+                if "prompt_token_ids" in prompt:
+                    items.append((prompt.get("prompt"), list(prompt["prompt_token_ids"])))
+                elif "prompt" in prompt:
+                    items.append((prompt["prompt"], list(self.tokenizer.encode(prompt["prompt"]))))
+                else:
+                    raise ValueError("prompts: a dict prompt needs 'prompt' or 'prompt_token_ids'")
+            elif isinstance(prompt, Sequence):
+                items.append((None, list(prompt)))
+            else:
+                raise ValueError(f"prompts: unsupported prompt type {type(prompt).__name__}")
+        return items
+
+    def _prepare(self, text, ids: list[int], params: SamplingParams):
+        vocab_size = self.model_vocab_size
+        if not ids:
+            raise ValueError("prompt: must not be empty")
+        if any((not isinstance(t, int)) or t < 0 or t >= vocab_size for t in ids):
+            raise ValueError(f"prompt_token_ids: token ids must be integers in [0, {vocab_size})")
+        params.validate(vocab_size)
+        max_len = self.config.max_model_len
+        if len(ids) >= max_len:
+            raise ValueError(
+                f"prompt: {len(ids)} tokens do not fit the model's context of {max_len} "
+                "(at least one generated token must fit)"
+            )
+        if params.max_tokens is None:
+            params = attrs.evolve(params, max_tokens=max_len - len(ids))
+        elif len(ids) + params.max_tokens > max_len:
+            raise ValueError(
+                f"max_tokens: prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) "
+                f"exceeds the model's context of {max_len}"
+            )
+        return text, ids, params
+
+    @property
+    def model_vocab_size(self) -> int:
+        from trillium.models.loader import load_model_config
+
+        if not hasattr(self, "_vocab_size"):
+            self._vocab_size = load_model_config(self.config.model).vocab_size
+        return self._vocab_size
+
+    async def _generate_async(self, prepared, priorities) -> list[RequestOutput]:
+        results: list[RequestOutput | None] = [None] * len(prepared)
+        async with trio.open_nursery() as nursery:
+            for index, ((text, ids, params), prio) in enumerate(zip(prepared, priorities)):
+                nursery.start_soon(self._run_one, index, text, ids, params, prio, results)
+        return results  # type: ignore[return-value]
+
+    async def _run_one(self, index, text, ids, params: SamplingParams, priority, results) -> None:
+        request_id = str(next(self._ids))
+        eos = tuple(self.tokenizer.eos_token_ids)
+        children = [
+            attrs.evolve(params, n=1, seed=None if params.seed is None else params.seed + i)
+            for i in range(params.n)
+        ]
+        group = request_id if params.n > 1 else None
+        streams = []
+        for i, child in enumerate(children):
+            child_id = request_id if params.n == 1 else f"{request_id}-{i}"
+            streams.append(
+                await self._client.submit(child_id, ids, child, eos, priority=priority, group_id=group)
+            )
+        outputs = [CompletionOutput(index=i) for i in range(len(children))]
+        output = RequestOutput(request_id=request_id, prompt=text, prompt_token_ids=ids, outputs=outputs)
+        want_logprobs = params.logprobs is not None
+        async with trio.open_nursery() as nursery:
+            for completion, stream in zip(outputs, streams):
+                nursery.start_soon(self._collect, completion, stream, output, want_logprobs)
+        output.finished = True
+        results[index] = output
+
+    async def _collect(self, completion: CompletionOutput, stream, output: RequestOutput, want_logprobs: bool):
+        if want_logprobs:
+            completion.logprobs = []
+            completion.cumulative_logprob = 0.0
+        async for delta in stream:
+            completion.text += delta.text
+            completion.token_ids.extend(delta.new_token_ids)
+            if want_logprobs:
+                for entry in delta.logprobs:
+                    completion.logprobs.append(self._logprob_dict(entry))
+                    completion.cumulative_logprob += entry.logprob
+            if delta.prompt_logprobs is not None and completion.index == 0:
+                output.prompt_logprobs = output.prompt_logprobs or [None]
+                output.prompt_logprobs.extend(self._logprob_dict(e) for e in delta.prompt_logprobs.entries)
+            if delta.num_cached_tokens:
+                output.num_cached_tokens = delta.num_cached_tokens
+            if delta.finished:
+                completion.finish_reason = delta.finish_reason
+                completion.stop_reason = delta.stop_reason
+
+    def _logprob_dict(self, entry: TokenLogprobs) -> dict[int, Logprob]:
+        decode = self.tokenizer.decode
+        result = {
+            entry.token_id: Logprob(entry.logprob, entry.rank, decode([entry.token_id]))
+        }
+        for rank, (tid, lp) in enumerate(zip(entry.top_token_ids, entry.top_logprobs), start=1):
+            if tid not in result:
+                result[tid] = Logprob(lp, rank, decode([tid]))
+        return result
+
+
+def _broadcast_params(params, count: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * count
+    if isinstance(params, SamplingParams):
+        return [params] * count
+    params = list(params)
+    if len(params) != count:
+        raise ValueError(f"sampling_params: got {len(params)} for {count} prompts")
+    return params

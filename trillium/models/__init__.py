@@ -1,0 +1,37 @@
+"""Model layer: Llama-family models over the paged KV cache, loaders, tokenizers.
+
+    config.py            ModelConfig from HF config.json or GGUF metadata
+    rope.py              cos/sin tables (default, linear, dynamic, llama3, yarn, GGUF freq factors)
+    llama.py             LlamaForCausalLM (forward / compute_logits / load_weights), KV cache helpers
+    loader.py            load_model(path, dtype, device), reload_weights: HF safetensors dir or .gguf
+    gguf_checkpoint.py   GGUF config and dequantized, HF-named tensors
+    checkpoint_files.py  file discovery and GGUF header reading (no torch)
+    tokenizer.py         load_tokenizer(path): transformers tokenizer + chat template
+    synthetic.py         build_checkpoint(path, variant): small deterministic checkpoints
+
+Names below are imported lazily, so `trillium.models.tokenizer` (api
+process) does not pull in torch through this package.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ModelConfig": "trillium.models.config",
+    "LlamaForCausalLM": "trillium.models.llama",
+    "allocate_kv_caches": "trillium.models.llama",
+    "kv_cache_block_bytes": "trillium.models.llama",
+    "load_model": "trillium.models.loader",
+    "reload_weights": "trillium.models.loader",
+    "load_tokenizer": "trillium.models.tokenizer",
+    "build_checkpoint": "trillium.models.synthetic",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'trillium.models' has no attribute {name!r}")

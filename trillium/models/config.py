@@ -1,0 +1,249 @@
+"""ModelConfig: the architecture facts the model, loader and executor need.
+
+One frozen attrs object built from either an HF `config.json` (plus
+`generation_config.json` for extra EOS ids) or GGUF metadata. Everything
+downstream (model construction, KV cache sizing, rope tables) reads this
+object only, never the raw dicts.
+
+Supported architectures: LlamaForCausalLM, MistralForCausalLM,
+Qwen2ForCausalLM, Qwen3ForCausalLM. They differ only in flags:
+
+    attention_bias        q/k/v projections have a bias (Qwen2: always)
+    attention_out_bias    o_proj has a bias (Llama/Qwen3 `attention_bias`)
+    qk_norm               per-head RMSNorm on q and k before rope (Qwen3)
+    sliding_window        recorded, not applied (see `LlamaForCausalLM`)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from trillium.models.rope import parse_rope_config
+
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """Canonical name ('float32', 'bfloat16', 'float16') of a dtype or its name."""
+    if isinstance(dtype, torch.dtype):
+        dtype = str(dtype).removeprefix("torch.")
+    dtype = str(dtype).removeprefix("torch.")
+    if dtype not in _DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; use float32, bfloat16 or float16")
+    return str(_DTYPES[dtype]).removeprefix("torch.")
+
+
+def torch_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    return _DTYPES[dtype_name(dtype)]
+
+
+def _as_id_tuple(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, (list, tuple)):
+        return tuple(int(v) for v in value)
+    return (int(value),)
+
+
+def _unique(ids: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(dict.fromkeys(ids))
+
+
+@attrs.frozen
+class ModelConfig:
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    attention_out_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    dtype: str
+    sliding_window: int | None = None
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return torch_dtype(self.dtype)
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The primary EOS id (the first of `eos_token_ids`)."""
+        return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    @staticmethod
+    def from_hf_config(hf: dict[str, Any], generation_config: dict[str, Any] | None = None) -> "ModelConfig":
+        """Parse an HF config.json dict (optionally with generation_config.json)."""
+        archs = hf.get("architectures") or []
+        architecture = archs[0] if archs else _ARCH_BY_MODEL_TYPE.get(hf.get("model_type", ""), "")
+        if architecture not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"unsupported architecture {architecture!r}; supported: {SUPPORTED_ARCHITECTURES}")
+        if hf.get("hidden_act", "silu") not in ("silu", "swish"):
+            raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; Llama-family models use silu")
+        num_heads = int(hf["num_attention_heads"])
+        hidden_size = int(hf["hidden_size"])
+        head_dim = hf.get("head_dim") or hidden_size // num_heads
+        rope_theta, rope_scaling = parse_rope_config(hf)
+        is_qwen2 = architecture == "Qwen2ForCausalLM"
+        attention_bias = bool(hf.get("attention_bias", False))
+        sliding_window = hf.get("sliding_window")
+        if is_qwen2 or architecture == "Qwen3ForCausalLM":
+            # Qwen configs carry a sliding_window value that is only used when this flag is set.
+            sliding_window = sliding_window if hf.get("use_sliding_window", False) else None
+        eos = _as_id_tuple(hf.get("eos_token_id"))
+        if generation_config:
+            eos = eos + _as_id_tuple(generation_config.get("eos_token_id"))
+        dtype = hf.get("dtype") or hf.get("torch_dtype") or "float32"
+        return ModelConfig(
+            architecture=architecture,
+            model_type=hf.get("model_type") or _MODEL_TYPE_BY_ARCH[architecture],
+            vocab_size=int(hf["vocab_size"]),
+            hidden_size=hidden_size,
+            intermediate_size=int(hf["intermediate_size"]),
+            num_layers=int(hf["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
+            head_dim=int(head_dim),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            attention_bias=True if is_qwen2 else attention_bias,
+            attention_out_bias=False if is_qwen2 else attention_bias,
+            mlp_bias=bool(hf.get("mlp_bias", False)),
+            qk_norm=architecture == "Qwen3ForCausalLM",
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_ids=_unique(eos),
+            dtype=dtype_name(dtype),
+            sliding_window=int(sliding_window) if sliding_window else None,
+        )
+
+    @staticmethod
+    def from_hf_dir(path: str | Path) -> "ModelConfig":
+        """Read config.json (and generation_config.json if present) from a directory."""
+        path = Path(path)
+        hf = json.loads((path / "config.json").read_text())
+        gen_path = path / "generation_config.json"
+        generation = json.loads(gen_path.read_text()) if gen_path.exists() else None
+        return ModelConfig.from_hf_config(hf, generation)
+
+    @staticmethod
+    def from_gguf_metadata(
+        metadata: dict[str, Any], tensor_names: set[str] | frozenset[str]
+    ) -> "ModelConfig":
+        """Parse GGUF key/values (`gguf_checkpoint.read_metadata`) and tensor names."""
+        arch = metadata["general.architecture"]
+        if arch not in _ARCH_BY_GGUF:
+            raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {sorted(_ARCH_BY_GGUF)}")
+        architecture = _ARCH_BY_GGUF[arch]
+        name = str(metadata.get("general.name", "")).lower()
+        if arch == "llama" and "mistral" in name:
+            architecture = "MistralForCausalLM"  # same weights layout; as transformers does
+
+        def get(key: str, default: Any = None) -> Any:
+            return metadata.get(f"{arch}.{key}", default)
+
+        hidden_size = int(get("embedding_length"))
+        num_heads = int(get("attention.head_count"))
+        num_kv_heads = int(get("attention.head_count_kv") or num_heads)
+        head_dim = get("attention.key_length")
+        if head_dim is None and arch == "llama":
+            head_dim = get("rope.dimension_count")
+        head_dim = int(head_dim or hidden_size // num_heads)
+        vocab_size = get("vocab_size") or len(metadata.get("tokenizer.ggml.tokens", ()))
+        rope_scaling = _gguf_rope_scaling(get, metadata)
+        eos = _as_id_tuple(metadata.get("tokenizer.ggml.eos_token_id"))
+        for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+            eos += _as_id_tuple(metadata.get(key))
+        has_bias = "blk.0.attn_q.bias" in tensor_names
+        return ModelConfig(
+            architecture=architecture,
+            model_type=_MODEL_TYPE_BY_ARCH[architecture],
+            vocab_size=int(vocab_size),
+            hidden_size=hidden_size,
+            intermediate_size=int(get("feed_forward_length")),
+            num_layers=int(get("block_count")),
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+            rope_theta=float(get("rope.freq_base", 10000.0)),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(get("context_length", 2048)),
+            tie_word_embeddings="output.weight" not in tensor_names,
+            attention_bias=has_bias,
+            attention_out_bias="blk.0.attn_output.bias" in tensor_names,
+            mlp_bias="blk.0.ffn_up.bias" in tensor_names,
+            qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
+            bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
+            eos_token_ids=_unique(eos),
+            # NOTE: GGUF weights are dequantized to float32; callers may ask for less.
+            dtype="float32",
+            sliding_window=None,
+        )
+
+
+def _gguf_rope_scaling(get: Any, metadata: dict[str, Any]) -> dict[str, Any] | None:
+    rope_type = get("rope.scaling.type")
+    if rope_type in (None, "none"):
+        return None
+    factor = float(get("rope.scaling.factor", 1.0))
+    if rope_type == "linear":
+        return {"rope_type": "linear", "factor": factor}
+    if rope_type == "yarn":
+        original = get("rope.scaling.original_context_length")
+        return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original}
+    raise NotImplementedError(f"GGUF rope scaling type {rope_type!r} is not supported")
+
+
+_ARCH_BY_GGUF = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+_MODEL_TYPE_BY_ARCH = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+_ARCH_BY_MODEL_TYPE = {v: k for k, v in _MODEL_TYPE_BY_ARCH.items()}

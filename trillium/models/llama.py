@@ -1,0 +1,313 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) over the paged KV cache.
+
+Input is one flat varlen batch (see `trillium.kernels.metadata`): T tokens
+of B sequences back to back, their positions, and per layer a
+(k_cache, v_cache) pair of shape [num_blocks, block_size, KH, D]. Each layer
+writes the new tokens' keys/values into the cache first, then attends over
+the cache, so prefill, chunked prefill with context and decode are one path.
+
+    forward(input_ids [T], positions [T], kv_caches, meta) -> hidden [T, hidden]
+    compute_logits(hidden [N, hidden]) -> logits [N, vocab] float32
+
+Parameters are fused for speed: q/k/v are one `qkv_proj` (rows [q | k | v])
+and gate/up one `gate_up_proj` (rows [gate | up]). `load_weights` takes HF
+names (`...q_proj.weight`) and copies each into its slice, so the same
+method serves the loader and live weight updates (RLHF).
+
+NOTE: Mistral's sliding window is not applied: attention is full causal.
+The loader warns when a config has a window shorter than its context.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trillium import kernels
+from trillium.kernels import AttentionMetadata
+from trillium.models.config import ModelConfig, torch_dtype
+from trillium.models.rope import build_cos_sin_cache, default_num_positions
+
+KvCache = tuple[torch.Tensor, torch.Tensor]
+
+# HF module suffix -> (fused module suffix, shard name)
+_STACKED_PARAMS = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", "q"),
+    "self_attn.k_proj": ("self_attn.qkv_proj", "k"),
+    "self_attn.v_proj": ("self_attn.qkv_proj", "v"),
+    "mlp.gate_proj": ("mlp.gate_up_proj", "gate"),
+    "mlp.up_proj": ("mlp.gate_up_proj", "up"),
+}
+# Buffers some older checkpoints carry; recomputed here.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, **factory: Any) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size, **factory))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.rms_norm(x, self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, **factory: Any) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.scale = config.head_dim**-0.5
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias, **factory
+        )
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.attention_out_bias, **factory)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, **factory) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, **factory) if config.qk_norm else None
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        kv_cache: KvCache,
+        meta: AttentionMetadata,
+        cos_sin_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        # NOTE: views of the fused output: last dim contiguous, rows strided.
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = kernels.rotary_embedding(positions, q, k, cos_sin_cache)
+        k_cache, v_cache = kv_cache
+        kernels.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = kernels.paged_attention(q, k_cache, v_cache, meta, self.scale)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig, **factory: Any) -> None:
+        super().__init__()
+        hidden, inter = config.hidden_size, config.intermediate_size
+        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=config.mlp_bias, **factory)
+        self.down_proj = nn.Linear(inter, hidden, bias=config.mlp_bias, **factory)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, **factory: Any) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
+        self.self_attn = Attention(config, **factory)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
+        self.mlp = MLP(config, **factory)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        kv_cache: KvCache,
+        meta: AttentionMetadata,
+        cos_sin_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        # Same residual order as HF, so float32 results agree to rounding.
+        attn = self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta, cos_sin_cache)
+        hidden = hidden + attn
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig, **factory: Any) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, **factory)
+        self.layers = nn.ModuleList(DecoderLayer(config, **factory) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
+
+
+class LlamaForCausalLM(nn.Module):
+    """The decoder plus LM head; weights in `dtype`, rope table in float32."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        dtype: torch.dtype | str | None = None,
+        device: torch.device | str | None = None,
+        max_positions: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        factory = {"dtype": torch_dtype(dtype or config.dtype), "device": device}
+        self.model = LlamaModel(config, **factory)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False, **factory)
+        )
+        self.max_positions = max_positions or default_num_positions(config)
+        cache = torch.empty(self.max_positions, config.head_dim, dtype=torch.float32, device=device)
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
+        if cache.device.type != "meta":
+            self.reset_rope_cache()
+
+    @classmethod
+    def empty(
+        cls,
+        config: ModelConfig,
+        *,
+        dtype: torch.dtype | str | None = None,
+        device: torch.device | str = "cpu",
+        max_positions: int | None = None,
+    ) -> "LlamaForCausalLM":
+        """A model with uninitialized weights (fill with `load_weights`) and a valid rope table.
+
+        WHY: default nn.Linear init costs seconds on a 7B model and is overwritten anyway.
+        """
+        with torch.device("meta"):
+            model = cls(config, dtype=dtype, max_positions=max_positions)
+        model = model.to_empty(device=device)
+        model.reset_rope_cache()
+        return model
+
+    def reset_rope_cache(self) -> None:
+        table = build_cos_sin_cache(self.config, self.max_positions, device=self.cos_sin_cache.device)
+        with torch.no_grad():
+            self.cos_sin_cache.copy_(table)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[KvCache],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Final-norm hidden states [T, hidden] for the flat batch."""
+        if len(kv_caches) != len(self.model.layers):
+            raise ValueError(f"need {len(self.model.layers)} kv caches, got {len(kv_caches)}")
+        hidden = F.embedding(input_ids, self.model.embed_tokens.weight)
+        for layer, kv_cache in zip(self.model.layers, kv_caches):
+            hidden = layer(positions, hidden, kv_cache, meta, self.cos_sin_cache)
+        return self.model.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> [N, vocab] float32 (the matmul runs in the model dtype, as HF)."""
+        return F.linear(hidden, self.lm_head_weight).float()
+
+    # ---- weights -------------------------------------------------------------
+
+    def _shard_rows(self, shard: str) -> tuple[int, int]:
+        q, kv, inter = self.config.q_size, self.config.kv_size, self.config.intermediate_size
+        return {"q": (0, q), "k": (q, kv), "v": (q + kv, kv), "gate": (0, inter), "up": (inter, inter)}[shard]
+
+    def _resolve(self, name: str) -> tuple[str, tuple[int, int] | None] | None:
+        """Our parameter name and row slice for an HF weight name; None if ignored."""
+        if name.endswith(_IGNORED_SUFFIXES):
+            return None
+        if name == "lm_head.weight" and self.config.tie_word_embeddings:
+            return None  # the embedding is the head
+        module, _, kind = name.rpartition(".")
+        for hf_suffix, (fused_suffix, shard) in _STACKED_PARAMS.items():
+            if module.endswith("." + hf_suffix):
+                fused = module[: -len(hf_suffix)] + fused_suffix
+                return f"{fused}.{kind}", self._shard_rows(shard)
+        return name, None
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy HF-named tensors into the (fused) parameters; returns the names used.
+
+        Raises KeyError for a name the model does not have and ValueError for
+        a shape mismatch, before touching that parameter.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            target = self._resolve(name)
+            if target is None:
+                continue
+            param_name, rows = target
+            if param_name not in params:
+                raise KeyError(f"checkpoint weight {name!r} has no place in {self.config.architecture}")
+            dst = params[param_name].data
+            if rows is not None:
+                dst = dst.narrow(0, rows[0], rows[1])
+            if tuple(dst.shape) != tuple(tensor.shape):
+                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(dst.shape)}")
+            dst.copy_(tensor)
+            loaded.add(name)
+        return loaded
+
+    def checkpoint_weight_names(self) -> list[str]:
+        """The HF names a complete checkpoint for this model provides."""
+        unfused: dict[str, list[str]] = {}
+        for hf_suffix, (fused_suffix, _) in _STACKED_PARAMS.items():
+            unfused.setdefault(fused_suffix, []).append(hf_suffix)
+        names = []
+        for name, _ in self.named_parameters():
+            module, _, kind = name.rpartition(".")
+            for fused_suffix, hf_suffixes in unfused.items():
+                if module.endswith("." + fused_suffix):
+                    prefix = module[: -len(fused_suffix)]
+                    names.extend(f"{prefix}{s}.{kind}" for s in hf_suffixes)
+                    break
+            else:
+                names.append(name)
+        return names
+
+    # ---- KV cache --------------------------------------------------------------
+
+    def allocate_kv_caches(
+        self,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype | str | None = None,
+        device: torch.device | str | None = None,
+    ) -> list[KvCache]:
+        return allocate_kv_caches(
+            self.config, num_blocks, block_size, dtype or self.dtype, device or self.device
+        )
+
+
+def kv_cache_block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype | str) -> int:
+    """Bytes one KV block takes across all layers (keys and values)."""
+    element_bytes = torch.empty((), dtype=torch_dtype(dtype)).element_size()
+    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * element_bytes
+
+
+def allocate_kv_caches(
+    config: ModelConfig,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype | str,
+    device: torch.device | str,
+) -> list[KvCache]:
+    """Per layer (k_cache, v_cache), each [num_blocks, block_size, KH, D], zeroed."""
+    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+    dtype = torch_dtype(dtype)
+    return [
+        (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        for _ in range(config.num_layers)
+    ]

@@ -1,0 +1,143 @@
+"""Load a model from an HF directory (safetensors) or a GGUF file.
+
+    load_model(path, dtype=None, device="cpu") -> (LlamaForCausalLM, ModelConfig)
+
+`path` is either
+- an HF directory: config.json + *.safetensors (one file, or shards listed
+  in model.safetensors.index.json), or
+- a `.gguf` file (or a directory holding exactly one, and no config.json).
+
+Weights stream tensor by tensor into a model built without initialization
+(`LlamaForCausalLM.empty`), through `model.load_weights`, which also fuses
+q/k/v and gate/up. Only safetensors and GGUF are read: never pickle, so a
+`pytorch_model.bin`-only directory is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Iterator
+
+import attrs
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+from trillium.models import gguf_checkpoint
+from trillium.models.checkpoint_files import find_gguf_file, safetensors_files
+from trillium.models.config import ModelConfig, dtype_name
+from trillium.models.llama import LlamaForCausalLM
+
+log = logging.getLogger(__name__)
+
+
+def _iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def _count_safetensors(files: list[Path]) -> int:
+    total = 0
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            total += len(list(f.keys()))
+    return total
+
+
+def _fill(
+    model: LlamaForCausalLM,
+    weights: Iterator[tuple[str, torch.Tensor]],
+    total: int,
+    progress: bool,
+    source: Path,
+) -> None:
+    loaded: set[str] = set()
+    bar = tqdm(weights, total=total, desc="Loading weights", unit="tensor", disable=not progress)
+    for name, tensor in bar:
+        loaded |= model.load_weights([(name, tensor)])
+    missing = [n for n in model.checkpoint_weight_names() if n not in loaded]
+    if missing:
+        raise ValueError(f"{source}: checkpoint lacks {len(missing)} weights, e.g. {missing[:4]}")
+
+
+def _warn_unsupported(config: ModelConfig) -> None:
+    window = config.sliding_window
+    if window is not None and window < config.max_position_embeddings:
+        log.warning(
+            "sliding_window=%d is not applied: attention is full causal, so outputs for "
+            "sequences longer than %d tokens differ from the reference",
+            window,
+            window,
+        )
+
+
+def open_checkpoint(path: str | Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]], int]:
+    """(config, lazy iterator of (HF name, tensor), number of tensors) for a checkpoint path."""
+    gguf_path = find_gguf_file(path)
+    if gguf_path is not None:
+        reader = gguf_checkpoint.open_gguf(gguf_path)
+        config = gguf_checkpoint.read_config(reader)
+        return config, gguf_checkpoint.iter_weights(reader, config), gguf_checkpoint.num_weight_tensors(reader)
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path} is neither an HF model directory nor a .gguf file")
+    config = ModelConfig.from_hf_dir(path)
+    files = safetensors_files(path)
+    return config, _iter_safetensors(files), _count_safetensors(files)
+
+
+def load_model(
+    path: str | Path,
+    dtype: torch.dtype | str | None = None,
+    device: torch.device | str = "cpu",
+    *,
+    max_positions: int | None = None,
+    progress: bool = True,
+) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """Build the model for `path` and load its weights on `device`.
+
+    dtype defaults to the checkpoint's (config.json `dtype`/`torch_dtype`;
+    float32 for GGUF, whose weights are dequantized); "auto" means the same.
+    The returned config carries the dtype actually used. `max_positions`
+    sizes the rope table (default: the config's context, scaled for
+    linear/dynamic rope).
+    """
+    config, weights, total = open_checkpoint(path)
+    if dtype is not None and dtype != "auto":
+        config = attrs.evolve(config, dtype=dtype_name(dtype))
+    _warn_unsupported(config)
+    model = LlamaForCausalLM.empty(config, dtype=config.dtype, device=device, max_positions=max_positions)
+    _fill(model, weights, total, progress, Path(path))
+    model.eval()
+    return model, config
+
+
+def reload_weights(model: LlamaForCausalLM, path: str | Path, *, progress: bool = True) -> None:
+    """Overwrite `model`'s weights in place from another checkpoint of the same shape.
+
+    For `update_weights_from_disk` and waking from sleep level 2. NOTE: not
+    atomic: callers must not run forward passes while this runs.
+    """
+    config, weights, total = open_checkpoint(path)
+    ours = model.config
+    if (config.architecture, config.num_layers, config.hidden_size) != (
+        ours.architecture,
+        ours.num_layers,
+        ours.hidden_size,
+    ):
+        raise ValueError(f"{path} holds a different model ({config.architecture}, {config.num_layers} layers)")
+    _fill(model, weights, total, progress, Path(path))
+
+
+def load_model_config(path: str | Path) -> ModelConfig:
+    """The checkpoint's ModelConfig without reading any weights."""
+    gguf_path = find_gguf_file(path)
+    if gguf_path is not None:
+        return gguf_checkpoint.read_config(gguf_checkpoint.open_gguf(gguf_path))
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path} is neither an HF model directory nor a .gguf file")
+    return ModelConfig.from_hf_dir(path)

@@ -1,0 +1,288 @@
+"""Small deterministic random HF checkpoints for tests and benchmarks.
+
+    build_checkpoint(path, variant, *, dtype="float32", seed=0, sharded=False, **config_overrides) -> Path
+
+writes an HF directory that transformers and Trillium both load:
+config.json, model.safetensors (or, with sharded=True, two shards plus
+model.safetensors.index.json), generation_config.json, tokenizer.json
+(byte-level BPE trained on `synthetic_corpus.CORPUS`) and
+tokenizer_config.json with a small chat template.
+
+Variants (all tiny except "bench"):
+
+    llama          GQA 4/2, llama3 rope scaling          (legacy `rope_scaling` keys)
+    llama-linear   linear rope scaling                   (transformers 5 `rope_parameters`)
+    llama-dynamic  dynamic NTK rope scaling
+    llama-tied     tied embeddings, plain rope
+    mistral        MistralForCausalLM, MQA 4/1, no sliding window
+    qwen2          qkv bias, no BOS added by the tokenizer
+    qwen3          per-head q/k RMSNorm, head_dim 32 != hidden / heads
+    bench          Llama, hidden 512, 8 layers, 8/4 heads, vocab 8192 (~32M params)
+
+Weights come from one seeded torch.Generator, scaled so activations stay
+O(1) and logits spread over a few units: greedy picks are not near-ties.
+Same arguments -> byte-identical files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from trillium.models.config import ModelConfig, dtype_name, torch_dtype
+from trillium.models.synthetic_corpus import CORPUS
+
+SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
+PAD_ID, BOS_ID, EOS_ID, END_ID = 0, 1, 2, 6
+CHAT_TEMPLATE = (
+    "{% if add_bos %}{{ bos_token }}{% endif %}"
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+_SMALL = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+}
+_VARIANTS: dict[str, dict[str, Any]] = {
+    "llama": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 4.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    },
+    "llama-linear": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "rope_theta": None,  # transformers 5 keeps theta inside rope_parameters
+        "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+    },
+    "llama-dynamic": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "rope_scaling": {"type": "dynamic", "factor": 2.0},
+    },
+    "llama-tied": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "tie_word_embeddings": True,
+        "rope_theta": 500000.0,
+    },
+    "mistral": {
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "num_key_value_heads": 1,
+        "sliding_window": None,
+    },
+    "qwen2": {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "rope_theta": 1000000.0,
+        "use_sliding_window": False,
+        "rms_norm_eps": 1e-6,
+    },
+    "qwen3": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "head_dim": 32,
+        "attention_bias": False,
+        "use_sliding_window": False,
+        "rms_norm_eps": 1e-6,
+    },
+    "bench": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": 8192,
+        "hidden_size": 512,
+        "intermediate_size": 1376,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 64,
+        "max_position_embeddings": 4096,
+    },
+}
+VARIANTS = tuple(_VARIANTS)
+# Tokenizers of these variants add no BOS (as Qwen's do); the others add <|bos|>.
+_NO_BOS_VARIANTS = ("qwen2", "qwen3")
+
+
+def hf_config_dict(variant: str, dtype: str = "float32", **overrides: Any) -> dict[str, Any]:
+    """The config.json content for a variant (before writing)."""
+    if variant not in _VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
+    config: dict[str, Any] = {**_SMALL, **_VARIANTS[variant], **overrides}
+    config = {k: v for k, v in config.items() if v is not None or k == "sliding_window"}
+    config.update(
+        hidden_act="silu",
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        initializer_range=0.02,
+    )
+    dtype_key = "dtype" if "rope_parameters" in config else "torch_dtype"
+    config[dtype_key] = dtype_name(dtype)
+    return config
+
+
+def build_tokenizer(vocab_size: int, add_bos: bool) -> Tokenizer:
+    """Byte-level BPE trained on the built-in corpus, padded with extra tokens to `vocab_size`."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(CORPUS.splitlines(), trainer)
+    missing = vocab_size - tokenizer.get_vocab_size()
+    if missing < 0:
+        raise ValueError(f"vocab_size {vocab_size} is below the byte alphabet + specials")
+    if missing:
+        tokenizer.add_tokens([AddedToken(f"<|extra_{i}|>", special=True) for i in range(missing)])
+    if add_bos:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="<|bos|> $A", pair="<|bos|> $A <|bos|> $B", special_tokens=[("<|bos|>", BOS_ID)]
+        )
+    return tokenizer
+
+
+def _tokenizer_config(max_positions: int, add_bos: bool) -> dict[str, Any]:
+    template = CHAT_TEMPLATE.replace("{% if add_bos %}{{ bos_token }}{% endif %}", "{{ bos_token }}" if add_bos else "")
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<|bos|>",
+        "eos_token": "<|eos|>",
+        "pad_token": "<|pad|>",
+        # WHY explicit: some transformers tokenizer classes (Qwen2) add a default unk token.
+        "unk_token": None,
+        "add_bos_token": add_bos,
+        "add_eos_token": False,
+        "model_max_length": max_positions,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": template,
+    }
+
+
+def _weight_specs(config: ModelConfig) -> list[tuple[str, tuple[int, ...], str]]:
+    """(HF name, shape, init kind) in a fixed order; kind in {embed, linear, out, norm, bias}."""
+    h, inter = config.hidden_size, config.intermediate_size
+    specs: list[tuple[str, tuple[int, ...], str]] = [("model.embed_tokens.weight", (config.vocab_size, h), "embed")]
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        specs.append((p + "input_layernorm.weight", (h,), "norm"))
+        for proj, rows in (("q", config.q_size), ("k", config.kv_size), ("v", config.kv_size)):
+            specs.append((f"{p}self_attn.{proj}_proj.weight", (rows, h), "linear"))
+            if config.attention_bias:
+                specs.append((f"{p}self_attn.{proj}_proj.bias", (rows,), "bias"))
+        specs.append((p + "self_attn.o_proj.weight", (h, config.q_size), "out"))
+        if config.attention_out_bias:
+            specs.append((p + "self_attn.o_proj.bias", (h,), "bias"))
+        if config.qk_norm:
+            specs.append((p + "self_attn.q_norm.weight", (config.head_dim,), "norm"))
+            specs.append((p + "self_attn.k_norm.weight", (config.head_dim,), "norm"))
+        specs.append((p + "post_attention_layernorm.weight", (h,), "norm"))
+        specs.append((p + "mlp.gate_proj.weight", (inter, h), "linear"))
+        specs.append((p + "mlp.up_proj.weight", (inter, h), "linear"))
+        specs.append((p + "mlp.down_proj.weight", (h, inter), "out"))
+    specs.append(("model.norm.weight", (h,), "norm"))
+    if not config.tie_word_embeddings:
+        specs.append(("lm_head.weight", (config.vocab_size, h), "head"))
+    return specs
+
+
+def random_weights(config: ModelConfig, seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Seeded weights with O(1) activations and logits of std ~2."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape, kind in _weight_specs(config):
+        w = torch.randn(shape, generator=gen, dtype=torch.float32)
+        fan_in = shape[-1]
+        if kind == "norm":
+            w = 1.0 + 0.1 * w
+        elif kind == "bias":
+            w = 0.1 * w
+        elif kind == "linear":
+            w = w / math.sqrt(fan_in)
+        elif kind == "out":
+            w = 0.5 * w / math.sqrt(fan_in)
+        elif kind == "head":
+            w = 2.0 * w / math.sqrt(fan_in)
+        elif kind == "embed":
+            # Tied models use the embedding as the head too: scale for logits of std ~2.
+            w = (2.0 / math.sqrt(fan_in) if config.tie_word_embeddings else 0.5) * w
+        out[name] = w.to(dtype).contiguous()
+    return out
+
+
+def _save_weights(path: Path, weights: dict[str, torch.Tensor], shards: int) -> None:
+    if shards <= 1:
+        save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+        return
+    names = list(weights)
+    per_shard = math.ceil(len(names) / shards)
+    weight_map: dict[str, str] = {}
+    for s in range(shards):
+        file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: weights[n] for n in names[s * per_shard : (s + 1) * per_shard]}
+        save_file(part, str(path / file), metadata={"format": "pt"})
+        weight_map.update({n: file for n in part})
+    total_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+    index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def build_checkpoint(
+    path: str | Path,
+    variant: str,
+    *,
+    dtype: str = "float32",
+    seed: int = 0,
+    sharded: bool = False,
+    **config_overrides: Any,
+) -> Path:
+    """Write the variant's checkpoint into `path` (created if needed); returns the path.
+
+    sharded=True splits the weights over two files plus an index, as large
+    HF checkpoints are. config_overrides replace config.json keys (HF names).
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    hf_config = hf_config_dict(variant, dtype, **config_overrides)
+    config = ModelConfig.from_hf_config(hf_config)
+    add_bos = variant not in _NO_BOS_VARIANTS
+    tokenizer = build_tokenizer(config.vocab_size, add_bos)
+    tokenizer.save(str(path / "tokenizer.json"))
+    tok_config = _tokenizer_config(config.max_position_embeddings, add_bos)
+    (path / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
+    special_map = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>"}
+    (path / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2) + "\n")
+    (path / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    generation = {"bos_token_id": BOS_ID, "eos_token_id": [EOS_ID, END_ID], "pad_token_id": PAD_ID}
+    (path / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    _save_weights(path, random_weights(config, seed, torch_dtype(dtype)), 2 if sharded else 1)
+    return path
