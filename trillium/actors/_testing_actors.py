@@ -84,3 +84,10 @@ async def fail_before_start(config: bytes | None, *, task_status=trio.TASK_STATU
 
 async def return_after_start(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
+
+
+async def stubborn(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Ignores cancellation (and so SIGTERM): only SIGKILL stops it."""
+    task_status.started()
+    with trio.CancelScope(shield=True):
+        await trio.sleep_forever()

@@ -18,13 +18,14 @@ bytes / bool. Fields annotated ``torch.Tensor`` or ``numpy.ndarray`` travel
 zero-copy on both sides where the memory allows it: large CPU tensors and
 C-contiguous arrays are handed out as memoryviews of their own buffers, and
 decoding wraps a received (writable) frame with ``np.frombuffer`` /
-``torch.from_numpy``. Decoded arrays and tensors are always writable. CUDA tensors are copied to the CPU on encode and decode
-as CPU tensors. Dtypes that numpy lacks (bfloat16, float8) are reinterpreted
-as same-width integers for transport.
+``torch.from_numpy``. Decoded arrays and tensors are always writable. CUDA
+tensors are copied to the CPU on encode and decode as CPU tensors. Dtypes
+that numpy lacks (bfloat16, float8) travel as same-width integers.
 
-NOTE: a frame that is a view of a CPU tensor is read by ZeroMQ after
-``send`` returns, so the sender must not mutate that tensor in place after
-sending it (the same contract as vLLM's msgspec aux buffers).
+NOTE: sending a large CPU tensor or array hands its memory to the message.
+ZeroMQ reads the frame after ``send`` returns, and over ``inproc://`` the
+receiver's tensor *is* that memory, so the sender must not mutate it after
+sending (the same contract as vLLM's msgspec aux buffers).
 
 No pickle anywhere: an unknown tag, an unregistered class or a field type the
 converter cannot handle raises :class:`CodecError`.
@@ -100,7 +101,7 @@ class Codec:
         self._decoders[tag] = (cls, self._converter.get_structure_hook(cls))
 
     def encode(self, message: object) -> list[bytes | memoryview]:
-        """Frame 0 is the msgpack envelope, then one frame per tensor field."""
+        """Frame 0 is the msgpack envelope, then one frame per large tensor or array."""
         try:
             tag, unstructure = self._encoders[type(message)]
         except KeyError:
@@ -290,9 +291,16 @@ def _array_from_stub(slot: _FrameSlot, stub: Any, dtype: np.dtype) -> np.ndarray
     frames off ZeroMQ); otherwise (inline bytes, read-only input) it is a copy.
     """
     data, _, shape = stub
-    buffer = memoryview(slot.frames[data] if type(data) is int else data)
-    array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
-    if buffer.readonly or array.ctypes.data % dtype.alignment:
+    if type(data) is int:
+        buffer: Any = memoryview(slot.frames[data])
+        if buffer.readonly:
+            buffer = bytearray(buffer)
+    else:
+        buffer = bytearray(data)
+    array = np.frombuffer(buffer, dtype=dtype)
+    if len(shape) != 1:  # frombuffer is already 1-D; reshape costs ~1 us
+        array = array.reshape(shape)
+    if not array.flags.aligned:
         array = array.copy()
     return array
 

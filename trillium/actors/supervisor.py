@@ -37,7 +37,6 @@ import struct
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
 
 import attrs
 import msgpack
@@ -127,7 +126,7 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 
 def _first_failure(exc: BaseException) -> ActorFailed | None:
-    """The first ActorFailed in ``exc``, unless something else (say KeyboardInterrupt) rides along."""
+    """The first ActorFailed in ``exc``, unless something else (a KeyboardInterrupt) rides along."""
     leaves = _leaves(exc)
     failures = [leaf for leaf in leaves if isinstance(leaf, ActorFailed)]
     others = [leaf for leaf in leaves if not isinstance(leaf, ActorFailed | trio.Cancelled)]
@@ -171,28 +170,28 @@ async def run_in_process(
 async def _run_actor_task(
     spec: ActorSpec, supervision: Supervision, *, task_status: trio.TaskStatus[None]
 ) -> None:
-    def started(value: object = None) -> None:
-        supervision.alive[spec.name] = True
-        task_status.started()
-
     try:
         target = resolve_target(spec.target)
-        await target(spec.config, task_status=_StartedHook(started))
+        readiness = _MarkAliveOnStart(spec.name, supervision, task_status)
+        await target(spec.config, task_status=readiness)
     except Exception as exc:
         raise ActorFailed(spec.name, exc) from exc
     finally:
         supervision.alive[spec.name] = False
-    raise ActorFailed(spec.name, "returned while its siblings were running")
+    raise ActorFailed(spec.name, "returned; an actor runs until it is cancelled")
 
 
 @attrs.define
-class _StartedHook:
-    """A TaskStatus that marks the actor alive before passing readiness on."""
+class _MarkAliveOnStart:
+    """The task_status handed to an in-process actor: marks it alive, then passes readiness on."""
 
-    _on_started: Callable[[object], None]
+    name: str
+    supervision: Supervision
+    task_status: trio.TaskStatus[None]
 
     def started(self, value: object = None) -> None:
-        self._on_started(value)
+        self.supervision.alive[self.name] = True
+        self.task_status.started()
 
 
 # --- one process per actor ---------------------------------------------------
@@ -214,6 +213,11 @@ async def run_in_subprocesses(
     _check_unique(specs)
     supervision = Supervision(alive={spec.name: False for spec in specs})
     child_env = {**os.environ, **(env or {})}
+    # The child must import this very package, even from an uninstalled checkout.
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    child_env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [package_root, child_env.get("PYTHONPATH")])
+    )
 
     async def run_one(spec: ActorSpec, supervision: Supervision, *, task_status) -> None:
         await _run_child(spec, supervision, child_env, grace_period_s, task_status)
@@ -308,8 +312,14 @@ class _StderrTail:
 
 
 def _write_stderr(chunk: bytes) -> None:
+    # NOTE: a plain blocking write: log lines are small, and a stalled stderr
+    # reader would stall the child (its pipe filling up) just the same.
     try:
-        sys.stderr.write(chunk.decode(errors="replace"))
+        buffer = getattr(sys.stderr, "buffer", None)
+        if buffer is not None:
+            buffer.write(chunk)
+        else:
+            sys.stderr.write(chunk.decode(errors="replace"))
         sys.stderr.flush()
     except (OSError, ValueError):
         pass  # our own stderr is gone; the tail still reaches ActorFailed

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any
+import uuid
+from typing import Any, Self
 
 import trio
 import zmq
@@ -56,13 +57,20 @@ def _context() -> zmq.Context:
     return zmq.Context.instance()
 
 
-def fresh_ipc_address(name: str = "actor") -> str:
-    """An ``ipc://`` address in a new private temp dir (removed by the OS's tmp cleaning).
+def fresh_ipc_address(name: str = "actor", directory: str | None = None) -> str:
+    """A new ``ipc://`` address: ``name`` in a fresh private temp dir, or a
+    unique ``name-xxxxxxxx`` inside ``directory`` (which the caller cleans up).
 
-    Unix socket paths are limited to ~107 bytes, so the dir is kept short.
+    ZeroMQ leaves the socket file behind when the Inbox closes, so a
+    long-lived owner (the supervisor of ``trillium serve``) should pass a
+    ``directory`` it removes at exit. Unix socket paths are limited to ~107
+    bytes, so keep ``directory`` short.
     """
-    directory = tempfile.mkdtemp(prefix="trl-")
-    return f"ipc://{os.path.join(directory, name)}"
+    if directory is None:
+        path = os.path.join(tempfile.mkdtemp(prefix="trl-"), name)
+    else:
+        path = os.path.join(directory, f"{name}-{uuid.uuid4().hex[:8]}")
+    return f"ipc://{path}"
 
 
 class _TrioSocket:
@@ -88,8 +96,10 @@ class _TrioSocket:
         while not self._socket.getsockopt(zmq.EVENTS) & event:
             await trio.lowlevel.wait_readable(self._fd)
 
-    def close(self) -> None:
-        """Close now (LINGER 0: queued outgoing messages are dropped)."""
+    def close(self, linger_ms: int = 0) -> None:
+        """Close now. Queued outgoing messages are dropped, unless ``linger_ms``
+        gives ZeroMQ that long to flush them in the background (an actor's
+        last words before it exits)."""
         if self._socket.closed:
             return
         try:
@@ -98,9 +108,9 @@ class _TrioSocket:
             trio.lowlevel.notify_closing(self._fd)
         except RuntimeError:
             pass  # not inside trio.run: nothing can be waiting
-        self._socket.close(linger=0)
+        self._socket.close(linger=linger_ms)
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
