@@ -24,6 +24,7 @@ from trillium.actors.supervisor import run_in_process
 from trillium.config import EngineConfig
 from trillium.outputs import CompletionOutput, Logprob, RequestOutput
 from trillium.sampling_params import SamplingParams
+from trillium.validation import check_request
 
 log = logging.getLogger(__name__)
 
@@ -163,25 +164,9 @@ class LLM:
         return items
 
     def _prepare(self, text, ids: list[int], params: SamplingParams):
-        vocab_size = self.model_vocab_size
-        if not ids:
-            raise ValueError("prompt: must not be empty")
-        if any((not isinstance(t, int)) or t < 0 or t >= vocab_size for t in ids):
-            raise ValueError(f"prompt_token_ids: token ids must be integers in [0, {vocab_size})")
-        params.validate(vocab_size)
-        max_len = self.config.max_model_len
-        if len(ids) >= max_len:
-            raise ValueError(
-                f"prompt: {len(ids)} tokens do not fit the model's context of {max_len} "
-                "(at least one generated token must fit)"
-            )
-        if params.max_tokens is None:
-            params = attrs.evolve(params, max_tokens=max_len - len(ids))
-        elif len(ids) + params.max_tokens > max_len:
-            raise ValueError(
-                f"max_tokens: prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) "
-                f"exceeds the model's context of {max_len}"
-            )
+        params = check_request(
+            ids, params, vocab_size=self.model_vocab_size, max_model_len=self.config.max_model_len
+        )
         return text, ids, params
 
     @property
@@ -201,19 +186,10 @@ class LLM:
 
     async def _run_one(self, index, text, ids, params: SamplingParams, priority, results) -> None:
         request_id = str(next(self._ids))
-        eos = tuple(self.tokenizer.eos_token_ids)
-        children = [
-            attrs.evolve(params, n=1, seed=None if params.seed is None else params.seed + i)
-            for i in range(params.n)
-        ]
-        group = request_id if params.n > 1 else None
-        streams = []
-        for i, child in enumerate(children):
-            child_id = request_id if params.n == 1 else f"{request_id}-{i}"
-            streams.append(
-                await self._client.submit(child_id, ids, child, eos, priority=priority, group_id=group)
-            )
-        outputs = [CompletionOutput(index=i) for i in range(len(children))]
+        streams = await self._client.generate(
+            request_id, ids, params, tuple(self.tokenizer.eos_token_ids), priority=priority
+        )
+        outputs = [CompletionOutput(index=i) for i in range(len(streams))]
         output = RequestOutput(request_id=request_id, prompt=text, prompt_token_ids=ids, outputs=outputs)
         want_logprobs = params.logprobs is not None
         async with trio.open_nursery() as nursery:

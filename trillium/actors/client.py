@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 
+import attrs
 import numpy as np
 import trio
 
@@ -110,6 +111,34 @@ class EngineClient:
             )
         )
         return stream
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int] | np.ndarray,
+        params: SamplingParams,
+        eos_token_ids: tuple[int, ...],
+        *,
+        priority: int = 0,
+    ) -> list[RequestStream]:
+        """Submit a request with `params.n` choices: one stream per choice.
+
+        n > 1 becomes n engine requests `<id>-<i>` in one group (the scheduler
+        admits the siblings once the first has prefilled, so they share its
+        prompt blocks); with a seed, choice i samples with `seed + i`, as vLLM.
+        """
+        if params.n == 1:
+            return [await self.submit(request_id, prompt_token_ids, params, eos_token_ids, priority=priority)]
+        streams = []
+        for i in range(params.n):
+            child = attrs.evolve(params, n=1, seed=None if params.seed is None else params.seed + i)
+            streams.append(
+                await self.submit(
+                    f"{request_id}-{i}", prompt_token_ids, child, eos_token_ids,
+                    priority=priority, group_id=request_id,
+                )
+            )
+        return streams
 
     async def abort(self, request_ids: list[str]) -> None:
         await self._to_scheduler.send(AbortRequest(request_ids=tuple(request_ids)))
