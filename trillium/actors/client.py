@@ -85,6 +85,11 @@ class EngineClient:
                 elif isinstance(message, SchedulerStats):
                     self.last_stats = message
 
+    @property
+    def num_active_requests(self) -> int:
+        """Requests submitted and not yet finished (the queue-limit and drain gauge)."""
+        return len(self._streams)
+
     async def submit(
         self,
         request_id: str,

@@ -47,7 +47,7 @@ def _triton(module: str) -> ModuleType:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if wants_triton(x):
         kernels = _triton("pointwise")
-        if kernels.rms_norm_supported(x, weight) and x.stride(-1) == 1:
+        if kernels.rms_norm_supported(x, weight):
             return kernels.rms_norm(x, weight, eps)
     return reference.rms_norm(x, weight, eps)
 

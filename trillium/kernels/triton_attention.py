@@ -2,7 +2,12 @@
 
 The idea (flash attention over a paged cache, GQA packed into rows):
 
-    grid = (num_seqs, num_kv_heads, cdiv(max_query_len, BLOCK_Q))
+    grid = (num_tokens // BLOCK_Q + num_seqs, num_kv_heads)
+
+    Sequence b owns the query blocks from query_start[b] // BLOCK_Q + b on
+    (always enough for its q_len; a few trailing ones exit at once), found by
+    a binary search. Unlike a (num_seqs, cdiv(max_query_len, BLOCK_Q)) grid,
+    one long prompt among many decodes launches no flood of empty programs.
 
     one program = BLOCK_Q query tokens of one sequence x the G query heads
     that share one KV head, laid out as BLOCK_M = BLOCK_Q * G_PAD rows:
@@ -37,6 +42,21 @@ _LOG2_E = 1.4426950408889634
 
 
 @triton.jit
+def _find_seq(query_start_ptr, q_block_global, num_seqs, BLOCK_Q: tl.constexpr):
+    """Last sequence b with query_start[b] // BLOCK_Q + b <= q_block_global."""
+    left: tl.int32 = 0
+    right = num_seqs
+    while left < right:
+        mid = (left + right) // 2
+        first_block = tl.load(query_start_ptr + mid) // BLOCK_Q + mid
+        if first_block <= q_block_global:
+            left = mid + 1
+        else:
+            right = mid
+    return left - 1
+
+
+@triton.jit
 def _paged_attention_kernel(
     q_ptr,
     k_cache_ptr,
@@ -56,6 +76,7 @@ def _paged_attention_kernel(
     scale_log2,
     num_queries_per_kv,
     head_dim,
+    num_seqs,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -65,10 +86,11 @@ def _paged_attention_kernel(
     DOT_FP32: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    seq = tl.program_id(0)
+    q_block_global = tl.program_id(0)
     kv_head = tl.program_id(1)
-    q_block = tl.program_id(2)
+    seq = _find_seq(query_start_ptr, q_block_global, num_seqs, BLOCK_Q)
     q_start = tl.load(query_start_ptr + seq)
+    q_block = q_block_global - (q_start // BLOCK_Q + seq)
     q_len = tl.load(query_start_ptr + seq + 1) - q_start
     if q_block * BLOCK_Q >= q_len:
         return
@@ -85,7 +107,8 @@ def _paged_attention_kernel(
     token = (q_start + q_idx).to(tl.int64)
 
     q_mask = row_valid[:, None] & dim_valid[None, :]
-    q = tl.load(q_ptr + token[:, None] * stride_q_t + head[:, None] * stride_q_h + dims[None, :], mask=q_mask, other=0.0)
+    q_offs = token[:, None] * stride_q_t + head[:, None] * stride_q_h + dims[None, :]
+    q = tl.load(q_ptr + q_offs, mask=q_mask, other=0.0)
     if DOT_FP32:
         q = q.to(tl.float32)
     q_pos = context_len + q_idx
@@ -187,21 +210,22 @@ def paged_attention(
     block_m = max(16, g_pad, min(64, triton.next_power_of_2(meta.max_query_len) * g_pad))
     block_q = block_m // g_pad
     block_d = max(16, triton.next_power_of_2(head_dim))
-    block_n = 64 if block_d <= 128 else 32
+    # fp32 tiles at head_dim 128 would need ~115 KB of shared memory with 64 keys.
+    block_n = 64 if block_d * q.element_size() <= 256 else 32
     # WHY: the interpreter's tl.dot mis-handles bfloat16 (stored as uint16 in
     # numpy); upcasting the operands keeps the CPU tests meaningful. On GPU
     # bf16/fp16 tiles go to the tensor cores, and fp32 uses exact ("ieee")
     # products to match the reference instead of TF32.
     dot_fp32 = _interpreting() and q.dtype == torch.bfloat16
     precision = "ieee" if q.dtype == torch.float32 or dot_fp32 else "tf32"
-    grid = (meta.num_seqs, num_kv_heads, triton.cdiv(meta.max_query_len, block_q))
+    grid = (num_tokens // block_q + meta.num_seqs, num_kv_heads)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out,
         meta.query_start_loc, meta.seq_lens, meta.block_tables,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         meta.block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        scale * _LOG2_E, group, head_dim,
+        scale * _LOG2_E, group, head_dim, meta.num_seqs,
         BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q, G_PAD=g_pad,
         BLOCK_N=block_n, BLOCK_D=block_d, DOT_FP32=dot_fp32, INPUT_PRECISION=precision,
         num_warps=4, num_stages=2,

@@ -49,7 +49,14 @@ def _rms_norm_kernel(
 
 
 def rms_norm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return x.shape[-1] <= MAX_ROW_ELEMENTS and x.dtype in _FLOAT_DTYPES
+    """Inputs this kernel handles; everything else goes to the torch reference."""
+    return (
+        x.shape[-1] <= MAX_ROW_ELEMENTS
+        and x.stride(-1) == 1
+        and x.dtype in _FLOAT_DTYPES
+        and weight.dtype in _FLOAT_DTYPES
+        and weight.is_contiguous()
+    )
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

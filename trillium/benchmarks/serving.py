@@ -1,0 +1,174 @@
+"""HTTP serving benchmark: `trillium serve` under streaming load vs the offline engine.
+
+Workload: the engine-core "mixed" workload (64 requests, prompts U[32,512]
+random token ids, outputs U[16,256], ignore_eos), sent as streaming
+/v1/completions requests (token-id prompts) at full concurrency and at a
+fixed Poisson request rate. Prints request throughput, output tokens/s,
+TTFT and inter-token latency (mean, p50, p99) beside the offline
+`trillium.LLM` throughput on the same workload, measured in the same run.
+Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import attrs
+import httpx
+import trio
+from tqdm import tqdm
+
+from trillium.benchmarks.throughput import _run_trillium, _workload_mixed
+
+
+@attrs.define
+class RequestTiming:
+    start: float
+    first_token: float | None = None
+    chunk_times: list[float] = attrs.field(factory=list)
+    end: float = 0.0
+    completion_tokens: int = 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _one(client: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int) -> RequestTiming:
+    body = {
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+    }
+    timing = RequestTiming(start=time.perf_counter())
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            now = time.perf_counter()
+            if chunk.get("choices") and chunk["choices"][0].get("text"):
+                if timing.first_token is None:
+                    timing.first_token = now
+                timing.chunk_times.append(now)
+            if chunk.get("usage"):
+                timing.completion_tokens = chunk["usage"]["completion_tokens"]
+    timing.end = time.perf_counter()
+    return timing
+
+
+async def _drive(base_url: str, model: str, reqs, rate: float | None, seed: int) -> tuple[float, list[RequestTiming]]:
+    rng = random.Random(seed)
+    timings: list[RequestTiming] = []
+    limits = httpx.Limits(max_connections=len(reqs) + 4)
+    async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as client:
+        start = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for prompt, out in reqs:
+
+                async def run(prompt=prompt, out=out) -> None:
+                    timings.append(await _one(client, model, prompt, out))
+
+                nursery.start_soon(run)
+                if rate:
+                    await trio.sleep(rng.expovariate(rate))
+        elapsed = time.perf_counter() - start
+    return elapsed, timings
+
+
+def _summary(name: str, elapsed: float, timings: list[RequestTiming]) -> dict:
+    ttft = [(t.first_token - t.start) * 1000 for t in timings if t.first_token is not None]
+    itl = [
+        (b - a) * 1000 for t in timings for a, b in zip(t.chunk_times, t.chunk_times[1:])
+    ]
+    tokens = sum(t.completion_tokens for t in timings)
+
+    def pct(values: list[float], q: float) -> float:
+        return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else float("nan")
+
+    return {
+        "name": name, "req_s": len(timings) / elapsed, "tok_s": tokens / elapsed,
+        "ttft": (statistics.mean(ttft), statistics.median(ttft), pct(ttft, 99)),
+        "itl": (statistics.mean(itl), statistics.median(itl), pct(itl, 99)),
+    }
+
+
+def _wait_healthy(base_url: str, process: subprocess.Popen, timeout_s: float = 300) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"trillium serve exited with {process.returncode}")
+        try:
+            if httpx.get(base_url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError("server did not become healthy")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trillium bench serving", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", default=None, help="benchmark model dir (default: built in a temp dir)")
+    parser.add_argument("--rate", type=float, default=2.0, help="requests/s of the fixed-rate run")
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    from trillium import LLM
+    from trillium.models.synthetic import build_checkpoint
+
+    model_dir = args.model_dir or os.path.join(tempfile.gettempdir(), "trillium-bench-model")
+    if not os.path.exists(os.path.join(model_dir, "config.json")):
+        build_checkpoint(model_dir, "bench", seed=0)
+    reqs = _workload_mixed(8192, args.seed)[: args.num_requests]
+    engine_args = dict(max_num_seqs=64, max_num_batched_tokens=1024, kv_cache_memory="1GiB")
+
+    with LLM(model_dir, **engine_args) as llm:
+        llm.generate([{"prompt_token_ids": [5, 6, 7]}])
+        offline_tok_s = _run_trillium(llm, reqs)
+
+    port = _free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "trillium.cli", "serve", "--model", model_dir, "--port", str(port),
+           "--served-model-name", "bench", "--max-num-seqs", "64", "--max-num-batched-tokens", "1024",
+           "--kv-cache-memory", "1GiB", "--log-level", "warning"]
+    server = subprocess.Popen(cmd)
+    try:
+        _wait_healthy(base_url, server)
+        trio.run(_drive, base_url, "bench", [([5, 6, 7], 4)], None, 0)  # warm-up
+        results = []
+        for name, rate in tqdm([("full concurrency", None), (f"rate {args.rate}/s", args.rate)], desc="serving"):
+            elapsed, timings = trio.run(_drive, base_url, "bench", reqs, rate, args.seed)
+            results.append(_summary(name, elapsed, timings))
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+
+    print()
+    print(f"offline trillium.LLM: {offline_tok_s:.1f} output tok/s on the same {len(reqs)} requests")
+    print(f"{'run':<18}{'req/s':>7}{'tok/s':>8}{'vs offline':>11}"
+          f"{'TTFT ms mean/p50/p99':>24}{'ITL ms mean/p50/p99':>23}")
+    for r in results:
+        ttft = "/".join(f"{v:.0f}" for v in r["ttft"])
+        itl = "/".join(f"{v:.1f}" for v in r["itl"])
+        print(f"{r['name']:<18}{r['req_s']:>7.2f}{r['tok_s']:>8.1f}{r['tok_s'] / offline_tok_s:>11.2f}"
+              f"{ttft:>24}{itl:>23}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
