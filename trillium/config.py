@@ -84,7 +84,7 @@ class EngineConfig:
                 f"--kv-cache-memory {self.kv_cache_memory} holds {num_blocks} blocks "
                 f"({per_block} bytes each); need at least 2"
             )
-        name = self.served_model_name or os.path.basename(os.path.normpath(self.model))
+        name = self.served_model_name or _default_served_name(self.model)
         return attrs.evolve(
             self, dtype=dtype, max_model_len=max_len, num_blocks=int(num_blocks),
             served_model_name=name,
@@ -93,6 +93,12 @@ class EngineConfig:
     @property
     def num_kv_tokens(self) -> int:
         return self.num_blocks * self.block_size
+
+
+def _default_served_name(model: str) -> str:
+    """The model's file or directory name, without a .gguf suffix."""
+    name = os.path.basename(os.path.normpath(model))
+    return name[: -len(".gguf")] if name.endswith(".gguf") else name
 
 
 def _auto_dtype(model_config, device: str) -> str:

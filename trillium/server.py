@@ -16,8 +16,8 @@ requests finish for `--shutdown-timeout` seconds, then stops every child.
 
 from __future__ import annotations
 
+import functools
 import logging
-import os
 import shutil
 import signal
 import tempfile
@@ -48,20 +48,25 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     try:
         trio.run(_serve, engine_config, server_config)
     except ActorFailed as exc:
-        log.error("engine actor failed, shutting down: %s", exc)
+        log.error("engine actor failed, shut down: %s", exc)
         return 1
     except BaseExceptionGroup as group:
         failed = group.subgroup(lambda e: isinstance(e, ActorFailed))
         if failed is None:
             raise
-        log.error("engine actor failed, shutting down: %s", failed.exceptions[0])
+        while isinstance(failed, BaseExceptionGroup):
+            failed = failed.exceptions[0]
+        log.error("engine actor failed, shut down: %s", failed)
         return 1
+    except KeyboardInterrupt:
+        log.info("interrupted during start-up")
+        return 130
     return 0
 
 
 async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> None:
     from trillium import __version__
-    from trillium.data_plane.app import DataPlaneEngine, create_app, serve_app
+    from trillium.data_plane import DataPlaneEngine, create_app, serve_app
     from trillium.models.loader import load_model_config
     from trillium.models.tokenizer import load_tokenizer
 
@@ -89,24 +94,27 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
                 version=__version__,
             )
             app = create_app(engine)
-            http_scope = trio.CancelScope()
             shutdown = trio.Event()
             nursery.start_soon(_watch_signals, shutdown)
-
-            async def http() -> None:
-                with http_scope:
-                    port = await nursery.start(serve_app, app, server_config.host, server_config.port)
-                    log.info(
-                        "serving %s on http://%s:%d  (KV cache: %d tokens = %d blocks x %d, max_model_len %d)",
-                        engine_config.served_model_name, server_config.host, port,
-                        engine_config.num_kv_tokens, engine_config.num_blocks, engine_config.block_size,
-                        engine_config.max_model_len,
-                    )
-
-            nursery.start_soon(http)
+            port = await nursery.start(
+                functools.partial(
+                    serve_app, app, server_config.host, server_config.port,
+                    shutdown_trigger=shutdown.wait, graceful_timeout_s=server_config.shutdown_timeout_s,
+                )
+            )
+            log.info(
+                "serving %s on http://%s:%d  (KV cache: %d tokens = %d blocks x %d; max_model_len %d)",
+                engine_config.served_model_name, server_config.host, port,
+                engine_config.num_kv_tokens, engine_config.num_blocks, engine_config.block_size,
+                engine_config.max_model_len,
+            )
             await shutdown.wait()
-            log.info("shutdown requested: draining in-flight requests (up to %.0f s)", server_config.shutdown_timeout_s)
-            await _drain(client, server_config.shutdown_timeout_s)
+            log.info(
+                "shutdown requested: no new connections; in-flight requests get up to %.0f s",
+                server_config.shutdown_timeout_s,
+            )
+            # serve_app returns once in-flight requests finished (or the grace period ran out).
+            await _wait_drained(client, server_config.shutdown_timeout_s + 1)
             nursery.cancel_scope.cancel()
     finally:
         client.close()
@@ -122,9 +130,9 @@ async def _watch_signals(shutdown: trio.Event) -> None:
             return
 
 
-async def _drain(client: EngineClient, timeout_s: float) -> None:
+async def _wait_drained(client: EngineClient, timeout_s: float) -> None:
     with trio.move_on_after(timeout_s) as scope:
         while client.num_active_requests:
             await trio.sleep(0.05)
     if scope.cancelled_caught:
-        log.warning("grace period over: aborting %d requests", client.num_active_requests)
+        log.warning("grace period over: stopping with %d requests unfinished", client.num_active_requests)

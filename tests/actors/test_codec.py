@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from trillium.actors.codec import Codec, CodecError, UnknownMessageType
+from trillium.actors.codec import INLINE_MAX_BYTES, Codec, CodecError, UnknownMessageType
 
 
 class Finish(enum.Enum):
@@ -161,12 +161,17 @@ def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(width[a.dtype.itemsize]), b.view(width[b.dtype.itemsize]))
 
 
+# Small tensors ride inline in the envelope, large ones as their own frame.
+SIZES = {"inline": (3, 5), "frame": (64, INLINE_MAX_BYTES // 64 + 1)}
+
+
+@pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
-def test_tensor_dtypes_roundtrip_bit_exact(dtype):
-    tensor = make_tensor(dtype)
+def test_tensor_dtypes_roundtrip_bit_exact(dtype, size):
+    tensor = make_tensor(dtype, SIZES[size])
     message = StepTensors(1, tensor, None, np.arange(3))
     frames = CODEC.encode(message)
-    assert len(frames) == 3  # envelope, token_ids, positions
+    assert len(frames) == (2 if size == "frame" else 1)  # positions are always inline
     decoded = CODEC.decode(frames)
     assert same_tensor(decoded.token_ids, tensor)
     assert decoded.logprobs is None
@@ -200,9 +205,7 @@ def test_nested_optional_and_listed_tensors():
         nested=TensorHolder("w", weight),
         many=[torch.ones(2), torch.zeros(3, dtype=torch.int32)],
     )
-    frames = CODEC.encode(message)
-    assert len(frames) == 1 + 6
-    decoded = CODEC.decode(frames)
+    decoded = roundtrip(message)
     assert decoded.nested.name == "w"
     assert torch.equal(decoded.nested.weight, weight)
     assert [t.tolist() for t in decoded.many] == [[1.0, 1.0], [0, 0, 0]]
@@ -238,13 +241,32 @@ def test_tensor_frames_are_zero_copy_views():
     assert decoded.token_ids.data_ptr() == tensor.data_ptr()
 
 
-def test_read_only_frames_are_copied_for_torch():
-    tensor = torch.arange(10, dtype=torch.float32)
-    frames = [bytes(frame) for frame in CODEC.encode(StepTensors(0, tensor, None, np.zeros(2)))]
+def test_one_frame_per_large_tensor_in_field_order():
+    big = torch.arange(INLINE_MAX_BYTES, dtype=torch.int32)
+    message = StepTensors(
+        0, big, torch.ones(2), np.zeros(INLINE_MAX_BYTES), TensorHolder("w", big * 2), [big * 3]
+    )
+    frames = CODEC.encode(message)
+    assert len(frames) == 5  # envelope + token_ids, positions, nested.weight, many[0]
+    assert frames[1].nbytes == big.nbytes
+    decoded = CODEC.decode(frames)
+    assert torch.equal(decoded.many[0], big * 3)
+    assert torch.equal(decoded.nested.weight, big * 2)
+
+
+def test_decoded_arrays_are_writable_and_never_alias_read_only_input():
+    tensor = torch.arange(INLINE_MAX_BYTES, dtype=torch.float32)
+    message = StepTensors(0, tensor, torch.ones(3), np.arange(4))
+    frames = [bytes(frame) for frame in CODEC.encode(message)]
     decoded = CODEC.decode(frames)
     decoded.token_ids.add_(1)  # must not touch the immutable bytes
+    decoded.logprobs.add_(1)
+    decoded.positions[:] += 1
     assert torch.equal(decoded.token_ids, tensor + 1)
-    assert not decoded.positions.flags.writeable
+    again = CODEC.decode(frames)
+    assert torch.equal(again.token_ids, tensor)
+    assert torch.equal(again.logprobs, torch.ones(3))
+    assert again.positions.tolist() == [0, 1, 2, 3]
 
 
 def test_big_tensor_32_mib():
@@ -271,9 +293,9 @@ def test_malformed_frames_raise_codec_error():
         CODEC.decode([])
     with pytest.raises(CodecError):
         CODEC.decode([b"\xc1not msgpack"])
-    frames = CODEC.encode(StepTensors(0, torch.zeros(2), None, np.zeros(2)))
+    frames = CODEC.encode(StepTensors(0, torch.zeros(INLINE_MAX_BYTES), None, np.zeros(2)))
     with pytest.raises(CodecError):
-        CODEC.decode(frames[:1])  # tensor frames missing
+        CODEC.decode(frames[:1])  # the tensor's frame is missing
 
 
 def test_object_arrays_are_refused():

@@ -7,6 +7,8 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
+from functools import partial
 
 import pytest
 import trio
@@ -21,6 +23,7 @@ from trillium.actors.supervisor import (
 from trillium.actors.transport import Inbox, Outbox, fresh_ipc_address
 
 ACTORS = "trillium.actors._testing_actors"
+_IPC_DIR = tempfile.TemporaryDirectory(prefix="trl-test-")
 
 
 def pid_alive(pid: int) -> bool:
@@ -105,10 +108,12 @@ async def test_in_process_failure_before_start():
 
 
 async def test_in_process_actor_that_returns_is_a_failure():
+    specs = [
+        ActorSpec("idle", f"{ACTORS}:idle"),
+        ActorSpec("quitter", f"{ACTORS}:return_after_start"),
+    ]
     with pytest.raises(ActorFailed, match="quitter"):
-        await run_in_process(
-            [ActorSpec("idle", f"{ACTORS}:idle"), ActorSpec("quitter", f"{ACTORS}:return_after_start")]
-        )
+        await run_in_process(specs)
 
 
 async def test_bad_target_and_duplicate_names():
@@ -122,7 +127,7 @@ async def test_bad_target_and_duplicate_names():
 
 
 async def test_subprocess_actors_exchange_messages_over_ipc():
-    specs, entry, exit_ = ping_pong_specs(fresh_ipc_address)
+    specs, entry, exit_ = ping_pong_specs(lambda: fresh_ipc_address(directory=_IPC_DIR.name))
     async with trio.open_nursery() as nursery:
         supervision = await nursery.start(run_in_subprocesses, specs)
         assert supervision.healthy
@@ -206,3 +211,15 @@ async def test_children_die_when_the_parent_is_sigkilled():
         parent.kill()
         await parent.wait()
         await parent.stdout.aclose()
+
+
+async def test_child_ignoring_sigterm_is_killed_after_the_grace_period():
+    specs = [ActorSpec("stubborn", f"{ACTORS}:stubborn")]
+    async with trio.open_nursery() as nursery:
+        supervision = await nursery.start(
+            partial(run_in_subprocesses, specs, grace_period_s=0.3)
+        )
+        pid = supervision.pids["stubborn"]
+        nursery.cancel_scope.cancel()
+    assert not pid_alive(pid)
+    assert supervision.alive == {"stubborn": False}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import os
+import tempfile
 
 import attrs
 import numpy as np
@@ -29,13 +31,19 @@ class Blob:
 
 CODEC = Codec([Seq, Blob])
 _names = itertools.count()
+# One short-lived dir for this module's ipc sockets (paths must stay < 107 bytes).
+_IPC_DIR = tempfile.TemporaryDirectory(prefix="trl-test-")
+
+
+def ipc_address() -> str:
+    return fresh_ipc_address(directory=_IPC_DIR.name)
 
 
 def new_address(scheme: str) -> str:
     if scheme == "inproc":
         return f"inproc://test-{next(_names)}"
     if scheme == "ipc":
-        return fresh_ipc_address()
+        return ipc_address()
     return "tcp://127.0.0.1:*"
 
 
@@ -139,7 +147,7 @@ async def test_receiver_restart_at_same_address(scheme):
 
 
 async def test_send_waits_at_hwm_without_blocking_trio():
-    address = fresh_ipc_address()
+    address = ipc_address()
     with Outbox.connect(address, CODEC, hwm_messages=10) as outbox:
         sent = 0
         ticks = 0
@@ -210,6 +218,15 @@ async def test_many_open_close_cycles_do_not_leak_fd_registrations():
                 await inbox.receive()
             await outbox.send(Seq(seq))
             assert (await inbox.receive()).seq == seq
+
+
+def test_fresh_ipc_address_is_unique():
+    first, second = fresh_ipc_address(), fresh_ipc_address()
+    assert first != second
+    for address in (first, second):
+        os.rmdir(os.path.dirname(address.removeprefix("ipc://")))
+    assert ipc_address() != ipc_address()
+    assert ipc_address().startswith(f"ipc://{_IPC_DIR.name}/actor-")
 
 
 async def test_receive_nowait():

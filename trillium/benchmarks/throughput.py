@@ -94,22 +94,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         llm.generate([{"prompt_token_ids": [5, 6, 7]}])  # warm-up
         for workload in workloads:
-            reqs = _workload_mixed(vocab, args.seed) if workload == "mixed" else _workload_decode(vocab, args.seed)
-            ours = [_run_trillium(llm, reqs) for _ in tqdm(range(args.repeats), desc=f"trillium {workload}")]
+            make = _workload_mixed if workload == "mixed" else _workload_decode
+            # WHY: a fresh seed per repeat, else later repeats hit the prefix cache.
+            runs = [make(vocab, args.seed + 1000 * r) for r in range(args.repeats)]
+            reqs = runs[0]
+            ours = [_run_trillium(llm, r) for r in tqdm(runs, desc=f"trillium {workload}")]
             base_name, base = "-", []
             if not args.skip_baselines and workload == "mixed":
                 from transformers import AutoModelForCausalLM
 
                 hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
                 base_name = "HF generate (static batches of 16)"
-                base = [_run_hf(hf, reqs) for _ in tqdm(range(args.repeats), desc="hf mixed")]
+                base = [_run_hf(hf, r) for r in tqdm(runs, desc="hf mixed")]
                 del hf
             elif not args.skip_baselines:
                 bare = BareLlama(model_dir)
-                prompts = torch.tensor([p for p, _ in reqs])
                 base_name = "bare static-cache decode loop (batch 32)"
-                base = [bare.decode_throughput(prompts, reqs[0][1])[1]
-                        for _ in tqdm(range(args.repeats), desc="bare decode")]
+                base = [bare.decode_throughput(torch.tensor([p for p, _ in r]), r[0][1])[1]
+                        for r in tqdm(runs, desc="bare decode")]
             rows.append((workload, "trillium", statistics.median(ours), base_name,
                          statistics.median(base) if base else float("nan")))
     finally:

@@ -2,8 +2,9 @@
 
 Consumes ExecuteBatch (scheduler), Shutdown. Produces BatchResult, or
 ExecutorFailed when a step raises (the scheduler then stops the engine).
-Weights load and every step runs in a worker thread, so the trio loop (and
-in-process neighbours) never block on torch.
+Weights load and every step run on one dedicated torch thread
+(`torch_thread.py`), so the trio loop (and in-process neighbours) never
+block on torch.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from trillium.actors.engine import ActorConfig, engine_codec
 from trillium.actors.executor.core import ExecutorCore
 from trillium.actors.protocol.control import Shutdown
 from trillium.actors.protocol.execute import ExecuteBatch, ExecutorFailed
+from trillium.actors.torch_thread import TorchThread
 from trillium.actors.transport import Inbox, Outbox
 
 log = logging.getLogger(__name__)
@@ -25,7 +27,8 @@ log = logging.getLogger(__name__)
 async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     cfg = ActorConfig.from_bytes(config)
     codec = engine_codec()
-    core = await trio.to_thread.run_sync(ExecutorCore, cfg.engine)
+    torch_thread = TorchThread("trillium-executor")
+    core = await torch_thread.run(ExecutorCore, cfg.engine)
     inbox = Inbox.bind(cfg.addresses.executor, codec)
     to_scheduler = Outbox.connect(cfg.addresses.scheduler, codec)
     task_status.started()
@@ -38,7 +41,7 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
                 log.error("executor: unexpected message %r", type(message).__name__)
                 continue
             try:
-                result = await trio.to_thread.run_sync(core.execute, message)
+                result = await torch_thread.run(core.execute, message)
             except Exception as exc:
                 log.exception("executor step %d failed", message.step_id)
                 await to_scheduler.send(
@@ -49,3 +52,4 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
     finally:
         inbox.close()
         to_scheduler.close()
+        torch_thread.close()

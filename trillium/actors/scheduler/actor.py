@@ -82,6 +82,9 @@ async def _loop(core, mailbox: Mailbox, to_executor: Outbox, to_detokenizer: Out
             await to_detokenizer.send(pending)
         batch = core.schedule()
         if batch is None:
+            # Going idle: report the state after aborts / finishes, so the api's
+            # gauges do not keep showing requests that are gone.
+            await to_api.send(core.stats())
             if not _handle(core, await mailbox.receive()):
                 return
             continue

@@ -1,0 +1,113 @@
+"""A real engine and data-plane apps in a background trio thread, for HTTP tests.
+
+The wiring is `trillium.LLM._engine_main`'s (EngineClient + run_in_process
+over inproc://) plus one `create_app` / `serve_app` per app configuration,
+all on 127.0.0.1 with port 0. One engine serves every app, so the apps'
+per-app metric registries and admission counts are exercised side by side.
+
+Tests talk HTTP to `harness.url(name)`; `harness.call(afn)` runs a coroutine
+on the engine's loop (direct EngineClient runs to compare against).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import trio
+
+from trillium.actors.client import EngineClient
+from trillium.actors.engine import ActorConfig, Addresses, engine_specs
+from trillium.actors.supervisor import run_in_process
+from trillium.config import EngineConfig
+from trillium.data_plane import DataPlaneEngine, create_app, serve_app
+from trillium.data_plane.app import app_state
+from trillium.models.loader import load_model_config
+from trillium.models.tokenizer import load_tokenizer
+
+MODEL_NAME = "tiny-llama"
+API_KEY = "sk-test"
+
+
+class ServerHarness:
+    def __init__(self, model_path, apps: dict[str, dict], **engine_args) -> None:
+        self.model_path = str(model_path)
+        self._apps_spec = apps
+        self._engine_args = engine_args
+        self.ports: dict[str, int] = {}
+        self.apps: dict = {}
+        self.client: EngineClient | None = None
+        self.tokenizer = None
+        self._failure: BaseException | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._thread_main, name="dp-harness", daemon=True)
+
+    # -- lifecycle --------------------------------------------------------
+
+    def start(self) -> "ServerHarness":
+        self._thread.start()
+        self._ready.wait(timeout=120)
+        if self._failure is not None or not self.ports:
+            raise RuntimeError(f"harness failed to start: {self._failure!r}")
+        return self
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+            self._thread.join(timeout=30)
+
+    def _thread_main(self) -> None:
+        try:
+            trio.run(self._main)
+        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
+            self._failure = exc
+        finally:
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self._stop = trio.Event()
+        config = EngineConfig(
+            model=self.model_path, served_model_name=MODEL_NAME, num_threads=1, **self._engine_args
+        ).resolve()
+        actor_config = ActorConfig(config, Addresses.inproc())
+        client = EngineClient(actor_config)
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(client.run)
+                supervision = await nursery.start(run_in_process, engine_specs(actor_config))
+                self.client = client
+                self.tokenizer = load_tokenizer(self.model_path)
+                vocab_size = load_model_config(self.model_path).vocab_size
+                for name, overrides in self._apps_spec.items():
+                    engine = DataPlaneEngine(
+                        client=client, tokenizer=self.tokenizer, served_model_name=config.served_model_name,
+                        max_model_len=config.max_model_len, vocab_size=vocab_size,
+                        health=lambda: (supervision.healthy, dict(supervision.alive)), **overrides,
+                    )
+                    app = create_app(engine)
+                    self.apps[name] = app
+                    self.ports[name] = await nursery.start(serve_app, app, "127.0.0.1", 0)
+                self._ready.set()
+                await self._stop.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            client.close()
+
+    # -- helpers for tests ------------------------------------------------
+
+    def url(self, name: str = "default") -> str:
+        return f"http://127.0.0.1:{self.ports[name]}"
+
+    def num_in_flight(self, name: str = "default") -> int:
+        """HTTP requests the app counts as in the engine (read across threads: an int)."""
+        return len([g for g in app_state(self.apps[name]).inflight._generations if not g.finished])
+
+    @property
+    def last_stats(self):
+        return self.client.last_stats
+
+    async def call(self, afn, *args):
+        """Run `afn(*args)` on the engine's trio loop from a test's loop."""
+        run = functools.partial(trio.from_thread.run, afn, *args, trio_token=self._token)
+        return await trio.to_thread.run_sync(run)

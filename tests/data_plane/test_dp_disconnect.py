@@ -1,0 +1,86 @@
+"""A client that goes away mid-request gets its engine requests aborted.
+
+The long request asks for 2000 tokens (one engine step each); after the
+disconnect the engine must be idle again within far fewer steps than the
+request would have run, i.e. it was aborted, not finished. Progress is
+measured in engine steps (SchedulerStats.step_id), never in wall time; the
+waits poll with a deadline.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import trio
+
+LONG_TOKENS = 2000
+MAX_STEPS_AFTER_DISCONNECT = 1000
+
+
+async def _wait_until(predicate, timeout_s: float = 30.0) -> None:
+    with trio.fail_after(timeout_s):
+        while not predicate():
+            await trio.sleep(0.005)
+
+
+def _abort_count(metrics_text: str) -> float:
+    for line in metrics_text.splitlines():
+        if line.startswith('trillium:request_success_total{finished_reason="abort"'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def _assert_engine_idle_soon(dp_server, http: httpx.AsyncClient, start_step: int) -> None:
+    """Probe with 1-token requests (each makes the engine step and report stats)
+    until nothing runs; the abort must have landed well before the long request's end."""
+    await _wait_until(lambda: dp_server.num_in_flight() == 0)
+    with trio.fail_after(30):
+        while True:
+            response = await http.post("/v1/completions", json={"prompt": [5], "max_tokens": 1})
+            assert response.status_code == 200
+            stats = dp_server.last_stats
+            if stats.num_running == 0 and stats.num_waiting == 0:
+                break
+    assert stats.step_id - start_step < MAX_STEPS_AFTER_DISCONNECT
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": [5, 6, 7]}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ],
+)
+async def test_disconnect_mid_stream_aborts(dp_server, path, body):
+    body = {**body, "max_tokens": LONG_TOKENS, "ignore_eos": True, "stream": True}
+    async with httpx.AsyncClient(base_url=dp_server.url(), timeout=60) as http:
+        aborts_before = _abort_count((await http.get("/metrics")).text)
+        async with httpx.AsyncClient(base_url=dp_server.url(), timeout=60) as doomed:
+            async with doomed.stream("POST", path, json=body) as response:
+                assert response.status_code == 200
+                num_events = 0
+                async for line in response.aiter_lines():
+                    num_events += line.startswith("data: ")
+                    if num_events >= 3:
+                        break
+            start_step = dp_server.last_stats.step_id
+        # leaving the client closed the connection mid-stream
+        await _assert_engine_idle_soon(dp_server, http, start_step)
+        assert _abort_count((await http.get("/metrics")).text) == aborts_before + 1
+
+
+async def test_disconnect_mid_non_stream_request_aborts(dp_server):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": LONG_TOKENS, "ignore_eos": True, "n": 2}
+    async with httpx.AsyncClient(base_url=dp_server.url(), timeout=60) as http:
+        async with trio.open_nursery() as nursery:
+            async def doomed() -> None:
+                async with httpx.AsyncClient(base_url=dp_server.url(), timeout=60) as client:
+                    await client.post("/v1/chat/completions", json=body)
+                raise AssertionError("the request should have been cancelled")
+
+            nursery.start_soon(doomed)
+            await _wait_until(lambda: dp_server.num_in_flight() == 1)
+            await _wait_until(lambda: dp_server.last_stats is not None and dp_server.last_stats.num_running == 2)
+            start_step = dp_server.last_stats.step_id
+            nursery.cancel_scope.cancel()  # the client gives up: its connection closes
+        await _assert_engine_idle_soon(dp_server, http, start_step)

@@ -1,0 +1,136 @@
+"""The OpenAI-compatible data plane: a QuartTrio app and its Hypercorn server.
+
+Public API (stable; `trillium serve` builds on it):
+
+    create_app(engine: DataPlaneEngine) -> QuartTrio
+        One app per engine bundle (see `engine.py`). Routes: GET /v1/models,
+        /v1/models/<name>, POST /v1/completions, /v1/chat/completions,
+        /tokenize, /detokenize, GET /health, /version, /metrics,
+        /openapi.json. The app owns its tokenizer threads, admission
+        control and Prometheus registry; it never starts or stops the
+        engine (the caller runs `EngineClient.run` and the actors).
+
+    async serve_app(app, host, port, *, shutdown_trigger=None,
+                    graceful_timeout_s=5.0, task_status=trio.TASK_STATUS_IGNORED)
+        Serve `app` with Hypercorn's trio worker until cancelled or until
+        `shutdown_trigger()` returns. `await nursery.start(serve_app, app,
+        host, port)` returns the bound port (port 0 binds a free one).
+        Graceful stop: let `shutdown_trigger` return; the listener closes
+        and in-flight requests get `graceful_timeout_s` to finish. Hard stop:
+        cancel the task; in-flight engine requests are aborted either way.
+
+Every error, including unknown routes and unexpected exceptions, is
+OpenAI's `{"error": {...}}` JSON. With `engine.api_key` set, `/v1/*` needs
+`Authorization: Bearer <key>`; /health, /version, /metrics, /tokenize,
+/detokenize and /openapi.json stay open, as in vLLM.
+
+The data plane never imports the control plane (and vice versa): both talk
+to the engine through the same client.
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+
+import hypercorn.trio
+import trio
+from hypercorn.config import Config as HypercornConfig
+from quart import request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from trillium.data_plane.engine import DataPlaneEngine
+from trillium.data_plane.errors import INVALID_REQUEST, ApiError, internal_error, unauthorized
+from trillium.data_plane.routes import chat, completions, health, metrics, models, openapi, tokenize
+from trillium.data_plane.state import AppState
+
+log = logging.getLogger(__name__)
+
+STATE_KEY = "trillium.data_plane"
+_ROUTE_MODULES = (models, completions, chat, tokenize, health, metrics, openapi)
+
+
+def create_app(engine: DataPlaneEngine) -> QuartTrio:
+    app = QuartTrio("trillium.data_plane")
+    # WHY: a long generation streams for minutes; Quart's default 60 s send timeout would cut it.
+    app.config["RESPONSE_TIMEOUT"] = None
+    state = AppState(engine, app)
+    app.extensions[STATE_KEY] = state
+    for module in _ROUTE_MODULES:
+        app.register_blueprint(module.blueprint(state))
+    app.before_request(_read_body)
+    if engine.api_key:
+        app.before_request(functools.partial(_check_api_key, engine.api_key))
+    app.register_error_handler(ApiError, _api_error)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Exception, _unexpected_error)
+    return app
+
+
+def app_state(app: QuartTrio) -> AppState:
+    """The state `create_app` built (for tests and the server's own probes)."""
+    return app.extensions[STATE_KEY]
+
+
+async def _read_body() -> None:
+    # WHY: answering (401, 404, 405) before the request body was read leaves
+    # Hypercorn's keep-alive connection stuck: the client's next request on it
+    # never gets a response. Reading it first (bounded by MAX_CONTENT_LENGTH;
+    # Quart caches it for the route) keeps the connection in step.
+    await request.get_data()
+
+
+async def _check_api_key(api_key: str) -> None:
+    if not (request.path == "/v1" or request.path.startswith("/v1/")):
+        return
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        raise unauthorized()
+
+
+async def _api_error(error: ApiError):
+    return error.to_response()
+
+
+async def _http_error(error: HTTPException):
+    kind = "not_found_error" if error.code == 404 else INVALID_REQUEST
+    message = f"{error.name}: {request.method} {request.path}" if error.code in (404, 405) else error.description
+    return ApiError(error.code or 500, message, type=kind, code=error.code).to_response()
+
+
+async def _unexpected_error(error: Exception):
+    log.error("unhandled error in %s %s", request.method, request.path, exc_info=error)
+    return internal_error().to_response()
+
+
+def _bind_address(host: str, port: int) -> str:
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # IPv6 literal
+    return f"{host}:{port}"
+
+
+async def serve_app(
+    app: QuartTrio,
+    host: str,
+    port: int,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    graceful_timeout_s: float = 5.0,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until cancelled or `shutdown_trigger` returns; started() reports the bound port."""
+    config = HypercornConfig()
+    config.bind = [_bind_address(host, port)]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.graceful_timeout = graceful_timeout_s
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            functools.partial(hypercorn.trio.serve, app, config, shutdown_trigger=shutdown_trigger)
+        )
+        bound_port = int(binds[0].rsplit(":", 1)[1])
+        log.info("data plane listening on %s", binds[0])
+        task_status.started(bound_port)

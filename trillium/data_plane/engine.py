@@ -1,0 +1,73 @@
+"""What the data plane's routes need from the rest of the server, in one bundle.
+
+`DataPlaneEngine` is built once by whoever serves the app (`trillium serve`,
+tests) and handed to `create_app`. It holds no state of its own: the engine
+client routes requests, the tokenizer encodes them, the rest is
+configuration and a health probe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from trillium import __version__
+
+if TYPE_CHECKING:
+    from trillium.actors.client import EngineClient
+    from trillium.models.tokenizer import Tokenizer
+
+HealthProbe = Callable[[], tuple[bool, Any]]
+
+
+def _always_healthy() -> tuple[bool, Any]:
+    return True, "ok"
+
+
+def _names(value: str | Sequence[str]) -> tuple[str, ...]:
+    names = (value,) if isinstance(value, str) else tuple(value)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"served_model_name: need at least one non-empty name, got {value!r}")
+    return names
+
+
+@attrs.frozen
+class DataPlaneEngine:
+    """Everything the data plane routes use.
+
+    client: a running `EngineClient` (its `run()` task is owned by the caller).
+    tokenizer: `trillium.models.tokenizer.Tokenizer` of the served model.
+    served_model_name: the name(s) clients may pass as `model`; the first is
+        the one `/v1/models` lists first and responses report by default.
+    max_model_len: context length in tokens (prompt + generated).
+    vocab_size: the model's vocabulary size (token ids are checked against it).
+    health: `() -> (ok, detail)`; `/health` answers 200 when ok, else 503.
+    api_key: when set, `/v1/*` requires `Authorization: Bearer <api_key>`.
+    max_queued_requests: most HTTP requests in the engine and not finished;
+        one more gets 503 + Retry-After. None: unbounded.
+    version: reported by `/version`.
+    eos_token_ids: None means the tokenizer's.
+    """
+
+    client: "EngineClient"
+    tokenizer: "Tokenizer"
+    served_model_name: tuple[str, ...] = attrs.field(converter=_names)
+    max_model_len: int
+    vocab_size: int
+    health: HealthProbe = _always_healthy
+    api_key: str | None = None
+    max_queued_requests: int | None = None
+    version: str = __version__
+    eos_token_ids: tuple[int, ...] | None = None
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name[0]
+
+    @property
+    def resolved_eos_token_ids(self) -> tuple[int, ...]:
+        if self.eos_token_ids is not None:
+            return tuple(self.eos_token_ids)
+        return tuple(self.tokenizer.eos_token_ids)

@@ -1,0 +1,117 @@
+"""Errors in OpenAI's wire shape, raised anywhere in a route, rendered once in app.py.
+
+    {"error": {"message": str, "type": str, "param": str | None, "code": str | int | None}}
+
+`ApiError` carries the HTTP status and the body; routes raise it and the
+app's error handler turns it into a JSON response. `from_value_error` maps
+the ValueErrors of `trillium.validation.check_request` and
+`SamplingParams.validate` (which name the bad parameter) onto a 400 with
+`param` filled in, so bad input never reaches the 500 path.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from quart import Response
+
+INVALID_REQUEST = "invalid_request_error"
+
+# "invalid sampling parameter 'top_p': ..." (SamplingParams.validate) or
+# "max_tokens: ..." (check_request).
+_QUOTED_PARAM = re.compile(r"^invalid sampling parameter '(\w+)'")
+_PREFIX_PARAM = re.compile(r"^(\w+):")
+
+
+class ApiError(Exception):
+    """An error response: status, OpenAI error body, optional extra headers."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = INVALID_REQUEST,
+        param: str | None = None,
+        code: str | int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def to_response(self) -> Response:
+        response = Response(json.dumps(self.body(), ensure_ascii=False), status=self.status, mimetype="application/json")
+        for name, value in self.headers.items():
+            response.headers[name] = value
+        return response
+
+
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+def param_of(error: ValueError) -> str | None:
+    """The parameter a validation ValueError names, if any."""
+    text = str(error)
+    match = _QUOTED_PARAM.match(text) or _PREFIX_PARAM.match(text)
+    return match.group(1) if match else None
+
+
+def from_value_error(error: ValueError, rename: dict[str, str] | None = None) -> ApiError:
+    """400 for a validation ValueError; `rename` maps engine names to wire names
+    (e.g. prompt -> messages for chat, logprobs -> top_logprobs)."""
+    param = param_of(error)
+    if param is not None and rename:
+        param = rename.get(param, param)
+    return bad_request(str(error), param)
+
+
+def model_not_found(name: str) -> ApiError:
+    return ApiError(
+        404,
+        f"The model `{name}` does not exist.",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def unauthorized() -> ApiError:
+    return ApiError(
+        401,
+        "Incorrect API key provided.",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def overloaded(retry_after_s: int) -> ApiError:
+    return ApiError(
+        503,
+        "The server is overloaded: too many requests in flight. Retry later.",
+        type="server_overloaded",
+        code="server_overloaded",
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
+def unavailable(retry_after_s: int) -> ApiError:
+    return ApiError(
+        503,
+        "The engine is not available (unhealthy or shutting down). Retry later.",
+        type="service_unavailable",
+        code="engine_unavailable",
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
+def internal_error() -> ApiError:
+    return ApiError(500, "The server had an internal error.", type="server_error", code="internal_error")

@@ -1,0 +1,187 @@
+"""One HTTP request's engine requests: admission, submission, merged deltas, abort.
+
+An HTTP request becomes one engine request per prompt, each with `n`
+choices (the client splits n > 1 into sibling requests); choice `index` is
+`prompt_index * n + i`, as vLLM numbers them.
+
+`Generation.feed(nursery)` is the only way to read outputs: an async
+context manager yielding a receive channel of `(Choice, RequestOutputDelta)`
+from every choice, merged in arrival order. A pump task (in the given
+nursery) forwards each stream into the bounded channel. Leaving the context
+for any reason (done, client gone, error) cancels the pump and aborts the
+engine requests not yet finished, from a shielded scope, so their KV blocks
+are freed even when the handler was cancelled by a disconnect.
+
+`InflightRequests` is admission control: HTTP requests whose engine
+requests have not all finished. A stream's `finished` flag is set by the
+client's router even when nobody reads it, so a request whose reader never
+started still leaves the count when the engine finishes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+
+import attrs
+import trio
+
+from trillium.actors.protocol.outputs import RequestOutputDelta
+from trillium.data_plane.errors import overloaded
+from trillium.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+# WHY 64: deltas are small; the engine side (RequestStream) buffers anyway,
+# so this only bounds what sits between the pump and the HTTP writer.
+_FEED_CHANNEL_SIZE = 64
+_ABORT_TIMEOUT_S = 5.0
+RETRY_AFTER_S = 1
+
+
+@attrs.define
+class Choice:
+    """One engine request's progress, as the routes and metrics see it."""
+
+    index: int
+    prompt_index: int
+    stream: object  # trillium.actors.client.RequestStream
+    arrival_s: float
+    num_generated_tokens: int = 0
+    first_token_s: float | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None or self.stream.finished
+
+    @property
+    def rejection(self) -> str | None:
+        """Why the engine refused this request (an abort before any token, with a reason)."""
+        if self.finish_reason == "abort" and self.num_generated_tokens == 0 and isinstance(self.stop_reason, str):
+            return self.stop_reason
+        return None
+
+
+class Generation:
+    """The choices of one HTTP request; `submit` fills them, `feed` reads them."""
+
+    def __init__(self, client, metrics) -> None:
+        self._client = client
+        self._metrics = metrics
+        self.choices: list[Choice] = []
+        self._submitting = False
+
+    @property
+    def finished(self) -> bool:
+        return not self._submitting and all(choice.stream.finished for choice in self.choices)
+
+    async def submit(
+        self,
+        request_id: str,
+        prompts: Sequence[Sequence[int]],
+        params: Sequence[SamplingParams],
+        eos_token_ids: tuple[int, ...],
+        *,
+        priority: int = 0,
+    ) -> None:
+        """One engine request per prompt; choices numbered prompt_index * n + i."""
+        arrival_s = time.monotonic()
+        self._submitting = True
+        try:
+            for prompt_index, (ids, prompt_params) in enumerate(zip(prompts, params)):
+                engine_id = request_id if len(prompts) == 1 else f"{request_id}-{prompt_index}"
+                streams = await self._client.generate(engine_id, ids, prompt_params, eos_token_ids, priority=priority)
+                self._metrics.on_submitted(len(ids))
+                for i, stream in enumerate(streams):
+                    self.choices.append(Choice(prompt_index * prompt_params.n + i, prompt_index, stream, arrival_s))
+        except BaseException:
+            await self.abort_unfinished()
+            raise
+        finally:
+            self._submitting = False
+
+    @contextlib.asynccontextmanager
+    async def feed(self, nursery: trio.Nursery) -> AsyncIterator[trio.MemoryReceiveChannel]:
+        send, receive = trio.open_memory_channel(_FEED_CHANNEL_SIZE)
+        scope = trio.CancelScope()
+        nursery.start_soon(self._pump, send, scope)
+        try:
+            async with receive:
+                yield receive
+        finally:
+            scope.cancel()
+            await self.abort_unfinished()
+
+    async def _pump(self, send: trio.MemorySendChannel, scope: trio.CancelScope) -> None:
+        with scope:
+            async with send:
+                try:
+                    async with trio.open_nursery() as nursery:
+                        for choice in self.choices:
+                            nursery.start_soon(self._forward, choice, send)
+                except Exception:  # WHY: never take the app's nursery down; the reader sees an early end
+                    log.exception("output pump failed")
+
+    async def _forward(self, choice: Choice, send: trio.MemorySendChannel) -> None:
+        async for delta in choice.stream:
+            self._observe(choice, delta)
+            try:
+                await send.send((choice, delta))
+            except trio.BrokenResourceError:
+                return  # the reader left; abort_unfinished takes it from here
+
+    def _observe(self, choice: Choice, delta: RequestOutputDelta) -> None:
+        now = time.monotonic()
+        if delta.new_token_ids:
+            if choice.first_token_s is None:
+                choice.first_token_s = now
+                self._metrics.on_first_token(now - choice.arrival_s)
+            choice.num_generated_tokens += len(delta.new_token_ids)
+        if delta.finished:
+            choice.finish_reason = delta.finish_reason or "stop"
+            choice.stop_reason = delta.stop_reason
+            self._metrics.on_finished(choice.finish_reason, choice.num_generated_tokens, now - choice.arrival_s)
+
+    async def abort_unfinished(self) -> None:
+        """Abort every engine request still running; safe to call from a cancelled scope."""
+        unfinished = [c for c in self.choices if not c.finished]
+        if not unfinished:
+            return
+        now = time.monotonic()
+        for choice in unfinished:
+            choice.finish_reason = "abort"
+            self._metrics.on_finished("abort", choice.num_generated_tokens, now - choice.arrival_s)
+        request_ids = [c.stream.request_id for c in unfinished]
+        with trio.move_on_after(_ABORT_TIMEOUT_S, shield=True):
+            try:
+                await self._client.abort(request_ids)
+            except Exception as exc:  # WHY: at shutdown the client may be closed; the engine goes too
+                log.warning("could not abort %s: %s", request_ids, exc)
+                return
+        log.debug("aborted %s", request_ids)
+
+
+class InflightRequests:
+    """Admission control: at most `limit` HTTP requests with unfinished engine requests."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self._generations: list[Generation] = []
+
+    def count(self) -> int:
+        self._generations = [g for g in self._generations if not g.finished]
+        return len(self._generations)
+
+    def admit(self, generation: Generation) -> None:
+        """Count `generation` from now on, or raise 503 when full. Call right
+        before `generation.submit` with no await in between, so the bound is exact."""
+        if self.limit is not None and self.count() >= self.limit:
+            raise overloaded(RETRY_AFTER_S)
+        self._generations.append(generation)
+
+
+__all__ = ["Choice", "Generation", "InflightRequests", "RETRY_AFTER_S"]

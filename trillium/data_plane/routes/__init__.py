@@ -1,0 +1,1 @@
+"""One module per data-plane feature; each exposes `blueprint(state) -> Blueprint`."""

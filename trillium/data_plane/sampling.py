@@ -1,0 +1,116 @@
+"""Request bodies -> engine SamplingParams, with the checks the engine relies on.
+
+Pure functions (no I/O): `completion_params` and `chat_params` turn a parsed
+request into `SamplingParams` or raise a 400 naming the wire parameter;
+`check_prompt` runs `trillium.validation.check_request` for one tokenized
+prompt (context length, token ids, every sampling range) and returns the
+params with `max_tokens` filled in when the client left it open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trillium.data_plane.errors import bad_request, from_value_error
+from trillium.data_plane.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from trillium.sampling_params import SamplingParams
+from trillium.validation import check_request
+
+_INT64_MAX = 2**63 - 1
+_OPTIONAL_FLOATS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p", "repetition_penalty")
+
+
+def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
+    if raw is None:
+        return None
+    bias = {}
+    for key, value in raw.items():
+        try:
+            bias[int(key)] = value
+        except ValueError:
+            raise bad_request(f"logit_bias: keys must be token ids, got {key!r}", "logit_bias") from None
+    return bias
+
+
+def _common(req: SamplingRequest) -> dict:
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options: only allowed when stream is true", "stream_options")
+    if req.seed is not None and req.seed + req.n - 1 > _INT64_MAX:
+        raise bad_request("seed: seed + n - 1 must fit in int64", "seed")
+    kwargs = dict(
+        n=req.n,
+        stop=req.stop or (),
+        seed=req.seed,
+        logit_bias=_logit_bias(req.logit_bias),
+        min_tokens=req.min_tokens or 0,
+        ignore_eos=bool(req.ignore_eos),
+        skip_special_tokens=req.skip_special_tokens is not False,
+        include_stop_str_in_output=bool(req.include_stop_str_in_output),
+        stop_token_ids=tuple(req.stop_token_ids or ()),
+    )
+    if req.top_k is not None:
+        kwargs["top_k"] = req.top_k
+    for name in _OPTIONAL_FLOATS:
+        value = getattr(req, name)
+        if value is not None:
+            kwargs[name] = value
+    return kwargs
+
+
+def completion_params(req: CompletionRequest) -> SamplingParams:
+    if req.suffix:
+        raise bad_request("suffix: is not supported", "suffix")
+    if req.best_of is not None and req.best_of != req.n:
+        raise bad_request(f"best_of: only best_of == n ({req.n}) is supported, got {req.best_of}", "best_of")
+    echo_logprobs = req.echo and req.logprobs is not None
+    return SamplingParams(
+        **_common(req),
+        max_tokens=req.max_tokens,
+        logprobs=req.logprobs,
+        prompt_logprobs=req.logprobs if echo_logprobs else None,
+    )
+
+
+def chat_params(req: ChatCompletionRequest) -> SamplingParams:
+    if req.tools:
+        raise bad_request("tools: tool calling is not supported", "tools")
+    if req.tool_choice is not None and req.tool_choice != "none":
+        raise bad_request("tool_choice: only 'none' is supported", "tool_choice")
+    if req.response_format is not None and req.response_format.get("type", "text") != "text":
+        raise bad_request("response_format: only {'type': 'text'} is supported", "response_format")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs: requires logprobs to be true", "top_logprobs")
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    return SamplingParams(
+        **_common(req),
+        max_tokens=max_tokens,
+        logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+    )
+
+
+def chat_renames(req: ChatCompletionRequest) -> dict[str, str]:
+    """Engine parameter names -> the chat request's wire names, for error params."""
+    renames = {"prompt": "messages", "prompt_token_ids": "messages", "logprobs": "top_logprobs"}
+    if req.max_completion_tokens is not None:
+        renames["max_tokens"] = "max_completion_tokens"
+    return renames
+
+
+COMPLETION_RENAMES = {"prompt_token_ids": "prompt", "prompt_logprobs": "logprobs"}
+
+
+def check_prompt(
+    prompt_token_ids: Sequence[int],
+    params: SamplingParams,
+    *,
+    vocab_size: int,
+    max_model_len: int,
+    renames: dict[str, str],
+) -> SamplingParams:
+    try:
+        return check_request(prompt_token_ids, params, vocab_size=vocab_size, max_model_len=max_model_len)
+    except ValueError as exc:
+        raise from_value_error(exc, renames) from None
+
+
+__all__ = ["chat_params", "chat_renames", "check_prompt", "completion_params", "COMPLETION_RENAMES"]

@@ -1,0 +1,68 @@
+"""What every route of one app shares: the engine bundle and the app's own services.
+
+Built once by `create_app` and handed to each route module's `blueprint()`
+(no module globals, no `current_app` lookups). Owns the tokenizer runner,
+the in-flight registry (admission control) and the metrics registry.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+import trio
+
+from trillium.data_plane.engine import DataPlaneEngine
+from trillium.data_plane.errors import model_not_found, unavailable
+from trillium.data_plane.generation import RETRY_AFTER_S, Generation, InflightRequests
+from trillium.data_plane.metrics import DataPlaneMetrics
+from trillium.data_plane.tokenization import TokenizerRunner
+
+log = logging.getLogger(__name__)
+
+
+class AppState:
+    def __init__(self, engine: DataPlaneEngine, app) -> None:
+        self.engine = engine
+        self._app = app
+        self.created_s = int(time.time())
+        self.tokenizer = TokenizerRunner(engine.tokenizer)
+        self.inflight = InflightRequests(engine.max_queued_requests)
+        self.metrics = DataPlaneMetrics(
+            engine.model_name, lambda: engine.client.last_stats, self.inflight.count
+        )
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        """The app's lifespan nursery (QuartTrio opens it at startup): streams' pumps run here."""
+        return self._app.nursery
+
+    def resolve_model(self, name: str | None) -> str:
+        """The served name a request asked for (the default when absent); 404 otherwise."""
+        if name is None:
+            return self.engine.model_name
+        if name not in self.engine.served_model_name:
+            raise model_not_found(name)
+        return name
+
+    def admit(self) -> Generation:
+        """A new Generation counted as in flight; 503 when the engine is unhealthy or the queue full.
+
+        Call right before `Generation.submit`, with no await in between, so the bound is exact."""
+        if not self.healthy()[0]:
+            raise unavailable(RETRY_AFTER_S)
+        generation = Generation(self.engine.client, self.metrics)
+        self.inflight.admit(generation)
+        return generation
+
+    def healthy(self) -> tuple[bool, object]:
+        try:
+            return self.engine.health()
+        except Exception as exc:  # WHY: a failing probe means unhealthy, not a 500
+            log.warning("health probe failed: %s", exc)
+            return False, f"health probe failed: {exc}"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"

@@ -1,0 +1,71 @@
+"""Server-sent events for streamed responses, OpenAI's framing.
+
+    data: {json}\n\n   ...   data: [DONE]\n\n
+
+`sse_response(body)` wraps an async iterator of encoded events in a Quart
+response with no send timeout (a long generation is not a stuck client).
+An error after the headers went out (a rejected request, an unexpected
+exception, logged) travels as one `data: {"error": ...}` event, which the
+openai SDK raises as APIError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+
+from quart import Response
+
+from trillium.data_plane.errors import ApiError, internal_error
+
+log = logging.getLogger(__name__)
+
+DONE = b"data: [DONE]\n\n"
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def event(obj) -> bytes:
+    return b"data: " + dumps(obj).encode() + b"\n\n"
+
+
+def error_event(error: ApiError) -> bytes:
+    return event(error.body())
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+async def _guarded(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Pass events through; an unexpected error becomes an error event and [DONE]."""
+    # WHY aclosing: when the client leaves, closing this generator must close
+    # `body` at once, so its `finally` (the engine abort) runs now, not at GC.
+    async with contextlib.aclosing(body) as events:
+        try:
+            async for item in events:
+                yield item
+        except Exception:
+            log.exception("error while streaming a response")
+            yield error_event(internal_error())
+            yield DONE
+
+
+def sse_response(body: AsyncIterator[bytes]) -> Response:
+    response = Response(_guarded(body), status=200, mimetype="text/event-stream")
+    response.headers["Cache-Control"] = "no-cache"
+    response.headers["X-Accel-Buffering"] = "no"  # WHY: proxies must not buffer a token stream
+    response.timeout = None
+    return response
+
+
+def json_response(obj, status: int = 200) -> Response:
+    return Response(dumps(obj), status=status, mimetype="application/json")
