@@ -21,6 +21,7 @@ import trio
 from trillium.actors.engine import ActorConfig, engine_codec
 from trillium.actors.mailbox import Mailbox
 from trillium.actors.protocol.control import Shutdown
+from trillium.actors.protocol.lifecycle import ControlReply
 from trillium.actors.protocol.outputs import RequestOutputDelta, RequestOutputs, SchedulerStats
 from trillium.actors.protocol.requests import AbortRequest, AddRequest
 from trillium.actors.transport import Outbox
@@ -57,6 +58,12 @@ class RequestStream:
                     return
 
 
+class _ReplyWaiter:
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.reply: ControlReply | None = None
+
+
 class EngineClient:
     def __init__(self, config: ActorConfig) -> None:
         self.config = config
@@ -66,6 +73,7 @@ class EngineClient:
         self._to_executor = Outbox.connect(config.addresses.executor, codec)
         self._to_detokenizer = Outbox.connect(config.addresses.detokenizer, codec)
         self._streams: dict[str, RequestStream] = {}
+        self._replies: dict[str, _ReplyWaiter] = {}
         self.last_stats: SchedulerStats | None = None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -84,6 +92,11 @@ class EngineClient:
                                 del self._streams[delta.request_id]
                 elif isinstance(message, SchedulerStats):
                     self.last_stats = message
+                elif isinstance(message, ControlReply):
+                    waiter = self._replies.get(message.command_id)
+                    if waiter is not None:
+                        waiter.reply = message
+                        waiter.event.set()
 
     @property
     def num_active_requests(self) -> int:
@@ -144,6 +157,24 @@ class EngineClient:
                 )
             )
         return streams
+
+    async def control(self, command, timeout_s: float = 300.0) -> ControlReply:
+        """Send a lifecycle command (protocol/lifecycle.py) and await its reply.
+
+        The engine answers every command exactly once; a missing answer after
+        `timeout_s` becomes a 504-status reply instead of a hang.
+        """
+        waiter = _ReplyWaiter()
+        self._replies[command.command_id] = waiter
+        try:
+            await self._to_scheduler.send(command)
+            with trio.move_on_after(timeout_s):
+                await waiter.event.wait()
+        finally:
+            del self._replies[command.command_id]
+        if waiter.reply is None:
+            return ControlReply(command.command_id, 504, f"engine did not answer within {timeout_s:.0f} s")
+        return waiter.reply
 
     async def abort(self, request_ids: list[str]) -> None:
         await self._to_scheduler.send(AbortRequest(request_ids=tuple(request_ids)))

@@ -4,15 +4,17 @@
     execute.py    scheduler <-> executor (ExecuteBatch, BatchResult, ...)
     outputs.py    scheduler -> detokenizer -> api (TokenDeltas, RequestOutputs, SchedulerStats)
     control.py    lifecycle messages every actor understands (Shutdown, Ping/Pong)
+    lifecycle.py  control-plane commands: sleep / wake, pause, weight updates, profiling
 
 `ALL_MESSAGE_TYPES` is what the engine's codec registers.
 """
 
-from trillium.actors.protocol import control, execute, outputs, requests
+from trillium.actors.protocol import control, execute, lifecycle, outputs, requests
 
 ALL_MESSAGE_TYPES: tuple[type, ...] = (
     *requests.MESSAGES,
     *execute.MESSAGES,
     *outputs.MESSAGES,
     *control.MESSAGES,
+    *lifecycle.MESSAGES,
 )

@@ -82,6 +82,8 @@ class SchedulerStats:
     prefix_cache_queries_total: int
     prefix_cache_hits_total: int
     num_scheduled_tokens: int
+    engine_state: str = "serving"  # scheduler/lifecycle.py EngineState value
+    weight_version: str = "0"
 
 
 MESSAGES = (

@@ -1,0 +1,155 @@
+"""api -> scheduler -> executor: engine lifecycle and weight commands (control plane).
+
+Pattern: the api (control plane) PUSHes a command to the scheduler inbox;
+the scheduler applies it to the engine state machine
+(`scheduler/lifecycle.py`), forwards executor work (sleep, wake, weight
+loads, profiling) to the executor inbox between steps, and PUSHes one
+`ControlReply` with the same `command_id` to the api inbox. The executor
+replies to the scheduler with `ControlReply` too.
+
+WHY through the scheduler: it is the only sender of ExecuteBatch, so a
+command it forwards runs strictly between two steps. No step ever runs on a
+mix of old and new weights, and sleep never frees memory under a running
+forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import numpy as np
+
+
+@attrs.frozen
+class Sleep:
+    command_id: str
+    level: int  # 1: weights to host memory + KV freed; 2: weights and KV freed
+    mode: str = "abort"  # what happens to requests in flight: abort | wait | keep
+
+
+@attrs.frozen
+class WakeUp:
+    command_id: str
+    tags: tuple[str, ...] = ("weights", "kv_cache")
+
+
+@attrs.frozen
+class Pause:
+    command_id: str
+    mode: str = "abort"  # abort | wait | keep
+
+
+@attrs.frozen
+class Resume:
+    command_id: str
+
+
+@attrs.frozen
+class UpdateWeightsFromDisk:
+    command_id: str
+    model_path: str
+    weight_version: str | None = None
+    flush_cache: bool = True
+
+
+@attrs.frozen
+class UpdateWeightsFromTensors:
+    """`safetensors` is the raw bytes of a safetensors file (uint8 array,
+    travels as a frame); the executor parses it with the safetensors library."""
+
+    command_id: str
+    safetensors: np.ndarray
+    weight_version: str | None = None
+    flush_cache: bool = True
+
+
+@attrs.frozen
+class InitWeightsUpdateGroup:
+    command_id: str
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: str = "gloo"
+    timeout_s: float = 60.0
+
+
+@attrs.frozen
+class UpdateWeightsFromDistributed:
+    command_id: str
+    names: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    weight_version: str | None = None
+    flush_cache: bool = True
+
+
+@attrs.frozen
+class DestroyWeightsUpdateGroup:
+    command_id: str
+
+
+@attrs.frozen
+class ResetPrefixCache:
+    command_id: str
+
+
+@attrs.frozen
+class AbortRequests:
+    command_id: str
+    request_ids: tuple[str, ...] | None = None  # None: every request
+
+
+@attrs.frozen
+class StartProfile:
+    command_id: str
+    profile_dir: str
+    actors: tuple[str, ...] = ("executor", "scheduler", "detokenizer")
+    record_shapes: bool = False
+    with_stack: bool = False
+
+
+@attrs.frozen
+class StopProfile:
+    command_id: str
+
+
+@attrs.frozen
+class GetEngineInfo:
+    command_id: str
+
+
+@attrs.frozen
+class ControlReply:
+    """status follows HTTP: 200 ok, 400 bad argument, 403 forbidden path,
+    409 not allowed in the current state (message names it), 500 failure."""
+
+    command_id: str
+    status: int = 200
+    message: str = ""
+    data: dict[str, Any] = attrs.field(factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status < 400
+
+
+MESSAGES = (
+    Sleep,
+    WakeUp,
+    Pause,
+    Resume,
+    UpdateWeightsFromDisk,
+    UpdateWeightsFromTensors,
+    InitWeightsUpdateGroup,
+    UpdateWeightsFromDistributed,
+    DestroyWeightsUpdateGroup,
+    ResetPrefixCache,
+    AbortRequests,
+    StartProfile,
+    StopProfile,
+    GetEngineInfo,
+    ControlReply,
+)
