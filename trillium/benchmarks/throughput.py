@@ -97,7 +97,6 @@ def main(argv: list[str] | None = None) -> int:
             make = _workload_mixed if workload == "mixed" else _workload_decode
             # WHY: a fresh seed per repeat, else later repeats hit the prefix cache.
             runs = [make(vocab, args.seed + 1000 * r) for r in range(args.repeats)]
-            reqs = runs[0]
             ours = [_run_trillium(llm, r) for r in tqdm(runs, desc=f"trillium {workload}")]
             base_name, base = "-", []
             if not args.skip_baselines and workload == "mixed":
