@@ -2,7 +2,8 @@
 
 Process layout (one host):
 
-    trillium serve (this process, "api")   HTTP data plane, tokenizer, EngineClient
+    trillium serve (this process, "api")   HTTP data plane (--port), admin control
+                                            plane (--admin-port), tokenizer, EngineClient
       ├─ executor     child process         weights, KV cache, forward + sampling
       ├─ detokenizer  child process         incremental detokenization, stop strings
       └─ scheduler    child process         batching, KV block pool, prefix cache
@@ -12,12 +13,21 @@ the supervisor raises ActorFailed: /health turns 503 for the instant it
 takes, every other child is stopped, and the server exits non-zero with the
 cause logged. SIGTERM / Ctrl-C stops accepting connections, lets in-flight
 requests finish for `--shutdown-timeout` seconds, then stops every child.
+
+The two HTTP planes share the EngineClient and one `EngineStatus` (the
+control plane's view of the engine state and weight version, which the
+data plane reads to refuse requests while the engine sleeps, is paused or
+loads weights, and to stamp each response with its weight version). The
+admin token is resolved before anything loads: an unsafe setting (a
+non-loopback admin host without a token) exits with code 2.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
+import os
 import shutil
 import signal
 import tempfile
@@ -40,10 +50,28 @@ class ServerConfig:
     api_key: str | None = None
     max_queued_requests: int | None = None
     shutdown_timeout_s: float = 10.0
+    admin_host: str = "127.0.0.1"
+    admin_port: int = 8001
+    admin_token: str | None = None  # None: generated and logged (loopback admin host only)
+    allowed_weight_paths: tuple[str, ...] | None = None  # None: the directory of the model
+    profile_dir: str | None = None  # None: <tmp>/trillium-profile-<pid>, created on first use
 
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
-    """Resolve the config, run until a signal or an actor failure; exit code."""
+    """Resolve the config, run until a signal or an actor failure; exit code (2: unsafe admin settings)."""
+    from trillium.control_plane.auth import AdminConfigError, resolve_admin_token
+
+    try:
+        admin_token, generated = resolve_admin_token(
+            server_config.admin_host, server_config.admin_token, server_config.api_key
+        )
+    except AdminConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    if generated:
+        log.warning("admin API token (generated; set --admin-token or TRILLIUM_ADMIN_TOKEN to choose one): %s",
+                    admin_token)
+    server_config = attrs.evolve(server_config, admin_token=admin_token)
     engine_config = engine_config.resolve()
     try:
         trio.run(_serve, engine_config, server_config)
@@ -53,10 +81,13 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     except BaseExceptionGroup as group:
         failed = group.subgroup(lambda e: isinstance(e, ActorFailed))
         if failed is None:
-            raise
-        while isinstance(failed, BaseExceptionGroup):
-            failed = failed.exceptions[0]
-        log.error("engine actor failed, shut down: %s", failed)
+            unbound = group.subgroup(lambda e: isinstance(e, OSError) and e.errno == errno.EADDRINUSE)
+            if unbound is None:
+                raise
+            log.error("cannot listen: %s (another server on --port %d or --admin-port %d?)",
+                      _first(unbound), server_config.port, server_config.admin_port)
+            return 1
+        log.error("engine actor failed, shut down: %s", _first(failed))
         return 1
     except KeyboardInterrupt:
         log.info("interrupted during start-up")
@@ -66,6 +97,7 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
 
 async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> None:
     from trillium import __version__
+    from trillium.control_plane import EngineStatus, create_admin_app, serve_admin_app
     from trillium.data_plane import DataPlaneEngine, create_app, serve_app
     from trillium.models.loader import load_model_config
     from trillium.models.tokenizer import load_tokenizer
@@ -75,6 +107,7 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, engine_config.model)
     vocab_size = load_model_config(engine_config.model).vocab_size
     client = EngineClient(config)
+    status = EngineStatus(lambda: client.last_stats)
     supervision = Supervision(alive={})
     try:
         async with trio.open_nursery() as nursery:
@@ -92,8 +125,14 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
                 max_queued_requests=server_config.max_queued_requests,
                 health=lambda: (supervision.healthy, dict(supervision.alive)),
                 version=__version__,
+                engine_status=status.snapshot,
             )
             app = create_app(engine)
+            admin = _admin_engine(
+                client, engine_config, server_config, status, lambda: dict(supervision.pids),
+                lambda: (supervision.healthy, dict(supervision.alive)),
+            )
+            admin_app = create_admin_app(admin)
             shutdown = trio.Event()
             nursery.start_soon(_watch_signals, shutdown)
             port = await nursery.start(
@@ -101,6 +140,17 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
                     serve_app, app, server_config.host, server_config.port,
                     shutdown_trigger=shutdown.wait, graceful_timeout_s=server_config.shutdown_timeout_s,
                 )
+            )
+            admin_port = await nursery.start(
+                functools.partial(
+                    serve_admin_app, admin_app, server_config.admin_host, server_config.admin_port,
+                    shutdown_trigger=shutdown.wait, graceful_timeout_s=server_config.shutdown_timeout_s,
+                )
+            )
+            log.info(
+                "admin API on http://%s:%d (Bearer token required; weight paths allowed under %s; "
+                "profiles to %s)", server_config.admin_host, admin_port,
+                ", ".join(admin.weight_paths.roots) or "nowhere", admin.profile_dir,
             )
             log.info(
                 "serving %s on http://%s:%d  (KV cache: %d tokens = %d blocks x %d; max_model_len %d)",
@@ -120,6 +170,32 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
         client.close()
         shutil.rmtree(ipc_dir, ignore_errors=True)
         log.info("stopped; engine processes are gone")
+
+
+def _first(group: BaseException) -> BaseException:
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group
+
+
+def _profile_dir(server_config: ServerConfig) -> str:
+    return server_config.profile_dir or os.path.join(tempfile.gettempdir(), f"trillium-profile-{os.getpid()}")
+
+
+def _admin_engine(client, engine_config, server_config, status, actor_pids, health):
+    """The control plane's bundle: the same client and status object as the data plane."""
+    from trillium import __version__
+    from trillium.control_plane import ControlPlaneEngine
+    from trillium.control_plane.paths import WeightPathPolicy, default_roots
+
+    roots = server_config.allowed_weight_paths
+    if roots is None:
+        roots = default_roots(engine_config.model)
+    return ControlPlaneEngine(
+        client=client, engine_config=engine_config, admin_token=server_config.admin_token,
+        weight_paths=WeightPathPolicy(roots), profile_dir=_profile_dir(server_config), status=status,
+        actor_pids=actor_pids, health=health, version=__version__,
+    )
 
 
 async def _watch_signals(shutdown: trio.Event) -> None:

@@ -47,8 +47,12 @@ class ServeProcess:
     def __init__(self, model: str, *extra: str, env: dict | None = None) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
+        # WHY a free admin port: the default (8001) would clash between servers running at once.
+        self.admin_port = free_port()
+        self.admin_url = f"http://127.0.0.1:{self.admin_port}"
+        admin = [] if "--admin-port" in extra else ["--admin-port", str(self.admin_port)]
         cmd = [sys.executable, "-m", "trillium.cli", "serve", "--model", model,
-               "--port", str(self.port), "--served-model-name", "test-model", *extra]
+               "--port", str(self.port), "--served-model-name", "test-model", *admin, *extra]
         self.log_path = f"/tmp/trillium-serve-{self.port}.log"
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,

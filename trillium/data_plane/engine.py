@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from trillium.models.tokenizer import Tokenizer
 
 HealthProbe = Callable[[], tuple[bool, Any]]
+# () -> (engine_state, weight_version); see DataPlaneEngine.engine_status.
+EngineStatusProbe = Callable[[], tuple[str, str]]
 
 
 def _always_healthy() -> tuple[bool, Any]:
@@ -49,6 +51,11 @@ class DataPlaneEngine:
         one more gets 503 + Retry-After. None: unbounded.
     version: reported by `/version`.
     eos_token_ids: None means the tokenizer's.
+    engine_status: `() -> (engine_state, weight_version)`. Requests are
+        admitted only while the state is "serving" (else 503 + Retry-After);
+        the version is reported in every response. None: read both from
+        the client's latest SchedulerStats. `trillium serve` passes the
+        control plane's view, which also knows about commands in flight.
     """
 
     client: "EngineClient"
@@ -61,10 +68,20 @@ class DataPlaneEngine:
     max_queued_requests: int | None = None
     version: str = __version__
     eos_token_ids: tuple[int, ...] | None = None
+    engine_status: EngineStatusProbe | None = None
 
     @property
     def model_name(self) -> str:
         return self.served_model_name[0]
+
+    def current_status(self) -> tuple[str, str]:
+        """(engine_state, weight_version) right now."""
+        if self.engine_status is not None:
+            return self.engine_status()
+        stats = self.client.last_stats
+        if stats is None:
+            return "serving", "0"
+        return stats.engine_state, stats.weight_version
 
     @property
     def resolved_eos_token_ids(self) -> tuple[int, ...]:

@@ -113,5 +113,16 @@ def unavailable(retry_after_s: int) -> ApiError:
     )
 
 
+def engine_not_ready(engine_state: str, retry_after_s: int) -> ApiError:
+    """503 while the engine sleeps, is paused or loads new weights."""
+    return ApiError(
+        503,
+        f"The engine is not serving requests right now (state: {engine_state}). Retry later.",
+        type="service_unavailable",
+        code=f"engine_{engine_state}",
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
 def internal_error() -> ApiError:
     return ApiError(500, "The server had an internal error.", type="server_error", code="internal_error")

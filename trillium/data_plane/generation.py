@@ -67,11 +67,15 @@ class Choice:
 
 
 class Generation:
-    """The choices of one HTTP request; `submit` fills them, `feed` reads them."""
+    """The choices of one HTTP request; `submit` fills them, `feed` reads them.
 
-    def __init__(self, client, metrics) -> None:
+    `weight_version` is the engine's weight version when the request was
+    admitted: the one every part of its response reports."""
+
+    def __init__(self, client, metrics, weight_version: str = "0") -> None:
         self._client = client
         self._metrics = metrics
+        self.weight_version = weight_version
         self.choices: list[Choice] = []
         self._submitting = False
 

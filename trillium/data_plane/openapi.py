@@ -38,7 +38,7 @@ _ERRORS = {
     "400": "invalid request (bad parameter, prompt too long, malformed JSON)",
     "401": "missing or wrong API key (when the server has one)",
     "404": "unknown model",
-    "503": "overloaded (Retry-After) or unhealthy",
+    "503": "overloaded, unhealthy, or the engine sleeping / paused / loading weights (Retry-After)",
 }
 
 

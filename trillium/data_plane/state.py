@@ -14,12 +14,15 @@ import uuid
 import trio
 
 from trillium.data_plane.engine import DataPlaneEngine
-from trillium.data_plane.errors import model_not_found, unavailable
+from trillium.data_plane.errors import engine_not_ready, model_not_found, unavailable
 from trillium.data_plane.generation import RETRY_AFTER_S, Generation, InflightRequests
 from trillium.data_plane.metrics import DataPlaneMetrics
 from trillium.data_plane.tokenization import TokenizerRunner
 
 log = logging.getLogger(__name__)
+
+SERVING = "serving"  # the one engine state in which requests are admitted
+WEIGHT_VERSION_HEADER = "X-Weight-Version"
 
 
 class AppState:
@@ -47,14 +50,23 @@ class AppState:
         return name
 
     def admit(self) -> Generation:
-        """A new Generation counted as in flight; 503 when the engine is unhealthy or the queue full.
+        """A new Generation counted as in flight; 503 when the engine is unhealthy, not
+        serving (sleeping, paused, updating weights) or the queue full.
 
-        Call right before `Generation.submit`, with no await in between, so the bound is exact."""
+        The generation reports the weight version current at admission. Call
+        right before `Generation.submit`, with no await in between, so the
+        bound is exact and no weight update can start in between."""
         if not self.healthy()[0]:
             raise unavailable(RETRY_AFTER_S)
-        generation = Generation(self.engine.client, self.metrics)
+        engine_state, weight_version = self.engine.current_status()
+        if engine_state != SERVING:
+            raise engine_not_ready(engine_state, RETRY_AFTER_S)
+        generation = Generation(self.engine.client, self.metrics, weight_version)
         self.inflight.admit(generation)
         return generation
+
+    def weight_version(self) -> str:
+        return self.engine.current_status()[1]
 
     def healthy(self) -> tuple[bool, object]:
         try:

@@ -1,7 +1,9 @@
 """Detokenizer actor: token deltas in, text deltas out.
 
-Consumes TokenDeltas (scheduler), Shutdown. Produces RequestOutputs (api)
-and FinishRequest (scheduler) when a stop string ends a request. Owns one
+Consumes TokenDeltas (scheduler), Shutdown, and StartProfile / StopProfile
+forwarded by the scheduler (answered with a ControlReply to the scheduler;
+see observability/profiling.py). Produces RequestOutputs (api) and
+FinishRequest (scheduler) when a stop string ends a request. Owns one
 `IncrementalDetokenizer` per live request, created from the DetokenizeSpec
 on the request's first delta and dropped when the request finishes.
 
@@ -12,15 +14,18 @@ that was already in flight; those are dropped here.
 from __future__ import annotations
 
 import logging
+import math
 
 import trio
 
 from trillium.actors.detokenizer.core import IncrementalDetokenizer
 from trillium.actors.engine import ActorConfig, engine_codec
 from trillium.actors.protocol.control import Shutdown
+from trillium.actors.protocol.lifecycle import ControlReply, StartProfile, StopProfile
 from trillium.actors.protocol.outputs import RequestDelta, RequestOutputDelta, RequestOutputs, TokenDeltas
 from trillium.actors.protocol.requests import FinishRequest
 from trillium.actors.transport import Inbox, Outbox
+from trillium.observability.profiling import LoopProfiler, NotProfiling
 
 log = logging.getLogger(__name__)
 
@@ -105,21 +110,50 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
     inbox = Inbox.bind(cfg.addresses.detokenizer, codec)
     to_api = Outbox.connect(cfg.addresses.api, codec)
     to_scheduler = Outbox.connect(cfg.addresses.scheduler, codec)
+    profiler = LoopProfiler("detokenizer")
     task_status.started()
     try:
         while True:
-            message = await inbox.receive()
+            message = await _receive(inbox, profiler)
+            if message is None:  # the profile's time is up
+                profiler.expire(trio.current_time())
+                continue
             if isinstance(message, Shutdown):
                 return
+            if isinstance(message, (StartProfile, StopProfile)):
+                await to_scheduler.send(_profile_command(profiler, message))
+                continue
             if not isinstance(message, TokenDeltas):
                 log.error("detokenizer: unexpected message %r", type(message).__name__)
                 continue
-            outputs, finish = registry.process(message)
+            with profiler.span("TokenDeltas"):
+                outputs, finish = registry.process(message)
             if finish is not None:
                 await to_scheduler.send(finish)
             if outputs.deltas:
                 await to_api.send(outputs)
     finally:
+        profiler.close()
         inbox.close()
         to_api.close()
         to_scheduler.close()
+
+
+async def _receive(inbox: Inbox, profiler: LoopProfiler):
+    if profiler.deadline == math.inf:
+        return await inbox.receive()
+    with trio.move_on_at(profiler.deadline):
+        return await inbox.receive()
+    return None
+
+
+def _profile_command(profiler: LoopProfiler, message: StartProfile | StopProfile) -> ControlReply:
+    try:
+        if isinstance(message, StartProfile):
+            profiler.start(message.profile_dir, trio.current_time(), message.max_duration_s)
+            return ControlReply(message.command_id, 200, "profiling", {"files": []})
+        return ControlReply(message.command_id, 200, "ok", {"files": profiler.stop()})
+    except NotProfiling as exc:
+        return ControlReply(message.command_id, 409, str(exc))
+    except OSError as exc:
+        return ControlReply(message.command_id, 400, f"cannot use profile_dir {message.profile_dir!r}: {exc}")

@@ -1,21 +1,26 @@
 """Executor actor: the trio shell around `executor.core.ExecutorCore`.
 
-Consumes ExecuteBatch (scheduler), Shutdown. Produces BatchResult, or
-ExecutorFailed when a step raises (the scheduler then stops the engine).
-Weights load and every step run on one dedicated torch thread
-(`torch_thread.py`), so the trio loop (and in-process neighbours) never
-block on torch.
+Consumes ExecuteBatch (scheduler), lifecycle commands forwarded by the
+scheduler (sleep / wake, weight updates, update groups, profiling; see
+`executor/lifecycle.py`), Shutdown. Produces BatchResult, or ExecutorFailed
+when a step raises (the scheduler then stops the engine), and one
+ControlReply per lifecycle command (a failed command does not stop the
+engine). Weights load, every step and every command run on one dedicated
+torch thread (`torch_thread.py`), so the trio loop (and in-process
+neighbours) never block on torch.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import traceback
 
 import trio
 
 from trillium.actors.engine import ActorConfig, engine_codec
 from trillium.actors.executor.core import ExecutorCore
+from trillium.actors.executor.lifecycle import ExecutorControl
 from trillium.actors.protocol.control import Shutdown
 from trillium.actors.protocol.execute import ExecuteBatch, ExecutorFailed
 from trillium.actors.torch_thread import TorchThread
@@ -31,12 +36,19 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
     core = await torch_thread.run(ExecutorCore, cfg.engine)
     inbox = Inbox.bind(cfg.addresses.executor, codec)
     to_scheduler = Outbox.connect(cfg.addresses.scheduler, codec)
+    control = ExecutorControl(core, torch_thread)
     task_status.started()
     try:
         while True:
-            message = await inbox.receive()
+            message = await _receive(inbox, control)
+            if message is None:  # the profile's time is up
+                await control.expire_profile()
+                continue
             if isinstance(message, Shutdown):
                 return
+            if isinstance(message, ExecutorControl.COMMANDS):
+                await to_scheduler.send(await control.handle(message))
+                continue
             if not isinstance(message, ExecuteBatch):
                 log.error("executor: unexpected message %r", type(message).__name__)
                 continue
@@ -50,6 +62,16 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
                 raise
             await to_scheduler.send(result)
     finally:
+        await control.aclose()
         inbox.close()
         to_scheduler.close()
         torch_thread.close()
+
+
+async def _receive(inbox: Inbox, control: ExecutorControl):
+    deadline = control.profile_deadline
+    if deadline == math.inf:
+        return await inbox.receive()
+    with trio.move_on_at(deadline):
+        return await inbox.receive()
+    return None

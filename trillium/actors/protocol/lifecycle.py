@@ -2,10 +2,14 @@
 
 Pattern: the api (control plane) PUSHes a command to the scheduler inbox;
 the scheduler applies it to the engine state machine
-(`scheduler/lifecycle.py`), forwards executor work (sleep, wake, weight
-loads, profiling) to the executor inbox between steps, and PUSHes one
-`ControlReply` with the same `command_id` to the api inbox. The executor
-replies to the scheduler with `ControlReply` too.
+(`scheduler/lifecycle.py`, `scheduler/control.py`), forwards executor work
+(sleep, wake, weight loads, update groups, profiling) to the executor inbox
+between steps, and PUSHes one `ControlReply` with the same `command_id` to
+the api inbox, right after a `SchedulerStats` that already shows the new
+state. The executor replies to the scheduler with `ControlReply` too; the
+detokenizer answers forwarded StartProfile / StopProfile the same way. A
+forwarded command keeps its class; its `command_id` gets "@<actor>" appended
+(e.g. "c7@executor") so the scheduler can tell the answers apart.
 
 WHY through the scheduler: it is the only sender of ExecuteBatch, so a
 command it forwards runs strictly between two steps. No step ever runs on a
@@ -104,11 +108,15 @@ class AbortRequests:
 
 @attrs.frozen
 class StartProfile:
+    """Each actor writes its files under `profile_dir` when the profile stops:
+    by StopProfile, or by itself after `max_duration_s`."""
+
     command_id: str
     profile_dir: str
     actors: tuple[str, ...] = ("executor", "scheduler", "detokenizer")
     record_shapes: bool = False
     with_stack: bool = False
+    max_duration_s: float = 300.0
 
 
 @attrs.frozen
@@ -124,7 +132,10 @@ class GetEngineInfo:
 @attrs.frozen
 class ControlReply:
     """status follows HTTP: 200 ok, 400 bad argument, 403 forbidden path,
-    409 not allowed in the current state (message names it), 500 failure."""
+    409 not allowed in the current state (message names it), 500 failure,
+    504 a trainer (update group) or the engine did not answer in time.
+    `data` of every engine reply holds GetEngineInfo's fields (state,
+    weight_version, ...) plus what the command itself reports."""
 
     command_id: str
     status: int = 200
@@ -134,6 +145,21 @@ class ControlReply:
     @property
     def ok(self) -> bool:
         return self.status < 400
+
+
+class ControlError(Exception):
+    """Raised by a command handler; becomes `ControlReply(status, message)`.
+
+    Not a message: it never crosses a boundary, only its reply does."""
+
+    def __init__(self, status: int, message: str, data: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.data = data or {}
+
+    def reply(self, command_id: str, data: dict[str, Any] | None = None) -> ControlReply:
+        return ControlReply(command_id, self.status, self.message, {**(data or {}), **self.data})
 
 
 MESSAGES = (

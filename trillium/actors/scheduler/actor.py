@@ -1,19 +1,25 @@
-"""Scheduler actor: the trio shell around `scheduler.core.Scheduler`.
+"""Scheduler actor: the trio shell around `scheduler.core.Scheduler` and
+`scheduler.control.EngineControl`.
 
 Consumes AddRequest, AbortRequest, FinishRequest (api, detokenizer),
-BatchResult / ExecutorFailed (executor), Shutdown. Produces ExecuteBatch
-(executor), TokenDeltas (detokenizer), SchedulerStats (api).
+BatchResult / ExecutorFailed (executor), lifecycle commands (api,
+protocol/lifecycle.py), ControlReply (executor, detokenizer), Shutdown.
+Produces ExecuteBatch and forwarded lifecycle commands (executor),
+TokenDeltas and forwarded profile commands (detokenizer), SchedulerStats
+and ControlReply (api).
 
-Loop: take every pending message, schedule one step, send it, and wait for
-its result while still taking new requests and aborts; then turn the result
-into token deltas. One step is in flight at a time: the executor runs steps
-in order, so blocks freed by an abort during a step are only reused by a
-later step.
+Loop: give the executor its next work if it is free (a control job first,
+else a step, when the engine state allows stepping), then take every
+pending message; a BatchResult becomes token deltas. One message is out on
+the executor at a time: it runs them in order, so blocks freed by an abort
+during a step are only reused by a later step, and control work always
+falls between two steps.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 
 import trio
 
@@ -21,7 +27,9 @@ from trillium.actors.engine import ActorConfig, engine_codec
 from trillium.actors.mailbox import Mailbox
 from trillium.actors.protocol.control import Shutdown
 from trillium.actors.protocol.execute import BatchResult, ExecutorFailed
+from trillium.actors.protocol.lifecycle import ControlReply
 from trillium.actors.protocol.requests import AbortRequest, AddRequest, FinishRequest
+from trillium.actors.scheduler.control import EngineControl, ToDetokenizer, ToExecutor
 from trillium.actors.scheduler.core import build_scheduler
 from trillium.actors.transport import Outbox
 
@@ -40,62 +48,116 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
     to_executor = Outbox.connect(cfg.addresses.executor, codec)
     to_detokenizer = Outbox.connect(cfg.addresses.detokenizer, codec)
     to_api = Outbox.connect(cfg.addresses.api, codec)
+    shell = _Shell(core, EngineControl(core, cfg.engine), mailbox, to_executor, to_detokenizer, to_api)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(mailbox.pump)
             task_status.started()
-            await _loop(core, mailbox, to_executor, to_detokenizer, to_api)
+            await shell.loop()
             nursery.cancel_scope.cancel()
     finally:
+        shell.profiler.close()
         for box in (to_executor, to_detokenizer, to_api):
             box.close()
 
 
-def _handle(core, message) -> bool:
-    """Apply a request-lifecycle message to the core; False on Shutdown."""
-    if isinstance(message, AddRequest):
-        try:
-            core.add_request(message)
-        except ValueError as exc:  # the api validates first; this is the last guard
-            log.warning("rejected request %s: %s", message.request_id, exc)
-            core.reject(message.request_id, str(exc))
-    elif isinstance(message, AbortRequest):
-        core.abort(message.request_ids)
-    elif isinstance(message, FinishRequest):
-        core.finish(message.request_ids)
-    elif isinstance(message, Shutdown):
-        return False
-    elif isinstance(message, ExecutorFailed):
-        raise EngineStopped(f"executor failed at step {message.step_id}: {message.error}")
-    else:
-        log.error("scheduler: unexpected message %r", type(message).__name__)
-    return True
+class _Shell:
+    def __init__(self, core, control: EngineControl, mailbox: Mailbox, to_executor: Outbox,
+                 to_detokenizer: Outbox, to_api: Outbox) -> None:
+        self.core = core
+        self.control = control
+        self.profiler = control.profiler
+        self.mailbox = mailbox
+        self.to_executor = to_executor
+        self.to_detokenizer = to_detokenizer
+        self.to_api = to_api
+        self.step_in_flight = False
 
-
-async def _loop(core, mailbox: Mailbox, to_executor: Outbox, to_detokenizer: Outbox, to_api: Outbox) -> None:
-    while True:
-        for message in mailbox.drain():
-            if not _handle(core, message):
-                return
-        pending = core.take_pending_deltas()
-        if pending is not None:
-            await to_detokenizer.send(pending)
-        batch = core.schedule()
-        if batch is None:
-            # Going idle: report the state after aborts / finishes, so the api's
-            # gauges do not keep showing requests that are gone.
-            await to_api.send(core.stats())
-            if not _handle(core, await mailbox.receive()):
-                return
-            continue
-        await to_executor.send(batch)
+    async def loop(self) -> None:
         while True:
-            message = await mailbox.receive()
-            if isinstance(message, BatchResult):
-                break
-            if not _handle(core, message):
+            await self._advance()
+            message = await self._receive()
+            if message is None:  # the profile's time is up
+                self.control.profile_expired(trio.current_time())
+                continue
+            if not await self._dispatch(message):
                 return
-        deltas = core.update_from_output(message)
-        if deltas.deltas:
-            await to_detokenizer.send(deltas)
-        await to_api.send(core.stats())
+            for message in self.mailbox.drain():
+                if not await self._dispatch(message):
+                    return
+
+    async def _receive(self):
+        deadline = self.profiler.deadline
+        if deadline == math.inf:
+            return await self.mailbox.receive()
+        with trio.move_on_at(deadline):
+            return await self.mailbox.receive()
+        return None
+
+    async def _advance(self) -> None:
+        """Hand the executor its next work if it is free: a control job, else a step."""
+        await self._flush_deltas()
+        if self.step_in_flight or self.control.executor_busy:
+            return
+        await self._apply(self.control.executor_idle(trio.current_time()))
+        if self.control.executor_busy:
+            return
+        if self.control.may_step:
+            with self.profiler.span("schedule"):
+                batch = self.core.schedule()
+            if batch is not None:
+                await self.to_executor.send(batch)
+                self.step_in_flight = True
+                return
+        # Going idle: report the state after aborts / finishes, so the api's
+        # gauges do not keep showing requests that are gone.
+        await self.to_api.send(self.control.stats())
+
+    async def _flush_deltas(self) -> None:
+        pending = self.core.take_pending_deltas()
+        if pending is not None:
+            await self.to_detokenizer.send(pending)
+
+    async def _dispatch(self, message) -> bool:
+        """Apply one message; False on Shutdown."""
+        with self.profiler.span(type(message).__name__):
+            if isinstance(message, BatchResult):
+                self.step_in_flight = False
+                deltas = self.core.update_from_output(message)
+                if deltas.deltas:
+                    await self.to_detokenizer.send(deltas)
+                await self.to_api.send(self.control.stats())
+            elif isinstance(message, AddRequest):
+                try:
+                    self.core.add_request(message)
+                except ValueError as exc:  # the api validates first; this is the last guard
+                    log.warning("rejected request %s: %s", message.request_id, exc)
+                    self.core.reject(message.request_id, str(exc))
+            elif isinstance(message, AbortRequest):
+                self.core.abort(message.request_ids)
+            elif isinstance(message, FinishRequest):
+                self.core.finish(message.request_ids)
+            elif isinstance(message, EngineControl.COMMANDS):
+                await self._apply(self.control.command(message, trio.current_time()))
+            elif isinstance(message, ControlReply):
+                await self._apply(self.control.answer(message, trio.current_time()))
+            elif isinstance(message, Shutdown):
+                return False
+            elif isinstance(message, ExecutorFailed):
+                raise EngineStopped(f"executor failed at step {message.step_id}: {message.error}")
+            else:
+                log.error("scheduler: unexpected message %r", type(message).__name__)
+        return True
+
+    async def _apply(self, effects) -> None:
+        for effect in effects:
+            if isinstance(effect, ControlReply):
+                # Aborts first, so their final deltas are on their way; then
+                # stats, so the api sees the new state when the reply lands.
+                await self._flush_deltas()
+                await self.to_api.send(self.control.stats())
+                await self.to_api.send(effect)
+            elif isinstance(effect, ToExecutor):
+                await self.to_executor.send(effect.message)
+            elif isinstance(effect, ToDetokenizer):
+                await self.to_detokenizer.send(effect.message)

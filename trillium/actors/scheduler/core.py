@@ -113,6 +113,8 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self._preempted_ids: list[str] = []
         self._pending_deltas: list[RequestDelta] = []
+        # Draining (scheduler/lifecycle.py): admit only requests that ran before.
+        self._admit_started_only = False
 
     # -- inputs -----------------------------------------------------------
 
@@ -235,7 +237,7 @@ class Scheduler:
         put_back: list[Request] = []
         while len(self._policy) and len(self._running) < self.config.max_num_seqs and plan.token_budget > 0:
             request = self._policy.pop()
-            if self._siblings.must_wait(request):
+            if self._siblings.must_wait(request) or (self._admit_started_only and not request.known_to_executor):
                 put_back.append(request)
                 continue
             if not self._admit(request, plan):
@@ -347,7 +349,32 @@ class Scheduler:
     def reset_prefix_cache(self) -> int:
         return self.pool.reset_prefix_cache()
 
-    def stats(self) -> SchedulerStats:
+    # -- lifecycle hooks (driven by scheduler/control.py) ------------------
+    # NOTE: freezing needs no hook: the actor simply stops calling schedule().
+
+    def set_admission(self, *, started_only: bool) -> None:
+        """started_only: a drain. Requests that already ran (preempted ones
+        included) are still admitted so they can finish; new ones wait."""
+        self._admit_started_only = started_only
+
+    def has_started_requests(self) -> bool:
+        """Any request a drain must still wait for (running, or preempted)."""
+        return bool(self._running) or any(r.known_to_executor for r in self._policy)
+
+    def request_ids(self) -> list[str]:
+        return list(self._requests)
+
+    def preempt_running(self) -> int:
+        """The KV cache is about to be freed (sleep): every running request goes
+        back to the front of the queue, to recompute when stepping resumes.
+        Call only between steps. Returns the number preempted."""
+        plan = StepPlan(token_budget=0)
+        for request in reversed(list(self._running)):  # each goes to the front: keep order
+            self._preempt(request, plan)
+        self._preempted_ids.extend(plan.preempted)
+        return len(plan.preempted)
+
+    def stats(self, *, engine_state: str = "serving", weight_version: str = "0") -> SchedulerStats:
         return SchedulerStats(
             step_id=self._step_id,
             num_running=len(self._running),
@@ -358,4 +385,6 @@ class Scheduler:
             prefix_cache_queries_total=self.pool.prefix_cache_query_tokens,
             prefix_cache_hits_total=self.pool.prefix_cache_hit_tokens,
             num_scheduled_tokens=self._last_num_scheduled_tokens,
+            engine_state=engine_state,
+            weight_version=weight_version,
         )

@@ -8,6 +8,10 @@ context. Streamed replies start each choice with a `{"role": "assistant"}`
 delta, send content deltas, end each choice with a chunk carrying its
 finish_reason, then (with stream_options.include_usage) a usage chunk and
 `[DONE]`.
+
+Every response reports the weight version current when it was admitted:
+`weight_version` in the body (in each chunk when streamed) and the
+`X-Weight-Version` header.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from trillium.data_plane.generation import Choice, Generation
 from trillium.data_plane.logprobs import chat_logprobs
 from trillium.data_plane.protocol import ChatCompletionRequest, parse_request
 from trillium.data_plane.sampling import chat_params, chat_renames, check_prompt
-from trillium.data_plane.state import AppState, new_id
+from trillium.data_plane.state import WEIGHT_VERSION_HEADER, AppState, new_id
 from trillium.data_plane.streaming import DONE, error_event, event, json_response, sse_response, usage
 
 
@@ -37,6 +41,7 @@ class _Chat:
         self.include_usage = req.include_usage
         self.num_top = (req.top_logprobs or 0) if req.logprobs else None
         self._token_text = state.tokenizer.token_text
+        self.weight_version: str | None = None  # set at admission
         self.texts: dict[int, list[str]] = {}
         self.logprobs: dict[int, list[dict]] = {}
 
@@ -51,7 +56,7 @@ class _Chat:
 
     def header(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "system_fingerprint": None}
+                "system_fingerprint": None, "weight_version": self.weight_version}
 
     def usage(self, generation: Generation) -> dict:
         return usage(len(self.prompt_ids), sum(c.num_generated_tokens for c in generation.choices))
@@ -75,11 +80,15 @@ def blueprint(state: AppState) -> Blueprint:
                                max_model_len=engine.max_model_len, renames=chat_renames(req))
         chat = _Chat(state, req, model, prompt_ids)
         generation = state.admit()
+        chat.weight_version = generation.weight_version
         await generation.submit(chat.id, [prompt_ids], [checked], engine.resolved_eos_token_ids,
                                 priority=req.priority or 0)
         if req.stream:
-            return sse_response(_stream(state, generation, chat))
-        return await _respond(generation, chat)
+            response = sse_response(_stream(state, generation, chat))
+        else:
+            response = await _respond(generation, chat)
+        response.headers[WEIGHT_VERSION_HEADER] = generation.weight_version
+        return response
 
     return bp
 

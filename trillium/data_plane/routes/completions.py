@@ -6,6 +6,10 @@ token-id lists; each prompt is one engine request with `n` choices, numbered
 its token logprobs, the first one null). Non-streamed responses list the
 choices in index order; streamed ones send each choice's text as it comes,
 then (with stream_options.include_usage) a usage chunk, then `[DONE]`.
+
+Every response reports the weight version current when it was admitted:
+`weight_version` in the body (in each chunk when streamed) and the
+`X-Weight-Version` header.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from trillium.data_plane.generation import Choice, Generation
 from trillium.data_plane.logprobs import CompletionLogprobs
 from trillium.data_plane.protocol import CompletionRequest, parse_request
 from trillium.data_plane.sampling import COMPLETION_RENAMES, check_prompt, completion_params
-from trillium.data_plane.state import AppState, new_id
+from trillium.data_plane.state import WEIGHT_VERSION_HEADER, AppState, new_id
 from trillium.data_plane.streaming import DONE, error_event, event, json_response, sse_response, usage
 
 
@@ -61,6 +65,7 @@ class _Completion:
         self._num_top = req.logprobs
         self._token_text = state.tokenizer.token_text
         self._outputs: dict[int, _Output] = {}
+        self.weight_version: str | None = None  # set at admission
 
     def output(self, choice: Choice) -> _Output:
         output = self._outputs.get(choice.index)
@@ -72,7 +77,7 @@ class _Completion:
 
     def header(self) -> dict:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "system_fingerprint": None}
+                "system_fingerprint": None, "weight_version": self.weight_version}
 
     def usage(self, generation: Generation) -> dict:
         return usage(sum(len(p) for p in self.prompts), sum(c.num_generated_tokens for c in generation.choices))
@@ -99,11 +104,15 @@ def blueprint(state: AppState) -> Blueprint:
         ] if req.echo else None
         completion = _Completion(state, req, model, prompts, echo_texts)
         generation = state.admit()
+        completion.weight_version = generation.weight_version
         await generation.submit(completion.id, prompts, checked, engine.resolved_eos_token_ids,
                                 priority=req.priority or 0)
         if req.stream:
-            return sse_response(_stream(state, generation, completion))
-        return await _respond(generation, completion)
+            response = sse_response(_stream(state, generation, completion))
+        else:
+            response = await _respond(generation, completion)
+        response.headers[WEIGHT_VERSION_HEADER] = generation.weight_version
+        return response
 
     return bp
 

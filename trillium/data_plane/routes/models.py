@@ -1,4 +1,7 @@
-"""GET /v1/models and /v1/models/<name>: the served model name(s), OpenAI's list format."""
+"""GET /v1/models and /v1/models/<name>: the served model name(s), OpenAI's list format.
+
+Each card also reports the engine's current `weight_version` (bumped by
+every weight update through the control plane)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ def _card(state: AppState, name: str) -> dict:
         "root": state.engine.model_name,
         "parent": None,
         "max_model_len": state.engine.max_model_len,
+        "weight_version": state.weight_version(),
     }
 
 

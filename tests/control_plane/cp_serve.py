@@ -1,0 +1,104 @@
+"""A real `trillium serve` subprocess with its admin port, for the control-plane tests.
+
+`AdminServer` starts `python -m trillium.cli serve` on free loopback ports
+(data plane and admin), waits for both to answer, and offers small httpx
+helpers: `admin(method, path, ...)` with the admin token, `complete(...)`
+on the data plane with the API key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+API_KEY = "sk-data-plane-key"
+ADMIN_TOKEN = "admin-token-for-tests"
+MODEL_NAME = "cp-model"
+PROMPTS = ["Once upon a time", "The little dog", "She said hello to"]
+MAX_TOKENS = 12
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_command(model: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "trillium.cli", "serve", "--model", model, *extra]
+
+
+class AdminServer:
+    def __init__(self, model: str, *extra: str, env: dict | None = None, admin_token: str = ADMIN_TOKEN) -> None:
+        self.port = free_port()
+        self.admin_port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.admin_url = f"http://127.0.0.1:{self.admin_port}"
+        self.token = admin_token
+        cmd = serve_command(
+            model, "--port", str(self.port), "--admin-port", str(self.admin_port),
+            "--served-model-name", MODEL_NAME, "--api-key", API_KEY, *extra,
+        )
+        self.log_path = f"/tmp/trillium-cp-serve-{self.port}.log"
+        self._log = open(self.log_path, "wb")
+        environment = {**os.environ, "TRILLIUM_ADMIN_TOKEN": admin_token, **(env or {})}
+        self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=environment)
+        self.http = httpx.Client(timeout=120)
+
+    def wait_ready(self, timeout_s: float = 180) -> "AdminServer":
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"trillium serve exited {self.process.returncode}:\n{self.log()}")
+            with contextlib.suppress(httpx.HTTPError):
+                ok = self.http.get(self.base_url + "/health", timeout=2).status_code == 200
+                if ok and self.admin("GET", "/health", timeout=2).status_code == 200:
+                    return self
+            time.sleep(0.2)
+        raise TimeoutError(f"trillium serve not ready in {timeout_s}s:\n{self.log()}")
+
+    # -- HTTP helpers -----------------------------------------------------
+
+    def admin(self, method: str, path: str, *, token: str | None = None, **kwargs) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self.token if token is None else token}", **kwargs.pop("headers", {})}
+        return self.http.request(method, self.admin_url + path, headers=headers, **kwargs)
+
+    def admin_ok(self, method: str, path: str, **kwargs) -> dict:
+        response = self.admin(method, path, **kwargs)
+        assert response.status_code == 200, (path, response.status_code, response.text)
+        return response.json()
+
+    def complete(self, prompt: str, max_tokens: int = 12, *, key: str = API_KEY, **extra) -> httpx.Response:
+        body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
+        return self.http.post(self.base_url + "/v1/completions", json=body,
+                              headers={"Authorization": f"Bearer {key}"})
+
+    def greedy(self, prompts: list[str], max_tokens: int = 12) -> list[str]:
+        texts = []
+        for prompt in prompts:
+            response = self.complete(prompt, max_tokens)
+            assert response.status_code == 200, response.text
+            texts.append(response.json()["choices"][0]["text"])
+        return texts
+
+    # -- teardown ---------------------------------------------------------
+
+    def log(self) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")[-6000:]
+
+    def stop(self, timeout_s: float = 60) -> int:
+        self.http.close()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout_s)
+        finally:
+            self._log.close()

@@ -1,0 +1,222 @@
+"""Executor side of the control plane: one handler per forwarded command.
+
+Consumes (from the scheduler, always between two steps): Sleep, WakeUp,
+UpdateWeightsFromDisk / FromTensors / FromDistributed,
+InitWeightsUpdateGroup, DestroyWeightsUpdateGroup, StartProfile,
+StopProfile. Produces one ControlReply each, same command_id:
+
+    200  done; `data` says what (freed bytes, tags still asleep, files, ...)
+    400  bad argument: unknown weight name, wrong shape or dtype, bad path
+    409  not possible now: no update group, waking discarded weights, ...
+    504  a trainer did not join / send within the group's timeout
+    500  anything else (logged with its traceback)
+
+State owned: `DeviceMemory` (what is asleep), the weights update group,
+the torch profiler. Every blocking call (file reads, copies, collectives)
+runs on the executor's torch thread, so the trio loop stays free; the
+collectives carry the group's timeout, so none of them can hold the
+executor forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+import trio
+
+from trillium.actors.executor import weight_sync, weights
+from trillium.actors.executor.memory import WEIGHTS, DeviceMemory
+from trillium.actors.executor.profiling import TorchProfiler
+from trillium.actors.protocol.lifecycle import (
+    ControlError,
+    ControlReply,
+    DestroyWeightsUpdateGroup,
+    InitWeightsUpdateGroup,
+    Sleep,
+    StartProfile,
+    StopProfile,
+    UpdateWeightsFromDisk,
+    UpdateWeightsFromDistributed,
+    UpdateWeightsFromTensors,
+    WakeUp,
+)
+from trillium.actors.torch_thread import TorchThread
+from trillium.observability.profiling import NotProfiling
+
+log = logging.getLogger(__name__)
+
+
+class ExecutorControl:
+    COMMANDS = (
+        Sleep, WakeUp, UpdateWeightsFromDisk, UpdateWeightsFromTensors, UpdateWeightsFromDistributed,
+        InitWeightsUpdateGroup, DestroyWeightsUpdateGroup, StartProfile, StopProfile,
+    )
+
+    def __init__(self, core, torch_thread: TorchThread) -> None:
+        self.core = core
+        self.torch = torch_thread
+        self.memory = DeviceMemory(core)
+        self.profiler = TorchProfiler(core.device)
+        self._validator: weights.WeightValidator | None = None
+        self._group = None
+        self._group_name = ""
+        self._group_backend = "gloo"
+        self._handlers = {
+            Sleep: self._sleep, WakeUp: self._wake_up,
+            UpdateWeightsFromDisk: self._from_disk, UpdateWeightsFromTensors: self._from_tensors,
+            UpdateWeightsFromDistributed: self._from_distributed,
+            InitWeightsUpdateGroup: self._init_group, DestroyWeightsUpdateGroup: self._destroy_group,
+            StartProfile: self._start_profile, StopProfile: self._stop_profile,
+        }
+
+    @property
+    def profile_deadline(self) -> float:
+        return self.profiler.deadline
+
+    async def handle(self, message) -> ControlReply:
+        try:
+            data = await self._handlers[type(message)](message)
+        except ControlError as exc:
+            return exc.reply(message.command_id)
+        except TimeoutError as exc:
+            return ControlReply(message.command_id, 504, str(exc))
+        except Exception as exc:
+            log.exception("executor: %s failed", type(message).__name__)
+            return ControlReply(message.command_id, 500, f"{type(message).__name__} failed: {exc!r}")
+        return ControlReply(message.command_id, 200, "ok", data)
+
+    def close(self) -> None:
+        """Drop the update group now: one left to interpreter shutdown aborts the process."""
+        group, self._group = self._group, None
+        if group is not None:
+            weight_sync.close_group(group)
+
+    async def aclose(self) -> None:
+        """Shutdown: release the group and a running profile, on the torch thread."""
+        def release() -> None:
+            self.close()
+            self.profiler.discard()
+
+        with trio.CancelScope(shield=True):
+            await self.torch.run(release)
+
+    async def expire_profile(self) -> None:
+        await self.torch.run(self.profiler.expire)
+
+    # -- memory ---------------------------------------------------------
+
+    async def _sleep(self, msg: Sleep) -> dict:
+        return await self.torch.run(self.memory.sleep, msg.level)
+
+    async def _wake_up(self, msg: WakeUp) -> dict:
+        return await self.torch.run(self.memory.wake_up, tuple(msg.tags))
+
+    # -- weights ----------------------------------------------------------
+
+    async def _from_disk(self, msg: UpdateWeightsFromDisk) -> dict:
+        def load() -> dict:
+            named = weights.read_checkpoint(msg.model_path, self.core.model)
+            return self._swap(named, complete=True)
+
+        return await self.torch.run(load)
+
+    async def _from_tensors(self, msg: UpdateWeightsFromTensors) -> dict:
+        return await self.torch.run(lambda: self._swap(weights.parse_safetensors(msg.safetensors)))
+
+    async def _from_distributed(self, msg: UpdateWeightsFromDistributed) -> dict:
+        if self._group is None:
+            raise ControlError(409, "no weights update group is open")
+        if not len(msg.names) == len(msg.dtypes) == len(msg.shapes):
+            raise ControlError(
+                400, f"names, dtypes and shapes differ in length ({len(msg.names)}, {len(msg.dtypes)}, {len(msg.shapes)})"
+            )
+        dtypes = tuple(weights.parse_dtype(d) for d in msg.dtypes)
+        # WHY receive before validating: the trainer broadcasts every tensor
+        # regardless; leaving the collective half way would strand it until
+        # its timeout. A bad name or shape is refused after the transfer.
+        device = self.core.device if self._group_backend == "nccl" else torch.device("cpu")
+
+        def receive() -> weights.NamedTensors:
+            return weight_sync.receive_tensors(self._group, tuple(msg.names), dtypes, tuple(msg.shapes), device)
+
+        try:
+            named = await self.torch.run(receive)
+        except Exception as exc:
+            # WHY close: after a failed collective the two sides no longer
+            # agree on which tensor comes next; a later update would read
+            # misaligned data. The trainer must init a new group.
+            await self.torch.run(self.close)
+            status = 504 if isinstance(exc, TimeoutError) else 500
+            raise ControlError(
+                status, f"receiving weights failed ({exc}); the weights update group was closed: init it again",
+                {"group_closed": True},
+            ) from exc
+        return await self.torch.run(self._swap, named)
+
+    def _swap(self, named: weights.NamedTensors, *, complete: bool = False) -> dict:
+        """Validate everything, then copy: a failure leaves the old weights."""
+        if self._validator is None:
+            self._validator = weights.WeightValidator(self.core.model)
+        names = self._validator.check(named, complete=complete)
+        self.memory.before_weight_load()
+        weights.apply(self.core.model, named)
+        self.memory.weights_loaded(names)
+        return {
+            "num_tensors": len(named),
+            "num_weights_missing": self.memory.num_missing_weights,
+            "weights_asleep": WEIGHTS in self.memory.asleep,
+        }
+
+    # -- update group ---------------------------------------------------------
+
+    async def _init_group(self, msg: InitWeightsUpdateGroup) -> dict:
+        if self._group is not None:
+            raise ControlError(409, f"weights update group {self._group_name!r} is already open")
+        if msg.backend == "nccl" and self.core.device.type != "cuda":
+            raise ControlError(400, "backend nccl needs a CUDA device; use gloo on CPU")
+        if msg.backend not in ("gloo", "nccl"):
+            raise ControlError(400, f"backend must be gloo or nccl, got {msg.backend!r}")
+        if not msg.timeout_s > 0:
+            raise ControlError(400, f"timeout_s must be > 0, got {msg.timeout_s}")
+        if not 0 < msg.rank_offset < msg.world_size:
+            raise ControlError(400, f"rank_offset must be in 1..world_size-1 (rank 0 is the trainer), got {msg.rank_offset}")
+
+        def join():
+            return weight_sync.open_group(
+                msg.master_address, msg.master_port, msg.rank_offset, msg.world_size,
+                msg.group_name, msg.backend, msg.timeout_s,
+            )
+
+        self._group = await self.torch.run(join)
+        self._group_name, self._group_backend = msg.group_name, msg.backend
+        return {"group_name": msg.group_name, "rank": msg.rank_offset, "world_size": msg.world_size}
+
+    async def _destroy_group(self, msg: DestroyWeightsUpdateGroup) -> dict:
+        if self._group is None:
+            raise ControlError(409, "no weights update group is open")
+        group, self._group = self._group, None
+        await self.torch.run(weight_sync.close_group, group)
+        return {"group_name": self._group_name}
+
+    # -- profiling ----------------------------------------------------------------
+
+    async def _start_profile(self, msg: StartProfile) -> dict:
+        def start() -> None:
+            self.profiler.start(msg.profile_dir, record_shapes=msg.record_shapes, with_stack=msg.with_stack)
+
+        try:
+            await self.torch.run(start)
+        except OSError as exc:
+            raise ControlError(400, f"cannot use profile_dir {msg.profile_dir!r}: {exc}") from None
+        self.profiler.deadline = trio.current_time() + msg.max_duration_s
+        return {"files": []}
+
+    async def _stop_profile(self, msg: StopProfile) -> dict:
+        try:
+            files = await self.torch.run(self.profiler.stop)
+        except NotProfiling as exc:
+            raise ControlError(409, str(exc)) from None
+        self.profiler.deadline = math.inf
+        return {"files": files}

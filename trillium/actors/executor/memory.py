@@ -1,0 +1,177 @@
+"""Sleep and wake of the executor's memory: KV cache tensors and weights.
+
+    level 1  KV cache freed; on CUDA the weights move to host memory
+             (on CPU they stay: host memory is where they already are)
+    level 2  KV cache and weights freed. The module tree stays; each
+             parameter keeps its dtype and device but holds no storage.
+             A weight update while asleep refills them (in host memory);
+             until every weight has been refilled, waking "weights" is a 409.
+
+Waking is per tag ("weights", "kv_cache"), in either order. The KV cache
+comes back zeroed (its content is gone; the scheduler reset its prefix
+cache at sleep) and the weights go back to the device.
+
+Freed means freed: the last references are dropped (the per-thread gather
+workspace of the reference kernels too), then `gc.collect()`, and on CPU
+glibc's `malloc_trim(0)` hands free heap pages back to the OS, on CUDA
+`torch.cuda.empty_cache()` hands them back to the driver. Runs on the
+executor's torch thread, between steps.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import logging
+import os
+
+import torch
+
+from trillium.actors.protocol.lifecycle import ControlError
+
+log = logging.getLogger(__name__)
+
+WEIGHTS, KV_CACHE = "weights", "kv_cache"
+
+
+def resident_bytes() -> int:
+    """This process's resident set size (/proc/self/statm)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+def _trim_host_heap() -> None:
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to trim
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+class DeviceMemory:
+    """What of the executor's memory is asleep; does the freeing and refilling."""
+
+    def __init__(self, core) -> None:
+        self.core = core  # ExecutorCore: owns .model, .kv_caches, .config
+        self.asleep: set[str] = set()
+        self.level = 0
+        # Level 2: parameter name -> (shape, dtype) to rebuild storage from,
+        # and the checkpoint names not loaded since the discard.
+        self._shapes: dict[str, tuple[torch.Size, torch.dtype]] = {}
+        self._missing: set[str] = set()
+
+    @property
+    def host(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def device(self) -> torch.device:
+        return self.core.device
+
+    @property
+    def num_missing_weights(self) -> int:
+        return len(self._missing)
+
+    def sleep(self, level: int) -> dict:
+        if self.asleep:
+            raise ControlError(409, f"already asleep (level {self.level})")
+        rss_before = resident_bytes()
+        device_before = self._device_allocated()
+        kv_bytes = sum(_tensor_bytes(t) for pair in self.core.kv_caches for t in pair)
+        self.core.kv_caches = []
+        weight_bytes = 0
+        if level == 2:
+            weight_bytes = self._discard_weights()
+        elif self.device.type != "cpu":
+            self.core.model.to(self.host)
+        self._release()
+        self.asleep = {WEIGHTS, KV_CACHE}
+        self.level = level
+        log.info("executor asleep (level %d): freed %d KV bytes, %d weight bytes", level, kv_bytes, weight_bytes)
+        return {
+            "level": level,
+            "asleep": sorted(self.asleep),
+            "freed_kv_cache_bytes": kv_bytes,
+            "freed_weight_bytes": weight_bytes,
+            "rss_freed_bytes": rss_before - resident_bytes(),
+            "device_freed_bytes": device_before - self._device_allocated(),
+        }
+
+    def wake_up(self, tags: tuple[str, ...]) -> dict:
+        if WEIGHTS in tags and WEIGHTS in self.asleep:
+            if self._missing:
+                raise ControlError(
+                    409,
+                    f"the weights were discarded by sleep level 2 and {len(self._missing)} of them "
+                    "have not been reloaded: update the weights (from disk, tensors or distributed) "
+                    "before waking them",
+                )
+            if self.device.type != "cpu":
+                self.core.model.to(self.device)
+            self.asleep.discard(WEIGHTS)
+        if KV_CACHE in tags and KV_CACHE in self.asleep:
+            from trillium.models.llama import allocate_kv_caches
+
+            cfg = self.core.config
+            self.core.kv_caches = allocate_kv_caches(
+                self.core.model_config, cfg.num_blocks, cfg.block_size, self.core.dtype, self.device
+            )
+            self.asleep.discard(KV_CACHE)
+        if not self.asleep:
+            self.level = 0
+        return {"asleep": sorted(self.asleep), "rss_bytes": resident_bytes()}
+
+    # -- weight updates while asleep ------------------------------------
+
+    def before_weight_load(self) -> None:
+        """Give discarded parameters storage again (host memory), so a weight
+        update can fill them; called after the update was validated."""
+        if not self._shapes:
+            return
+        params = dict(self.core.model.named_parameters())
+        for name, (shape, dtype) in self._shapes.items():
+            param = params[name]
+            if param.numel() == 0 and shape.numel() > 0:
+                param.data = torch.empty(shape, dtype=dtype, device=self.host)
+
+    def weights_loaded(self, names: set[str]) -> None:
+        self._missing -= names
+        if not self._missing:
+            self._shapes = {}
+
+    # -- internals ---------------------------------------------------------
+
+    def _discard_weights(self) -> int:
+        model = self.core.model
+        freed = 0
+        self._shapes = {}
+        for name, param in model.named_parameters():
+            self._shapes[name] = (param.shape, param.dtype)
+            freed += _tensor_bytes(param)
+            # WHY .data and not a new Parameter: the module tree and every
+            # reference to the Parameter object stay valid.
+            param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+        self._missing = set(model.checkpoint_weight_names())
+        return freed
+
+    def _release(self) -> None:
+        from trillium.kernels import reference
+
+        # NOTE: the gather workspace is per thread; this runs on the torch
+        # thread, whose workspace holds up to tens of MiB of K/V copies.
+        reference._workspace.buffers.clear()
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        _trim_host_heap()
+
+    def _device_allocated(self) -> int:
+        if self.device.type == "cuda":
+            return torch.cuda.memory_allocated(self.device)
+        return 0

@@ -1,0 +1,70 @@
+"""torch.profiler for the executor: start / stop on the torch thread, chrome trace out.
+
+`TorchProfiler.start` and `.stop` must run on the executor's torch thread
+(where every step runs), so the profile sees the steps' ops. The trace is
+`<profile_dir>/executor-<pid>-<stamp>.pt.trace.json` (chrome://tracing,
+Perfetto, TensorBoard). Like `observability.profiling.LoopProfiler`, a
+profile is bounded in time: the actor calls `expire` once `deadline` (its
+trio clock) has passed, and the next `stop` hands out that file.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from trillium.observability.profiling import NotProfiling, profile_file_stem
+
+
+class TorchProfiler:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.deadline = math.inf
+        self._profile = None
+        self._dir: str | None = None
+        self._unreported: list[str] | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._profile is not None
+
+    def start(self, profile_dir: str, *, record_shapes: bool, with_stack: bool) -> None:
+        """OSError if `profile_dir` cannot be created; a running profile is written first."""
+        if self.active:
+            self._finish()
+        os.makedirs(profile_dir, exist_ok=True)
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        profile = torch.profiler.profile(activities=activities, record_shapes=record_shapes, with_stack=with_stack)
+        profile.start()
+        self._profile, self._dir, self._unreported = profile, profile_dir, None
+
+    def stop(self) -> list[str]:
+        if self.active:
+            return self._finish()
+        if self._unreported is not None:
+            files, self._unreported = self._unreported, None
+            return files
+        raise NotProfiling("executor: no profile is running")
+
+    def discard(self) -> None:
+        """Stop without writing (the executor is shutting down)."""
+        profile, self._profile = self._profile, None
+        self.deadline = math.inf
+        if profile is not None:
+            profile.stop()
+
+    def expire(self) -> None:
+        if self.active:
+            self._unreported = self._finish()
+
+    def _finish(self) -> list[str]:
+        profile, self._profile = self._profile, None
+        self.deadline = math.inf
+        profile.stop()
+        path = profile_file_stem(self._dir, "executor") + ".pt.trace.json"
+        profile.export_chrome_trace(path)
+        return [path]

@@ -1,0 +1,475 @@
+"""Control commands applied to the engine: the work behind each transition.
+
+`EngineControl` is pure and synchronous, like the scheduler core it drives.
+The actor hands it every lifecycle command (protocol/lifecycle.py) and every
+`ControlReply` from the executor or detokenizer, and carries out the effects
+it returns, in order:
+
+    ControlReply        -> api (the actor sends fresh SchedulerStats first)
+    ToExecutor(message) -> executor
+    ToDetokenizer(msg)  -> detokenizer
+
+The idea: commands that change the engine take turns on one lane. A
+command is first checked against the transition table in the current state
+(409 at once if refused there). Then, if another command holds the lane
+(it waits for the executor, a drain, or the end of the step in flight), it
+queues, and is checked again and run when its turn comes, so every handler
+sees a settled state. Exceptions: questions and scheduler-only chores
+(GetEngineInfo, AbortRequests, ResetPrefixCache) skip the lane, and Resume
+or Pause(abort | keep) during a drain cut the drain short instead of
+waiting for it.
+
+INVARIANT: the executor has at most one message outstanding. A job (the
+holder's executor work) is sent only from `executor_idle`, which the actor
+calls only when no step is in flight, and no step is scheduled while a job
+is pending (`may_step`). So sleep, wake and weight swaps run strictly
+between two steps: no forward ever sees mixed weights or freed memory.
+
+NOTE on size (~470 lines): one class, because the lane, the job slot and
+the state are one piece of state; each handler is a few lines and they read
+in the order of the protocol. Profile bookkeeping lives in profiling.py,
+the table in lifecycle.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import attrs
+
+from trillium.actors.protocol import lifecycle as lc
+from trillium.actors.protocol.lifecycle import ControlError, ControlReply
+from trillium.actors.protocol.outputs import SchedulerStats
+from trillium.actors.scheduler.lifecycle import (
+    RETURN,
+    EngineState,
+    Op,
+    next_state,
+    next_weight_version,
+    not_allowed_message,
+    op_of,
+)
+from trillium.actors.scheduler.profiling import ProfileCoordinator
+from trillium.observability.profiling import LoopProfiler
+
+log = logging.getLogger(__name__)
+
+S = EngineState
+WAKE_TAGS = ("weights", "kv_cache")
+PAUSE_MODES = ("abort", "wait", "keep")
+_OFF_LANE = (lc.GetEngineInfo, lc.AbortRequests, lc.ResetPrefixCache)
+
+
+@attrs.frozen
+class ToExecutor:
+    message: Any
+
+
+@attrs.frozen
+class ToDetokenizer:
+    message: Any
+
+
+Effect = ControlReply | ToExecutor | ToDetokenizer
+
+
+@attrs.define
+class _Job:
+    """Executor work of the lane holder: `prepare` runs when it is sent."""
+
+    message: Any
+    done: Callable[[ControlReply], list[Effect]]
+    prepare: Callable[[], None] | None = None
+    sent: bool = False
+
+
+def forwarded_id(command_id: str, actor: str) -> str:
+    return f"{command_id}@{actor}"
+
+
+class EngineControl:
+    def __init__(self, core, engine, profiler: LoopProfiler | None = None) -> None:
+        self.core = core
+        self.engine = engine  # EngineConfig: sizes and model path for lc.GetEngineInfo
+        self.profiler = profiler or LoopProfiler("scheduler")
+        self.profiling = ProfileCoordinator(self.profiler)
+        self.state = S.SERVING
+        self.weight_version = "0"
+        self.model_path = engine.model
+        self.sleep_level = 0
+        self.asleep: tuple[str, ...] = ()
+        self.update_group: str | None = None
+        self._saved: dict[EngineState, EngineState] = {}  # where RETURN leads, by state
+        self._queue: deque[Any] = deque()  # commands waiting for the lane
+        self._holder: Any = None  # the command holding the lane
+        self._job: _Job | None = None
+        self._at_idle: list[Callable[[], list[Effect]]] = []  # run once no step is out
+        self._drain_then: Callable[[EngineState], list[Effect]] | None = None
+        self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
+            lc.Pause: self._pause, lc.Resume: self._resume, lc.Sleep: self._sleep, lc.WakeUp: self._wake_up,
+            lc.UpdateWeightsFromDisk: self._update, lc.UpdateWeightsFromTensors: self._update,
+            lc.UpdateWeightsFromDistributed: self._update, lc.InitWeightsUpdateGroup: self._init_group,
+            lc.DestroyWeightsUpdateGroup: self._destroy_group, lc.StartProfile: self._start_profile,
+            lc.StopProfile: self._stop_profile, lc.GetEngineInfo: self._get_info,
+            lc.AbortRequests: self._abort_requests, lc.ResetPrefixCache: self._reset_prefix_cache,
+        }
+
+    COMMANDS = (
+        lc.Pause, lc.Resume, lc.Sleep, lc.WakeUp, lc.UpdateWeightsFromDisk, lc.UpdateWeightsFromTensors,
+        lc.UpdateWeightsFromDistributed, lc.InitWeightsUpdateGroup, lc.DestroyWeightsUpdateGroup,
+        lc.StartProfile, lc.StopProfile, *_OFF_LANE,
+    )
+
+    # -- views ------------------------------------------------------------
+
+    @property
+    def may_step(self) -> bool:
+        return self.state in (S.SERVING, S.DRAINING) and self._job is None
+
+    @property
+    def executor_busy(self) -> bool:
+        """A job is out on the executor (its reply is awaited)."""
+        return self._job is not None and self._job.sent
+
+    @property
+    def profile_deadline(self) -> float:
+        return self.profiler.deadline
+
+    def stats(self) -> SchedulerStats:
+        return self.core.stats(engine_state=self.state.value, weight_version=self.weight_version)
+
+    def info(self) -> dict[str, Any]:
+        core, engine = self.core, self.engine
+        return {
+            "state": self.state.value,
+            "weight_version": self.weight_version,
+            "is_sleeping": self.sleep_level > 0,
+            "sleep_level": self.sleep_level,
+            "asleep": list(self.asleep),
+            "kv_usage": core.pool.usage,
+            "num_running": core.num_running,
+            "num_waiting": core.num_waiting,
+            "num_free_blocks": core.pool.num_free_blocks,
+            "num_blocks": engine.num_blocks,
+            "block_size": engine.block_size,
+            "max_model_len": engine.max_model_len,
+            "model_path": self.model_path,
+            "served_model_name": engine.served_model_name,
+            "dtype": engine.dtype,
+            "device": engine.device,
+            "weights_update_group": self.update_group,
+            "profiling": self.profiling.active,
+        }
+
+    # -- inputs -------------------------------------------------------------
+
+    def command(self, message: Any, now: float) -> list[Effect]:
+        """A command from the api."""
+        if isinstance(message, _OFF_LANE):
+            return self._run(message, now)
+        op = op_of(message)
+        if next_state(self.state, op) is None:
+            return [ControlError(409, not_allowed_message(self.state, op)).reply(message.command_id, self.info())]
+        if self.state is S.DRAINING and op in (Op.PAUSE, Op.RESUME):
+            return self._cut_drain(message) + self._pump(now)
+        self._queue.append(message)
+        return self._pump(now)
+
+    def answer(self, reply: ControlReply, now: float) -> list[Effect]:
+        """A ControlReply from the executor or the detokenizer."""
+        command_id, _, actor = reply.command_id.rpartition("@")
+        if actor == "detokenizer":
+            return self._gathered(command_id, actor, reply) + self._pump(now)
+        job = self._job
+        if job is None or not job.sent or job.message.command_id != reply.command_id:
+            log.error("scheduler: unexpected executor reply %s", reply.command_id)
+            return []
+        self._job = None
+        return job.done(reply) + self._pump(now)
+
+    def executor_idle(self, now: float) -> list[Effect]:
+        """No step and no job is out: finish drains and pauses, send the next job."""
+        effects: list[Effect] = []
+        while True:
+            count = len(effects)
+            if self.state is S.DRAINING and not self.core.has_started_requests():
+                self._apply(Op.DRAINED)
+                then, self._drain_then = self._drain_then, None
+                effects += then(S.SERVING)
+            calls, self._at_idle = self._at_idle, []
+            for call in calls:
+                effects += call()
+            effects += self._pump(now)
+            if self._job is not None and not self._job.sent:
+                if self._job.prepare is not None:
+                    self._job.prepare()
+                self._job.sent = True
+                effects.append(ToExecutor(self._job.message))
+                return effects
+            if len(effects) == count:
+                return effects
+
+    def profile_expired(self, now: float) -> None:
+        self.profiler.expire(now)
+
+    # -- the lane -------------------------------------------------------------
+
+    def _pump(self, now: float) -> list[Effect]:
+        effects: list[Effect] = []
+        while self._holder is None and self._queue:
+            effects += self._run(self._queue.popleft(), now)
+        return effects
+
+    def _run(self, message: Any, now: float) -> list[Effect]:
+        try:
+            return self._handlers[type(message)](message, now)
+        except ControlError as exc:
+            self._release(message)
+            return [exc.reply(message.command_id, self.info())]
+
+    def _cut_drain(self, message: lc.Pause | lc.Resume) -> list[Effect]:
+        """lc.Resume, or lc.Pause(abort | keep), while a wait-mode lc.Pause / lc.Sleep drains."""
+        holder, then = self._holder, self._drain_then
+        self._drain_then = None
+        if isinstance(message, lc.Resume):
+            self._apply(Op.RESUME)
+            self._release(holder)
+            cancelled = ControlError(409, f"{type(holder).__name__} (mode wait) cancelled by resume")
+            return [cancelled.reply(holder.command_id, self.info()), self._finish(message, "serving")]
+        self._apply(Op.PAUSE)
+        aborted = self._abort_all() if message.mode == "abort" else 0
+        # The drain's own command carries on from PAUSED (a sleep sleeps);
+        # both answer once the step in flight is done.
+        self._at_idle.append(lambda: then(S.PAUSED))
+        self._at_idle.append(lambda: [self._finish(message, f"paused ({message.mode})", {"num_aborted": aborted})])
+        return []
+
+    def _hold(self, message: Any, job: _Job | None = None) -> None:
+        self._holder = message
+        self._job = job
+
+    def _release(self, message: Any) -> None:
+        if self._holder is message:
+            self._holder = None
+
+    def _finish(self, message: Any, text: str, data: dict | None = None) -> ControlReply:
+        self._release(message)
+        return ControlReply(message.command_id, 200, text, {**self.info(), **(data or {})})
+
+    def _failed(self, message: Any, reply: ControlReply) -> ControlReply:
+        """An executor failure, passed on with its status."""
+        self._release(message)
+        return ControlReply(message.command_id, reply.status, reply.message, {**self.info(), **reply.data})
+
+    # -- states -------------------------------------------------------------
+
+    def _check(self, op: Op):
+        target = next_state(self.state, op)
+        if target is None:
+            raise ControlError(409, not_allowed_message(self.state, op))
+        return target
+
+    def _apply(self, op: Op) -> None:
+        target = self._check(op)
+        if target is RETURN:
+            target = self._saved.pop(self.state)
+        elif target is not self.state:
+            self._saved[target] = self.state
+        self.state = target
+        self.core.set_admission(started_only=target is S.DRAINING)
+
+    def _abort_all(self) -> int:
+        ids = self.core.request_ids()
+        self.core.abort(ids)
+        return len(ids)
+
+    # -- pause / resume -------------------------------------------------------
+
+    def _pause(self, msg: lc.Pause, now: float) -> list[Effect]:
+        if msg.mode not in PAUSE_MODES:
+            raise ControlError(400, f"mode must be one of {PAUSE_MODES}, got {msg.mode!r}")
+        if msg.mode == "wait":
+            if self._check(Op.DRAIN) is self.state:
+                return [self._finish(msg, f"already {self.state.value}")]
+            self._apply(Op.DRAIN)
+            self._hold(msg)
+            self._drain_then = lambda _: [self._finish(msg, "paused: the started requests finished")]
+            return []
+        self._apply(Op.PAUSE)
+        aborted = self._abort_all() if msg.mode == "abort" else 0
+        # WHY wait for idle: "paused" promises that no step is running.
+        self._hold(msg)
+        self._at_idle.append(lambda: [self._finish(msg, f"paused ({msg.mode})", {"num_aborted": aborted})])
+        return []
+
+    def _resume(self, msg: lc.Resume, now: float) -> list[Effect]:
+        before = self.state
+        self._apply(Op.RESUME)
+        return [self._finish(msg, "already serving" if before is S.SERVING else "serving")]
+
+    # -- sleep / wake ---------------------------------------------------------
+
+    def _sleep(self, msg: lc.Sleep, now: float) -> list[Effect]:
+        if msg.level not in (1, 2):
+            raise ControlError(400, f"level must be 1 or 2, got {msg.level}")
+        if msg.mode not in PAUSE_MODES:
+            raise ControlError(400, f"mode must be one of {PAUSE_MODES}, got {msg.mode!r}")
+        self._check(Op.SLEEP)
+        before = self.state
+        self._hold(msg)
+        if msg.mode == "wait" and before is S.SERVING:
+            self._apply(Op.DRAIN)
+            # Drained: wake back to SERVING; cut short by a pause: to PAUSED.
+            self._drain_then = lambda return_to: self._begin_sleep(msg, return_to)
+            return []
+        aborted = self._abort_all() if msg.mode == "abort" else 0
+        return self._begin_sleep(msg, before, aborted)
+
+    def _begin_sleep(self, msg: lc.Sleep, return_to: EngineState, aborted: int = 0) -> list[Effect]:
+        self._apply(Op.SLEEP)
+        self._saved[S.SLEEPING] = return_to  # after a wait-sleep: SERVING, not PAUSED
+        self.sleep_level = msg.level
+        forwarded = lc.Sleep(forwarded_id(msg.command_id, "executor"), msg.level, msg.mode)
+        self._job = _Job(forwarded, partial(self._slept, msg, aborted), prepare=self._forget_kv)
+        return []
+
+    def _forget_kv(self) -> None:
+        # The KV content is about to be freed: running requests recompute
+        # after the wake, and no prefix-cache entry may point into it.
+        self.core.preempt_running()
+        self.core.reset_prefix_cache()
+
+    def _slept(self, msg: lc.Sleep, aborted: int, reply: ControlReply) -> list[Effect]:
+        if not reply.ok:
+            self.state = self._saved.pop(S.SLEEPING)
+            self.core.set_admission(started_only=False)
+            self.sleep_level = 0
+            return [self._failed(msg, reply)]
+        self.asleep = tuple(reply.data.get("asleep", WAKE_TAGS))
+        return [self._finish(msg, f"sleeping at level {msg.level}", {**reply.data, "num_aborted": aborted})]
+
+    def _wake_up(self, msg: lc.WakeUp, now: float) -> list[Effect]:
+        tags = tuple(msg.tags)
+        if not tags or not set(tags) <= set(WAKE_TAGS):
+            raise ControlError(400, f"tags must be a non-empty subset of {list(WAKE_TAGS)}, got {list(tags)}")
+        self._check(Op.WAKE_UP)
+        if self.state is not S.SLEEPING:
+            return [self._finish(msg, f"already awake ({self.state.value})")]
+        forwarded = lc.WakeUp(forwarded_id(msg.command_id, "executor"), tags)
+        self._hold(msg, _Job(forwarded, partial(self._woken, msg)))
+        return []
+
+    def _woken(self, msg: lc.WakeUp, reply: ControlReply) -> list[Effect]:
+        if not reply.ok:
+            return [self._failed(msg, reply)]
+        self.asleep = tuple(reply.data.get("asleep", ()))
+        if not self.asleep:
+            self._apply(Op.WOKEN)
+            self.sleep_level = 0
+            return [self._finish(msg, f"awake ({self.state.value})", reply.data)]
+        return [self._finish(msg, f"still asleep: {list(self.asleep)}", reply.data)]
+
+    # -- weights ----------------------------------------------------------------
+
+    def _update(self, msg, now: float) -> list[Effect]:
+        if isinstance(msg, lc.UpdateWeightsFromDistributed) and self.update_group is None:
+            raise ControlError(409, "no weights update group is open: send init_weights_update_group first")
+        self._apply(Op.UPDATE_WEIGHTS)
+        forwarded = attrs.evolve(msg, command_id=forwarded_id(msg.command_id, "executor"))
+        self._hold(msg, _Job(forwarded, partial(self._updated, msg)))
+        return []
+
+    def _updated(self, msg, reply: ControlReply) -> list[Effect]:
+        self._apply(Op.UPDATE_DONE)
+        if not reply.ok:
+            if reply.data.get("group_closed"):
+                self.update_group = None
+            return [self._failed(msg, reply)]  # the executor kept the old weights
+        self.weight_version = msg.weight_version or next_weight_version(self.weight_version)
+        if msg.flush_cache:
+            self.core.reset_prefix_cache()
+        if isinstance(msg, lc.UpdateWeightsFromDisk):
+            self.model_path = msg.model_path
+        return [self._finish(msg, f"weights updated (version {self.weight_version})", reply.data)]
+
+    def _init_group(self, msg: lc.InitWeightsUpdateGroup, now: float) -> list[Effect]:
+        self._check(Op.UPDATE_GROUP)
+        if self.update_group is not None:
+            raise ControlError(409, f"weights update group {self.update_group!r} is open: destroy it first")
+        forwarded = attrs.evolve(msg, command_id=forwarded_id(msg.command_id, "executor"))
+        self._hold(msg, _Job(forwarded, partial(self._group_changed, msg, msg.group_name)))
+        return []
+
+    def _destroy_group(self, msg: lc.DestroyWeightsUpdateGroup, now: float) -> list[Effect]:
+        self._check(Op.UPDATE_GROUP)
+        if self.update_group is None:
+            raise ControlError(409, "no weights update group is open")
+        forwarded = attrs.evolve(msg, command_id=forwarded_id(msg.command_id, "executor"))
+        self._hold(msg, _Job(forwarded, partial(self._group_changed, msg, None)))
+        return []
+
+    def _group_changed(self, msg, group: str | None, reply: ControlReply) -> list[Effect]:
+        if not reply.ok:
+            return [self._failed(msg, reply)]
+        self.update_group = group
+        text = f"weights update group {group!r} is open" if group else "weights update group destroyed"
+        return [self._finish(msg, text, reply.data)]
+
+    # -- profiling (bookkeeping in scheduler/profiling.py) -------------------------
+
+    def _start_profile(self, msg: lc.StartProfile, now: float) -> list[Effect]:
+        self._check(Op.PROFILE)
+        return self._forward_profile(msg, self.profiling.start(msg, now))
+
+    def _stop_profile(self, msg: lc.StopProfile, now: float) -> list[Effect]:
+        self._check(Op.PROFILE)
+        return self._forward_profile(msg, self.profiling.stop(msg))
+
+    def _forward_profile(self, msg, gather) -> list[Effect]:
+        if not gather.waiting:
+            return [self._finish(msg, "ok", {"files": gather.files})]
+        self._hold(msg)
+        effects: list[Effect] = []
+        if "detokenizer" in gather.waiting:
+            effects.append(ToDetokenizer(attrs.evolve(msg, command_id=forwarded_id(msg.command_id, "detokenizer"))))
+        if "executor" in gather.waiting:
+            forwarded = attrs.evolve(msg, command_id=forwarded_id(msg.command_id, "executor"))
+            self._job = _Job(forwarded, partial(self._gathered, msg.command_id, "executor"))
+        return effects
+
+    def _gathered(self, command_id: str, actor: str, reply: ControlReply) -> list[Effect]:
+        try:
+            gather = self.profiling.answer(command_id, actor, reply)
+        except ValueError as exc:
+            log.error("scheduler: %s", exc)
+            return []
+        if gather is None:
+            return []
+        msg = self._holder
+        if gather.status != 200:
+            self._release(msg)
+            return [ControlReply(command_id, gather.status, "; ".join(gather.errors), {"files": gather.files})]
+        return [self._finish(msg, "ok", {"files": gather.files})]
+
+    # -- off the lane ---------------------------------------------------------------
+
+    def _get_info(self, msg: lc.GetEngineInfo, now: float) -> list[Effect]:
+        return [ControlReply(msg.command_id, 200, self.state.value, self.info())]
+
+    def _abort_requests(self, msg: lc.AbortRequests, now: float) -> list[Effect]:
+        self._check(Op.ABORT_REQUESTS)
+        if msg.request_ids is None:
+            ids = self.core.request_ids()
+        else:
+            ids = [rid for rid in msg.request_ids if self.core.get_request(rid) is not None]
+        self.core.abort(ids)
+        return [ControlReply(msg.command_id, 200, f"aborted {len(ids)}", {**self.info(), "num_aborted": len(ids)})]
+
+    def _reset_prefix_cache(self, msg: lc.ResetPrefixCache, now: float) -> list[Effect]:
+        self._check(Op.RESET_PREFIX_CACHE)
+        dropped = self.core.reset_prefix_cache()
+        return [ControlReply(msg.command_id, 200, f"dropped {dropped}", {**self.info(), "num_dropped": dropped})]

@@ -1,0 +1,141 @@
+"""The admin / RLHF control plane: a QuartTrio app on its own port, and its server.
+
+Public API (`trillium serve` builds on it):
+
+    create_admin_app(engine: ControlPlaneEngine) -> QuartTrio
+        Routes (SGLang / vLLM names, JSON in and out):
+          POST /sleep, /wake_up; GET /is_sleeping
+          POST /pause, /resume; GET /is_paused
+          POST /update_weights_from_disk, /update_weights_from_tensor; GET /weight_version
+          POST /init_weights_update_group, /update_weights_from_distributed,
+               /destroy_weights_update_group
+          POST /start_profile, /stop_profile
+          POST /reset_prefix_cache, /abort_requests
+          GET /server_info, /health, /metrics
+        Every route, /health and /metrics included, requires
+        `Authorization: Bearer <engine.admin_token>`; anything else is 401.
+
+    async serve_admin_app(app, host, port, *, shutdown_trigger=None,
+                          graceful_timeout_s=5.0, task_status=...)
+        Hypercorn's trio worker; `await nursery.start(...)` returns the bound
+        port (port 0 binds a free one).
+
+Errors use the data plane's JSON shape `{"error": {message, type, param,
+code}}`; an engine error reply keeps its status (400 / 403 / 409 / 500 /
+504). Never imports `trillium.data_plane`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+
+import hypercorn.trio
+import trio
+from hypercorn.config import Config as HypercornConfig
+from quart import request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from trillium.control_plane.auth import check_bearer
+from trillium.control_plane.engine import ControlPlaneEngine
+from trillium.control_plane.errors import AdminError, internal_error, unauthorized
+from trillium.control_plane.routes import (
+    abort,
+    distributed,
+    health,
+    metrics,
+    pause,
+    prefix_cache,
+    profiling,
+    server_info,
+    sleep,
+    weights,
+)
+from trillium.control_plane.state import AdminState
+
+log = logging.getLogger(__name__)
+
+STATE_KEY = "trillium.control_plane"
+_ROUTE_MODULES = (sleep, pause, weights, distributed, profiling, prefix_cache, abort, server_info, health, metrics)
+# WHY: a refused client's small body is read so its keep-alive connection stays in
+# step; a large one (an unauthenticated upload) is not read, the connection closes.
+_READ_REFUSED_BODY_MAX_BYTES = 1 << 20
+_BODY_TIMEOUT_S = 600  # a multi-GB safetensors upload
+
+
+def create_admin_app(engine: ControlPlaneEngine) -> QuartTrio:
+    app = QuartTrio("trillium.control_plane")
+    app.config["RESPONSE_TIMEOUT"] = None  # WHY: a weight load or a drain can outlast Quart's 60 s
+    app.config["BODY_TIMEOUT"] = _BODY_TIMEOUT_S
+    app.config["MAX_CONTENT_LENGTH"] = engine.max_body_bytes
+    state = AdminState(engine)
+    app.extensions[STATE_KEY] = state
+    for module in _ROUTE_MODULES:
+        app.register_blueprint(module.blueprint(state))
+    app.before_request(functools.partial(_authenticate, engine.admin_token))
+    app.register_error_handler(AdminError, _admin_error)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Exception, _unexpected_error)
+    return app
+
+
+def admin_state(app: QuartTrio) -> AdminState:
+    """The state `create_admin_app` built (for tests and the server's own probes)."""
+    return app.extensions[STATE_KEY]
+
+
+async def _authenticate(token: str) -> None:
+    if check_bearer(request.headers.get("Authorization"), token):
+        return
+    length = request.content_length
+    if length is not None and length <= _READ_REFUSED_BODY_MAX_BYTES:
+        await request.get_data()
+    log.warning("admin: refused %s %s from %s (bad or missing token)", request.method, request.path,
+                request.remote_addr)
+    raise unauthorized()
+
+
+async def _admin_error(error: AdminError):
+    return error.to_response()
+
+
+async def _http_error(error: HTTPException):
+    message = f"{error.name}: {request.method} {request.path}" if error.code in (404, 405) else error.description
+    return AdminError(error.code or 500, message, code=error.code).to_response()
+
+
+async def _unexpected_error(error: Exception):
+    log.error("unhandled error in %s %s", request.method, request.path, exc_info=error)
+    return internal_error().to_response()
+
+
+def _bind_address(host: str, port: int) -> str:
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # IPv6 literal
+    return f"{host}:{port}"
+
+
+async def serve_admin_app(
+    app: QuartTrio,
+    host: str,
+    port: int,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    graceful_timeout_s: float = 5.0,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until cancelled or `shutdown_trigger` returns; started() reports the bound port."""
+    config = HypercornConfig()
+    config.bind = [_bind_address(host, port)]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.graceful_timeout = graceful_timeout_s
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            functools.partial(hypercorn.trio.serve, app, config, shutdown_trigger=shutdown_trigger)
+        )
+        bound_port = int(binds[0].rsplit(":", 1)[1])
+        log.info("control plane listening on %s", binds[0])
+        task_status.started(bound_port)

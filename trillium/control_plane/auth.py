@@ -1,0 +1,61 @@
+"""Admin authentication: one bearer token, compared in constant time.
+
+Resolution at start-up (`resolve_admin_token`), before anything is loaded:
+
+- `--admin-token` or `TRILLIUM_ADMIN_TOKEN` set: that token.
+- no token, loopback admin host (127.0.0.0/8, ::1, localhost): a random
+  token is generated and logged once at WARNING (as Jupyter does), so a
+  local operator can copy it from the log and nobody else can guess it.
+- no token, any other host: refused (`AdminConfigError`; `trillium serve`
+  exits with code 2). An unauthenticated admin port on a network can
+  swap the served weights.
+- a token equal to the data-plane API key: refused too, so the data-plane
+  key can never open the control plane (and the admin token never opens
+  the data plane).
+
+`check_bearer` is the per-request check; every admin route, including
+/health and /metrics, goes through it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import secrets
+
+
+class AdminConfigError(ValueError):
+    """The admin settings are unsafe or inconsistent; the server must not start."""
+
+
+def is_loopback_host(host: str) -> bool:
+    host = host.strip().strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # WHY: a host name could resolve anywhere; only literals and localhost count
+
+
+def resolve_admin_token(host: str, token: str | None, api_key: str | None = None) -> tuple[str, bool]:
+    """(token, generated): the token to require, and whether it was made up here."""
+    token = (token or "").strip() or None
+    if token is None:
+        if not is_loopback_host(host):
+            raise AdminConfigError(
+                f"refusing to serve the admin API on non-loopback address {host!r} without a token: "
+                "pass --admin-token or set TRILLIUM_ADMIN_TOKEN (or use --admin-host 127.0.0.1)"
+            )
+        return secrets.token_urlsafe(32), True
+    if api_key and hmac.compare_digest(token.encode(), api_key.encode()):
+        raise AdminConfigError("the admin token must differ from the data-plane API key (--api-key)")
+    return token, False
+
+
+def check_bearer(authorization: str | None, token: str) -> bool:
+    """True when the Authorization header carries exactly `Bearer <token>`."""
+    scheme, _, value = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(value.strip().encode(), token.encode())

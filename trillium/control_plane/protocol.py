@@ -1,0 +1,143 @@
+"""Pydantic models of the admin request bodies (SGLang / vLLM field names).
+
+Strict types (a string is not a number, `1` is not `true`); unknown fields
+are ignored and logged, so a client written for SGLang (which sends extras
+such as `load_format`) keeps working. An empty body means `{}`.
+`parse_body(model, raw)` turns malformed JSON or a validation error into a
+400 naming the field.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from trillium.control_plane.errors import bad_request
+
+log = logging.getLogger(__name__)
+
+PauseMode = Literal["abort", "wait", "keep"]
+WakeTag = Literal["weights", "kv_cache"]
+ActorName = Literal["executor", "scheduler", "detokenizer"]
+Version = Annotated[str, Field(min_length=1, max_length=256)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool",
+          "float8_e4m3fn", "float8_e5m2")
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+
+class SleepRequest(_Body):
+    level: Literal[1, 2] = 1
+    mode: PauseMode = "abort"
+
+
+class WakeUpRequest(_Body):
+    tags: list[WakeTag] | None = None
+
+
+class PauseRequest(_Body):
+    mode: PauseMode = "abort"
+
+
+class _UpdateBody(_Body):
+    weight_version: Version | None = None
+    flush_cache: bool = True
+    # SGLang's name: abort requests in flight instead of letting them finish first.
+    abort_all_requests: bool = False
+
+
+class UpdateFromDiskRequest(_UpdateBody):
+    model_path: Annotated[str, Field(min_length=1)]
+
+
+class InitGroupRequest(_Body):
+    master_address: Annotated[str, Field(min_length=1)]
+    master_port: Port
+    rank_offset: Annotated[int, Field(ge=1)] = 1
+    world_size: Annotated[int, Field(ge=2)] = 2
+    group_name: Annotated[str, Field(min_length=1)] = "weight_update_group"
+    backend: Literal["gloo", "nccl"] = "gloo"
+    timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
+
+    @pydantic.model_validator(mode="after")
+    def _rank_in_group(self) -> "InitGroupRequest":
+        if self.rank_offset >= self.world_size:
+            raise ValueError(f"rank_offset {self.rank_offset} must be < world_size {self.world_size}")
+        return self
+
+
+class UpdateFromDistributedRequest(_UpdateBody):
+    names: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+    dtypes: list[str]
+    shapes: list[list[Annotated[int, Field(ge=0)]]]
+
+    @field_validator("dtypes")
+    @classmethod
+    def _known_dtypes(cls, dtypes: list[str]) -> list[str]:
+        names = [d.removeprefix("torch.") for d in dtypes]
+        unknown = sorted({d for d in names if d not in DTYPES})
+        if unknown:
+            raise ValueError(f"unknown dtype(s) {unknown}; expected torch dtype names such as float32, bfloat16")
+        return names
+
+    @pydantic.model_validator(mode="after")
+    def _same_lengths(self) -> "UpdateFromDistributedRequest":
+        if not len(self.names) == len(self.dtypes) == len(self.shapes):
+            raise ValueError(
+                f"names, dtypes and shapes must have the same length "
+                f"({len(self.names)}, {len(self.dtypes)}, {len(self.shapes)})"
+            )
+        if len(set(self.names)) != len(self.names):
+            raise ValueError("names must be unique")
+        return self
+
+
+class StartProfileRequest(_Body):
+    actors: Annotated[list[ActorName], Field(min_length=1)] | None = None
+    record_shapes: bool = False
+    with_stack: bool = False
+    max_duration_s: Annotated[float, Field(gt=0, le=24 * 3600)] = 300.0
+
+
+class AbortRequestsRequest(_Body):
+    request_ids: list[Annotated[str, Field(min_length=1)]] | None = None
+
+
+class EmptyRequest(_Body):
+    pass
+
+
+def parse_body(model: type[_Body], raw: bytes) -> Any:
+    """Validate a JSON body (empty means {}); AdminError(400) naming the first bad field."""
+    try:
+        parsed = model.model_validate_json(raw if raw.strip() else b"{}")
+    except pydantic.ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        if first["type"] == "json_invalid":
+            raise bad_request(f"malformed JSON body: {first['msg']}") from None
+        if first["type"] == "model_type" and not first["loc"]:
+            raise bad_request("the request body must be a JSON object") from None
+        param = ".".join(str(part) for part in first["loc"]) or None
+        message = first["msg"].removeprefix("Value error, ")
+        raise bad_request(f"{param}: {message}" if param else message, param) from None
+    if parsed.model_extra:
+        log.info("%s: ignoring unknown fields %s", model.__name__, sorted(parsed.model_extra))
+    return parsed
+
+
+def parse_bool(value: str | None, name: str, default: bool) -> bool:
+    """A query-string flag: true/false/1/0/yes/no."""
+    if value is None or value == "":
+        return default
+    lowered = value.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise bad_request(f"{name}: expected true or false, got {value!r}", name)

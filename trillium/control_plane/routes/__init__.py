@@ -1,0 +1,1 @@
+"""One module per admin feature; each exposes `blueprint(state) -> Blueprint`."""

@@ -1,0 +1,74 @@
+"""Weight updates broadcast by a trainer over torch.distributed (SGLang's three calls).
+
+    POST /init_weights_update_group {"master_address", "master_port", "rank_offset": 1,
+                                     "world_size": 2, "group_name", "backend": "gloo" | "nccl",
+                                     "timeout_s": 60}
+        The engine's executor joins the trainer's group as rank
+        `rank_offset` (the trainer is rank 0 and hosts the TCPStore). The
+        reply comes once the group is formed, or with an error after
+        timeout_s if the trainer never joins; the server keeps serving.
+    POST /update_weights_from_distributed {"names", "dtypes", "shapes", "weight_version"?,
+                                           "flush_cache": true, "abort_all_requests": false}
+        The engine receives each tensor by broadcast from rank 0, in the
+        order given, then loads them all at once. The trainer broadcasts
+        while this call is in flight (`trillium.rlhf.WeightSync.push`).
+    POST /destroy_weights_update_group
+"""
+
+from __future__ import annotations
+
+from quart import Blueprint, request
+
+from trillium.actors.protocol.lifecycle import (
+    DestroyWeightsUpdateGroup,
+    InitWeightsUpdateGroup,
+    UpdateWeightsFromDistributed,
+)
+from trillium.control_plane.protocol import (
+    EmptyRequest,
+    InitGroupRequest,
+    UpdateFromDistributedRequest,
+    parse_body,
+)
+from trillium.control_plane.responses import success
+from trillium.control_plane.state import AdminState, new_command_id
+
+# WHY: the engine answers an init only after its own timeout_s; give it room to say so.
+_INIT_REPLY_MARGIN_S = 30.0
+
+
+def blueprint(state: AdminState) -> Blueprint:
+    bp = Blueprint("distributed", __name__)
+
+    @bp.post("/init_weights_update_group")
+    async def init_group():
+        req = parse_body(InitGroupRequest, await request.get_data())
+        command = InitWeightsUpdateGroup(
+            new_command_id(), master_address=req.master_address, master_port=req.master_port,
+            rank_offset=req.rank_offset, world_size=req.world_size, group_name=req.group_name,
+            backend=req.backend, timeout_s=req.timeout_s,
+        )
+        async with state.exclusive:
+            reply = await state.run(command, timeout_s=req.timeout_s + _INIT_REPLY_MARGIN_S)
+        return success(reply, f"joined weight update group {req.group_name!r} as rank {req.rank_offset}")
+
+    @bp.post("/update_weights_from_distributed")
+    async def update_from_distributed():
+        req = parse_body(UpdateFromDistributedRequest, await request.get_data())
+        command = UpdateWeightsFromDistributed(
+            new_command_id(), names=tuple(req.names), dtypes=tuple(req.dtypes),
+            shapes=tuple(tuple(shape) for shape in req.shapes),
+            weight_version=req.weight_version, flush_cache=req.flush_cache,
+        )
+        reply = await state.update_weights(command, source="distributed",
+                                          abort_all_requests=req.abort_all_requests)
+        return success(reply, f"received {len(req.names)} tensors", weight_version=state.status.weight_version)
+
+    @bp.post("/destroy_weights_update_group")
+    async def destroy_group():
+        parse_body(EmptyRequest, await request.get_data())
+        async with state.exclusive:
+            reply = await state.run(DestroyWeightsUpdateGroup(new_command_id()))
+        return success(reply, "weight update group destroyed")
+
+    return bp

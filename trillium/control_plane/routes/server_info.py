@@ -1,0 +1,62 @@
+"""GET /server_info: configuration and live state in one object (SGLang's name).
+
+    {"version", "served_model_name", "model_path", "engine_config": {...},
+     "engine_state", "is_sleeping", "is_paused", "weight_version",
+     "kv_cache_usage", "num_free_blocks", "num_running", "num_waiting", "step_id",
+     "actors": {name: {"pid", "alive"}}, "api_pid",
+     "allowed_weight_paths", "profile_dir", "profiling",
+     "engine_info": {...} | null}
+
+`engine_info` is the engine's own answer to GetEngineInfo, null when it
+does not answer within a few seconds (a weight load in progress).
+"""
+
+from __future__ import annotations
+
+import os
+
+import attrs
+from quart import Blueprint
+
+from trillium.actors.protocol.lifecycle import GetEngineInfo
+from trillium.control_plane.responses import json_response
+from trillium.control_plane.state import AdminState, new_command_id
+
+_ENGINE_INFO_TIMEOUT_S = 5.0
+
+
+def blueprint(state: AdminState) -> Blueprint:
+    bp = Blueprint("server_info", __name__)
+    engine = state.engine
+
+    @bp.get("/server_info")
+    async def server_info():
+        reply = await state.command(GetEngineInfo(new_command_id()), timeout_s=_ENGINE_INFO_TIMEOUT_S)
+        stats = engine.client.last_stats
+        _, alive = state.healthy()
+        alive = alive if isinstance(alive, dict) else {}
+        config = engine.engine_config
+        return json_response({
+            "version": engine.version,
+            "served_model_name": config.served_model_name,
+            "model_path": config.model,
+            "engine_config": attrs.asdict(config),
+            "engine_state": state.status.engine_state,
+            "is_sleeping": state.status.is_sleeping,
+            "is_paused": state.status.is_paused,
+            "weight_version": state.status.weight_version,
+            "kv_cache_usage": stats.kv_usage if stats else 0.0,
+            "num_free_blocks": stats.num_free_blocks if stats else config.num_blocks,
+            "num_running": stats.num_running if stats else 0,
+            "num_waiting": stats.num_waiting if stats else 0,
+            "step_id": stats.step_id if stats else 0,
+            "actors": {name: {"pid": pid, "alive": bool(alive.get(name, False))}
+                       for name, pid in engine.actor_pids().items()},
+            "api_pid": os.getpid(),
+            "allowed_weight_paths": list(engine.weight_paths.roots),
+            "profile_dir": engine.profile_dir,
+            "profiling": state.profiling,
+            "engine_info": dict(reply.data) if reply.ok else None,
+        })
+
+    return bp

@@ -1,0 +1,99 @@
+"""Weight updates from disk and from an uploaded safetensors file; GET /weight_version.
+
+    POST /update_weights_from_disk {"model_path", "weight_version"?, "flush_cache": true,
+                                    "abort_all_requests": false}
+        model_path is resolved (symlinks, ..) and must lie under an allowed
+        root (--allowed-weight-paths), else 403; a missing path is 400.
+    POST /update_weights_from_tensor?weight_version=...&flush_cache=true&abort_all_requests=false
+        body: the raw bytes of a safetensors file (HF parameter names). It
+        is parsed with the `safetensors` library (no pickle) in a worker
+        thread before anything reaches the engine; a malformed file is 400.
+        Names and shapes are the engine's to check (400, old weights kept).
+    GET /weight_version -> {"weight_version": str}
+
+Each update runs through `AdminState.update_weights` (admission closed,
+requests in flight drained, one update at a time) and answers
+`{"success": true, "message", "weight_version"}`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import trio
+from quart import Blueprint, request
+
+from trillium.actors.protocol.lifecycle import (
+    UpdateWeightsFromDisk,
+    UpdateWeightsFromTensors,
+)
+from trillium.control_plane.errors import bad_request, forbidden
+from trillium.control_plane.protocol import (
+    UpdateFromDiskRequest,
+    parse_body,
+    parse_bool,
+)
+from trillium.control_plane.responses import json_response, success
+from trillium.control_plane.state import AdminState, new_command_id
+
+MAX_VERSION_CHARS = 256
+
+
+def check_safetensors(data: bytes) -> tuple[int, int]:
+    """(number of tensors, bytes of tensor data); ValueError when `data` is not a safetensors file."""
+    import safetensors
+
+    try:
+        tensors = safetensors.deserialize(data)
+    except Exception as exc:  # WHY: the Rust parser raises its own SafetensorError for every defect
+        raise ValueError(f"not a valid safetensors file: {exc}") from None
+    if not tensors:
+        raise ValueError("the safetensors file holds no tensors")
+    return len(tensors), sum(len(info["data"]) for _, info in tensors)
+
+
+def blueprint(state: AdminState) -> Blueprint:
+    bp = Blueprint("weights", __name__)
+
+    @bp.post("/update_weights_from_disk")
+    async def update_from_disk():
+        req = parse_body(UpdateFromDiskRequest, await request.get_data())
+        policy = state.engine.weight_paths
+        if not policy.is_allowed(req.model_path):
+            allowed = ", ".join(policy.roots) or "none (start with --allowed-weight-paths)"
+            raise forbidden(f"model_path {req.model_path!r} is outside the allowed weight paths ({allowed})",
+                            "model_path")
+        path = policy.resolve(req.model_path)
+        if not await trio.to_thread.run_sync(os.path.exists, path):
+            raise bad_request(f"model_path {req.model_path!r} does not exist", "model_path")
+        command = UpdateWeightsFromDisk(new_command_id(), model_path=path, weight_version=req.weight_version,
+                                        flush_cache=req.flush_cache)
+        reply = await state.update_weights(command, source="disk", abort_all_requests=req.abort_all_requests)
+        return success(reply, f"loaded weights from {path}", weight_version=state.status.weight_version)
+
+    @bp.post("/update_weights_from_tensor")
+    async def update_from_tensor():
+        version = request.args.get("weight_version") or None
+        if version is not None and len(version) > MAX_VERSION_CHARS:
+            raise bad_request(f"weight_version: at most {MAX_VERSION_CHARS} characters", "weight_version")
+        flush_cache = parse_bool(request.args.get("flush_cache"), "flush_cache", True)
+        abort_all = parse_bool(request.args.get("abort_all_requests"), "abort_all_requests", False)
+        body = await request.get_data()
+        if not body:
+            raise bad_request("the body must be a safetensors file (got an empty body)")
+        try:
+            num_tensors, num_bytes = await trio.to_thread.run_sync(check_safetensors, body)
+        except ValueError as exc:
+            raise bad_request(str(exc)) from None
+        command = UpdateWeightsFromTensors(new_command_id(), safetensors=np.frombuffer(body, dtype=np.uint8),
+                                           weight_version=version, flush_cache=flush_cache)
+        reply = await state.update_weights(command, source="tensor", abort_all_requests=abort_all)
+        return success(reply, f"loaded {num_tensors} tensors ({num_bytes} bytes)",
+                       weight_version=state.status.weight_version)
+
+    @bp.get("/weight_version")
+    async def weight_version():
+        return json_response({"weight_version": state.status.weight_version})
+
+    return bp
