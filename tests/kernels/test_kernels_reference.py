@@ -177,3 +177,44 @@ def test_paged_attention_equals_sdpa_on_contiguous_cache() -> None:
     )[:, :, 0]
     out = reference.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_float32_rms_norm_is_bit_identical_to_the_formula() -> None:
+    """The fused float32 path rounds exactly like the six-op formula it replaced."""
+    gen = torch.Generator().manual_seed(2)
+    for shape in [(1, 512), (33, 576), (7, 8, 64)]:
+        x = torch.randn(shape, generator=gen) * 3
+        w = torch.randn(shape[-1], generator=gen)
+        expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+        assert torch.equal(reference.rms_norm(x, w, 1e-5), expected)
+
+
+def test_plan_is_built_once_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every layer of a step shares one plan in meta.derived; a new geometry gets its own."""
+    qlens, slens = SCENARIOS["decodes_between_prefills"]
+    batch = make_paged_batch(qlens, slens, num_heads=6, num_kv_heads=2, head_dim=32, block_size=16, seed=3)
+    first = reference.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+    (plan,) = batch.meta.derived.values()
+    again = reference.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+    assert torch.equal(first, again)
+    assert list(batch.meta.derived.values()) == [plan]
+    monkeypatch.setattr(reference, "_GATHER_CHUNK_BYTES", 1)
+    split = reference.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+    assert len(batch.meta.derived) == 2
+    torch.testing.assert_close(split, first, **TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(8, 8), (8, 4), (12, 2)])
+def test_grouped_decode_matches_sdpa_with_gqa(num_heads: int, num_kv_heads: int) -> None:
+    """Decode rows feed each KV head's query heads as its query rows; same result as enable_gqa."""
+    slens = [3, 40, 17, 64]
+    batch = make_paged_batch(
+        [1] * 4, slens, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=32, block_size=16, seed=4
+    )
+    out = reference.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+    for b, (k, v) in enumerate(zip(batch.keys, batch.values)):
+        expected = F.scaled_dot_product_attention(
+            batch.q[b, :, None], k.transpose(0, 1), v.transpose(0, 1), scale=batch.scale,
+            enable_gqa=num_heads != num_kv_heads,
+        )[:, 0]  # fmt: skip
+        torch.testing.assert_close(out[b], expected, atol=1e-5, rtol=1e-5)

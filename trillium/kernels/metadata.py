@@ -22,7 +22,11 @@ sequence lives in slot block_tables[b, p // block_size] * block_size
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
+
 import attrs
+import numpy as np
 import torch
 
 
@@ -37,6 +41,11 @@ class AttentionMetadata:
     # Host copies, so CPU reference code never syncs with the device.
     query_lens_list: tuple[int, ...]
     seq_lens_list: tuple[int, ...]
+    # WHY: every layer attends over the same batch. A kernel that derives
+    # something from the metadata (the CPU decode plan: chunks, index
+    # tensors, masks) stores it here under its own key, once per step.
+    # Not compared, hashed or printed.
+    derived: dict = attrs.field(factory=dict, eq=False, hash=False, repr=False)
 
     @property
     def num_seqs(self) -> int:
@@ -48,35 +57,42 @@ class AttentionMetadata:
 
     @staticmethod
     def build(
-        query_lens: list[int],
-        seq_lens: list[int],
-        block_tables: list[list[int]],
+        query_lens: Sequence[int],
+        seq_lens: Sequence[int],
+        block_tables: Sequence[Sequence[int]],
         block_size: int,
         device: torch.device | str = "cpu",
     ) -> "AttentionMetadata":
-        """Build metadata from host lists (the executor's per-step input)."""
+        """Build metadata from host lists (the executor's per-step input).
+
+        Raises IndexError when a block table is too short for its sequence.
+        WHY numpy: this runs every step; per-row tensors and a per-token
+        Python loop cost ~0.3 ms at batch 32, the vectorized form ~0.05 ms.
+        """
         num_seqs = len(query_lens)
-        starts = [0]
-        for q in query_lens:
-            starts.append(starts[-1] + q)
-        max_blocks = max((len(t) for t in block_tables), default=1) or 1
-        table = torch.zeros((num_seqs, max_blocks), dtype=torch.int32)
-        for i, row in enumerate(block_tables):
-            if row:
-                table[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
-        slots: list[int] = []
-        for b in range(num_seqs):
-            ctx = seq_lens[b] - query_lens[b]
-            row = block_tables[b]
-            for p in range(ctx, seq_lens[b]):
-                slots.append(row[p // block_size] * block_size + p % block_size)
+        qlens = np.asarray(query_lens, dtype=np.int64).reshape(num_seqs)
+        slens = np.asarray(seq_lens, dtype=np.int64).reshape(num_seqs)
+        starts = np.zeros(num_seqs + 1, dtype=np.int64)
+        np.cumsum(qlens, out=starts[1:])
+        row_blocks = np.fromiter(map(len, block_tables), dtype=np.int64, count=num_seqs)
+        max_blocks = int(row_blocks.max(initial=0)) or 1
+        table = np.zeros((num_seqs, max_blocks), dtype=np.int32)
+        flat = np.fromiter(itertools.chain.from_iterable(block_tables), dtype=np.int32, count=int(row_blocks.sum()))
+        table[np.arange(max_blocks) < row_blocks[:, None]] = flat  # row-major: row by row
+        # Token t of sequence b sits at position context_len[b] + (t - starts[b]).
+        token_seq = np.repeat(np.arange(num_seqs), qlens)
+        positions = np.arange(int(starts[-1])) + np.repeat(slens - qlens - starts[:-1], qlens)
+        block_index = positions // block_size
+        if (block_index >= row_blocks[token_seq]).any():
+            raise IndexError("a block table is too short for its sequence's tokens")
+        slots = table[token_seq, block_index].astype(np.int64) * block_size + positions % block_size
         return AttentionMetadata(
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-            block_tables=table.to(device),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            max_query_len=max(query_lens, default=0),
-            max_seq_len=max(seq_lens, default=0),
-            query_lens_list=tuple(query_lens),
-            seq_lens_list=tuple(seq_lens),
+            query_start_loc=torch.from_numpy(starts.astype(np.int32)).to(device),
+            seq_lens=torch.from_numpy(slens.astype(np.int32)).to(device),
+            block_tables=torch.from_numpy(table).to(device),
+            slot_mapping=torch.from_numpy(slots).to(device),
+            max_query_len=int(qlens.max(initial=0)),
+            max_seq_len=int(slens.max(initial=0)),
+            query_lens_list=tuple(int(n) for n in query_lens),
+            seq_lens_list=tuple(int(n) for n in seq_lens),
         )

@@ -154,16 +154,20 @@ class ExecutorCore:
         sampled = np.full(len(states), -1, dtype=np.int32)
         logprobs: dict[str, TokenLogprobs] = {}
         if sample_rows:
-            rows_t = torch.tensor(sample_rows, dtype=torch.int64, device=self.device)
-            logits = self.model.compute_logits(hidden.index_select(0, rows_t))
-            out = sample(logits, [s.sampling for s in sample_states])
+            if len(sample_rows) == hidden.shape[0]:
+                last = hidden  # rows ascend and are distinct: every row, in order (pure decode)
+            else:
+                last = hidden.index_select(0, torch.tensor(sample_rows, dtype=torch.int64, device=self.device))
+            out = sample(self.model.compute_logits(last), [s.sampling for s in sample_states])
             tokens = out.token_ids.tolist()
+            # One host copy per column, not per row.
+            rows_lp = out.logprobs.to_token_logprobs() if out.logprobs is not None else None
             for j, (state, token, index) in enumerate(zip(sample_states, tokens, sample_index)):
                 state.token_ids.append(token)
                 state.sampling.append(token)
                 sampled[index] = token
-                if out.logprobs is not None and state.sampling.params.logprobs is not None:
-                    logprobs[state.request_id] = out.logprobs.row(j)
+                if rows_lp is not None and rows_lp[j] is not None:
+                    logprobs[state.request_id] = rows_lp[j]
         prompt_results = tuple(self._prompt_logprobs(hidden, item) for item in prompt_lp)
         return BatchResult(
             step_id=batch.step_id,
