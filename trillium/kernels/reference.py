@@ -94,7 +94,9 @@ class _GatherWorkspace(threading.local):
     def borrow(self, numel: int, like: torch.Tensor) -> torch.Tensor | None:
         if numel * like.element_size() > _WORKSPACE_MAX_BYTES:
             return None
-        key = (like.device, like.dtype)
+        # WHY: a buffer made under inference_mode is an inference tensor, which
+        # may not be written outside it (and vice versa for views); keep one per mode.
+        key = (like.device, like.dtype, torch.is_inference_mode_enabled())
         buf = self.buffers.get(key)
         if buf is None or buf.numel() < numel:
             buf = torch.empty(numel, dtype=like.dtype, device=like.device)
