@@ -31,9 +31,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 
-import hypercorn.trio
 import trio
-from hypercorn.config import Config as HypercornConfig
 from quart import request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -54,6 +52,7 @@ from trillium.control_plane.routes import (
     weights,
 )
 from trillium.control_plane.state import AdminState
+from trillium.http_serving import serve_quart_app
 
 log = logging.getLogger(__name__)
 
@@ -111,12 +110,6 @@ async def _unexpected_error(error: Exception):
     return internal_error().to_response()
 
 
-def _bind_address(host: str, port: int) -> str:
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"  # IPv6 literal
-    return f"{host}:{port}"
-
-
 async def serve_admin_app(
     app: QuartTrio,
     host: str,
@@ -127,15 +120,7 @@ async def serve_admin_app(
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled or `shutdown_trigger` returns; started() reports the bound port."""
-    config = HypercornConfig()
-    config.bind = [_bind_address(host, port)]
-    config.accesslog = None
-    config.errorlog = logging.getLogger("hypercorn.error")
-    config.graceful_timeout = graceful_timeout_s
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(
-            functools.partial(hypercorn.trio.serve, app, config, shutdown_trigger=shutdown_trigger)
-        )
-        bound_port = int(binds[0].rsplit(":", 1)[1])
-        log.info("control plane listening on %s", binds[0])
-        task_status.started(bound_port)
+    await serve_quart_app(
+        app, host, port, name="control plane", shutdown_trigger=shutdown_trigger,
+        graceful_timeout_s=graceful_timeout_s, task_status=task_status,
+    )

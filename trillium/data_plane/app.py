@@ -35,17 +35,29 @@ import hmac
 import logging
 from collections.abc import Awaitable, Callable
 
-import hypercorn.trio
 import trio
-from hypercorn.config import Config as HypercornConfig
 from quart import request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from trillium.data_plane.engine import DataPlaneEngine
-from trillium.data_plane.errors import INVALID_REQUEST, ApiError, internal_error, unauthorized
-from trillium.data_plane.routes import chat, completions, health, metrics, models, openapi, tokenize
+from trillium.data_plane.errors import (
+    INVALID_REQUEST,
+    ApiError,
+    internal_error,
+    unauthorized,
+)
+from trillium.data_plane.routes import (
+    chat,
+    completions,
+    health,
+    metrics,
+    models,
+    openapi,
+    tokenize,
+)
 from trillium.data_plane.state import AppState
+from trillium.http_serving import serve_quart_app
 
 log = logging.getLogger(__name__)
 
@@ -106,12 +118,6 @@ async def _unexpected_error(error: Exception):
     return internal_error().to_response()
 
 
-def _bind_address(host: str, port: int) -> str:
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"  # IPv6 literal
-    return f"{host}:{port}"
-
-
 async def serve_app(
     app: QuartTrio,
     host: str,
@@ -122,15 +128,7 @@ async def serve_app(
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled or `shutdown_trigger` returns; started() reports the bound port."""
-    config = HypercornConfig()
-    config.bind = [_bind_address(host, port)]
-    config.accesslog = None
-    config.errorlog = logging.getLogger("hypercorn.error")
-    config.graceful_timeout = graceful_timeout_s
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(
-            functools.partial(hypercorn.trio.serve, app, config, shutdown_trigger=shutdown_trigger)
-        )
-        bound_port = int(binds[0].rsplit(":", 1)[1])
-        log.info("data plane listening on %s", binds[0])
-        task_status.started(bound_port)
+    await serve_quart_app(
+        app, host, port, name="data plane", shutdown_trigger=shutdown_trigger,
+        graceful_timeout_s=graceful_timeout_s, task_status=task_status,
+    )
