@@ -1,6 +1,6 @@
 """Weight-sync benchmark: push all of SmolLM2-135M's weights into a running `trillium serve`.
 
-Run: .venv/bin/python bench/weight_sync.py [--repeats 3] [--model PATH.gguf]
+Run: .venv/bin/python bench/weight_sync.py [--repeats 5] [--model PATH.gguf]
 
 The weights are the GGUF's tensors dequantized to float32 (Hugging Face
 names, as a trainer holds them). A `trillium serve` subprocess serves the
@@ -194,11 +194,11 @@ def run(args) -> None:
 
     print()
     print(f"SmolLM2-135M float32: {total_bytes / 1e6:.0f} MB in {len(tensors)} tensors; best of {args.repeats}")
-    print(f"{'path':<28}{'seconds':>10}{'GB/s':>10}{'x raw bcast':>13}")
+    print(f"{'path':<28}{'seconds':>10}{'GB/s':>10}{'of raw GB/s':>13}")
     print("-" * 61)
     print(f"{'raw gloo broadcast (2 procs)':<28}{raw_s:>10.3f}{total_bytes / raw_s / 1e9:>10.2f}{1.0:>13.2f}")
     for name, seconds, nbytes in rows:
-        print(f"{name:<28}{seconds:>10.3f}{nbytes / seconds / 1e9:>10.2f}{seconds / raw_s:>13.2f}")
+        print(f"{name:<28}{seconds:>10.3f}{nbytes / seconds / 1e9:>10.2f}{raw_s / seconds:>13.2f}")
     print("-" * 61)
     print(f"{'init_weights_update_group':<28}{init_s:>10.3f}")
     print(f"{'safetensors serialize only':<28}{serialize_s:>10.3f}")
@@ -210,7 +210,7 @@ def run(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="time weight pushes into trillium serve")
     parser.add_argument("--model", default=None, help="a .gguf file (default: SmolLM2-135M-Instruct Q4_1)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--kv-cache-memory", default="64MiB")
     parser.add_argument("--server-log-level", default="warning", help="the server's --log-level (its log is deleted)")
     parser.add_argument("--raw-peer", action="store_true", help=argparse.SUPPRESS)

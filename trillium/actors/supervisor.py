@@ -395,6 +395,9 @@ def main() -> None:
     control_fd = os.dup(1)
     os.dup2(2, 1)
     spec = _read_spec(0)
+    from trillium.observability import logs
+
+    logs.configure_from_env(spec.name)
     trio.run(_child_main, spec, control_fd, parent_pid)
 
 

@@ -256,6 +256,10 @@ class LlamaForCausalLM(nn.Module):
         q, kv, inter = self.config.q_size, self.config.kv_size, self.config.intermediate_size
         return {"q": (0, q), "k": (q, kv), "v": (q + kv, kv), "gate": (0, inter), "up": (inter, inter)}[shard]
 
+    def resolve_weight(self, name: str) -> tuple[str, tuple[int, int] | None] | None:
+        """(parameter name, row slice or None) an HF weight name loads into; None if ignored."""
+        return self._resolve(name)
+
     def _resolve(self, name: str) -> tuple[str, tuple[int, int] | None] | None:
         """Our parameter name and row slice for an HF weight name; None if ignored."""
         if name.endswith(_IGNORED_SUFFIXES):

@@ -167,8 +167,11 @@ class WeightSync:
             return None
 
         try:
-            for _, tensor in bucket:
-                wait_work(self.group.broadcast_async(tensor, src=0), failed, self.timeout_s)
+            # WHY queue them all first: gloo runs the queued broadcasts back to back;
+            # waiting for each before starting the next added a poll interval per tensor.
+            works = [self.group.broadcast_async(tensor, src=0) for _, tensor in bucket]
+            for work in works:
+                wait_work(work, failed, self.timeout_s)
         except BaseException:
             # WHY: a half-finished broadcast leaves the group out of step; it must be re-formed.
             log.error("weight broadcast failed; the update group must be re-initialized")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 
 import torch
 import trio
@@ -63,6 +64,7 @@ class ExecutorControl:
         self._group = None
         self._group_name = ""
         self._group_backend = "gloo"
+        self._shadow: weight_sync.ShadowWeights | None = None
         self._handlers = {
             Sleep: self._sleep, WakeUp: self._wake_up,
             UpdateWeightsFromDisk: self._from_disk, UpdateWeightsFromTensors: self._from_tensors,
@@ -90,8 +92,14 @@ class ExecutorControl:
     def close(self) -> None:
         """Drop the update group now: one left to interpreter shutdown aborts the process."""
         group, self._group = self._group, None
+        self._release_shadow()
         if group is not None:
             weight_sync.close_group(group)
+
+    def _release_shadow(self) -> None:
+        if self._shadow is not None:
+            self._shadow.release()
+            self._shadow = None
 
     async def aclose(self) -> None:
         """Shutdown: release the group and a running profile, on the torch thread."""
@@ -108,7 +116,11 @@ class ExecutorControl:
     # -- memory ---------------------------------------------------------
 
     async def _sleep(self, msg: Sleep) -> dict:
-        return await self.torch.run(self.memory.sleep, msg.level)
+        def sleep() -> dict:
+            self._release_shadow()
+            return self.memory.sleep(msg.level)
+
+        return await self.torch.run(sleep)
 
     async def _wake_up(self, msg: WakeUp) -> dict:
         return await self.torch.run(self.memory.wake_up, tuple(msg.tags))
@@ -138,11 +150,20 @@ class ExecutorControl:
         # its timeout. A bad name or shape is refused after the transfer.
         device = self.core.device if self._group_backend == "nccl" else torch.device("cpu")
 
-        def receive() -> weights.NamedTensors:
-            return weight_sync.receive_tensors(self._group, tuple(msg.names), dtypes, tuple(msg.shapes), device)
+        if self._shadow is None:
+            self._shadow = weight_sync.ShadowWeights(self.core.model)
+        shadow = self._shadow
+        names = tuple(msg.names)
+
+        def receive() -> tuple[weights.NamedTensors, weight_sync.ShadowPlan]:
+            buffers, plan = shadow.buffers(names, dtypes, tuple(msg.shapes), device)
+            weight_sync.receive_tensors(self._group, buffers)
+            return list(zip(names, buffers)), plan
 
         try:
-            named = await self.torch.run(receive)
+            started_s = time.perf_counter()
+            named, plan = await self.torch.run(receive)
+            received_s = time.perf_counter()
         except Exception as exc:
             # WHY close: after a failed collective the two sides no longer
             # agree on which tensor comes next; a later update would read
@@ -153,15 +174,28 @@ class ExecutorControl:
                 status, f"receiving weights failed ({exc}); the weights update group was closed: init it again",
                 {"group_closed": True},
             ) from exc
-        return await self.torch.run(self._swap, named)
 
-    def _swap(self, named: weights.NamedTensors, *, complete: bool = False) -> dict:
-        """Validate everything, then copy: a failure leaves the old weights."""
+        def swap() -> dict:
+            return self._swap(named, shadow=(shadow, plan))
+
+        data = await self.torch.run(swap)
+        log.info("received %d tensors (%.0f MB) from the update group in %.3f s, loaded in %.3f s",
+                 len(named), sum(t.numel() * t.element_size() for _, t in named) / 1e6,
+                 received_s - started_s, time.perf_counter() - received_s)
+        return data
+
+    def _swap(self, named: weights.NamedTensors, *, complete: bool = False, shadow=None) -> dict:
+        """Validate everything, then copy (or swap in the shadow): a failure leaves the old weights."""
         if self._validator is None:
             self._validator = weights.WeightValidator(self.core.model)
         names = self._validator.check(named, complete=complete)
         self.memory.before_weight_load()
-        weights.apply(self.core.model, named)
+        if shadow is None:
+            weights.apply(self.core.model, named)
+        else:
+            shadow_weights, plan = shadow
+            shadow_weights.swap_in(plan)
+            weights.apply(self.core.model, [named[i] for i in plan.separate])
         self.memory.weights_loaded(names)
         return {
             "num_tensors": len(named),
@@ -197,6 +231,7 @@ class ExecutorControl:
         if self._group is None:
             raise ControlError(409, "no weights update group is open")
         group, self._group = self._group, None
+        self._release_shadow()
         await self.torch.run(weight_sync.close_group, group)
         return {"group_name": self._group_name}
 
