@@ -51,8 +51,7 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, model_required: bool = 
     group.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
                        help="order of admission: arrival, or request priority (lower first)")
     group.add_argument("--executor-threads", type=int, default=None,
-                       help="torch CPU threads of the executor (default: all cores offline; "
-                            "all but one for `serve` on CPU, leaving a core to the HTTP and engine processes)")
+                       help="torch CPU threads of the executor (default: all cores)")
 
 
 def _engine_kwargs(args: argparse.Namespace) -> dict:
@@ -78,11 +77,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from trillium.control_plane.paths import split_path_list
 
     kwargs = _engine_kwargs(args)
-    if args.executor_threads is None and not args.device.startswith("cuda"):
-        # WHY: torch's OpenMP threads spin on every core; the api, scheduler and
-        # detokenizer processes then fight them for CPU and each parallel region
-        # stalls. Measured on 2 cores: 35 tok/s with 2 executor threads, 410 with 1.
-        kwargs["num_threads"] = max(1, (os.cpu_count() or 1) - 1)
     engine = EngineConfig(model=model, served_model_name=name, **kwargs)
     weight_paths = None if args.allowed_weight_paths is None else split_path_list(args.allowed_weight_paths)
     server = ServerConfig(
