@@ -101,6 +101,8 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
     from trillium.data_plane import DataPlaneEngine, create_app, serve_app
     from trillium.models.loader import load_model_config
     from trillium.models.tokenizer import load_tokenizer
+    from trillium.observability.metrics import EngineMetrics
+    from prometheus_client import CollectorRegistry
 
     ipc_dir = tempfile.mkdtemp(prefix="trillium-ipc-")
     config = ActorConfig(engine_config, Addresses.ipc(ipc_dir))
@@ -109,6 +111,11 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
     client = EngineClient(config)
     status = EngineStatus(lambda: client.last_stats)
     supervision = Supervision(alive={})
+    registry = CollectorRegistry()
+    engine_metrics = EngineMetrics(registry, engine_config.served_model_name, lambda: client.last_stats,
+                                   api_mailbox_depth=lambda: client.mailbox_depth,
+                                   actors_alive=lambda: dict(supervision.alive))
+    client.stats_listeners.append(engine_metrics.observe)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(client.run)
@@ -126,11 +133,12 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
                 health=lambda: (supervision.healthy, dict(supervision.alive)),
                 version=__version__,
                 engine_status=status.snapshot,
+                metrics_registry=registry,
             )
             app = create_app(engine)
             admin = _admin_engine(
                 client, engine_config, server_config, status, lambda: dict(supervision.pids),
-                lambda: (supervision.healthy, dict(supervision.alive)),
+                lambda: (supervision.healthy, dict(supervision.alive)), registry,
             )
             admin_app = create_admin_app(admin)
             shutdown = trio.Event()
@@ -182,7 +190,7 @@ def _profile_dir(server_config: ServerConfig) -> str:
     return server_config.profile_dir or os.path.join(tempfile.gettempdir(), f"trillium-profile-{os.getpid()}")
 
 
-def _admin_engine(client, engine_config, server_config, status, actor_pids, health):
+def _admin_engine(client, engine_config, server_config, status, actor_pids, health, registry):
     """The control plane's bundle: the same client and status object as the data plane."""
     from trillium import __version__
     from trillium.control_plane import ControlPlaneEngine
@@ -194,7 +202,7 @@ def _admin_engine(client, engine_config, server_config, status, actor_pids, heal
     return ControlPlaneEngine(
         client=client, engine_config=engine_config, admin_token=server_config.admin_token,
         weight_paths=WeightPathPolicy(roots), profile_dir=_profile_dir(server_config), status=status,
-        actor_pids=actor_pids, health=health, version=__version__,
+        actor_pids=actor_pids, health=health, version=__version__, metrics_registry=registry,
     )
 
 

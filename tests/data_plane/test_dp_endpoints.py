@@ -57,11 +57,11 @@ async def test_metrics_exposes_engine_and_request_series(dp_server, http):
         assert name in text, name
     assert f'trillium:request_success_total{{finished_reason="length",model_name="{MODEL_NAME}"}}' in text
 
-    # each app has its own registry: the queue1 app has seen none of this app's tokens
+    # the engine series are the engine's: another app on the same engine client reports the same tokens
     async with httpx.AsyncClient(base_url=dp_server.url("queue1")) as other:
         other_text = (await other.get("/metrics")).text
     assert "trillium:num_requests_running" in other_text
-    assert _sample(other_text, "trillium:generation_tokens_total") < _sample(text, "trillium:generation_tokens_total")
+    assert _sample(other_text, "trillium:generation_tokens_total") == _sample(text, "trillium:generation_tokens_total") > 0
 
 
 def _sample(text: str, name: str) -> float:

@@ -75,6 +75,8 @@ class EngineClient:
         self._streams: dict[str, RequestStream] = {}
         self._replies: dict[str, _ReplyWaiter] = {}
         self.last_stats: SchedulerStats | None = None
+        # Called with every SchedulerStats (metrics fold its events in); must not block.
+        self.stats_listeners: list = []
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Route outputs until cancelled."""
@@ -92,11 +94,21 @@ class EngineClient:
                                 del self._streams[delta.request_id]
                 elif isinstance(message, SchedulerStats):
                     self.last_stats = message
+                    for listener in self.stats_listeners:
+                        try:
+                            listener(message)
+                        except Exception:  # WHY: a metrics bug must not stop the output router
+                            log.exception("stats listener failed")
                 elif isinstance(message, ControlReply):
                     waiter = self._replies.get(message.command_id)
                     if waiter is not None:
                         waiter.reply = message
                         waiter.event.set()
+
+    @property
+    def mailbox_depth(self) -> int:
+        """Messages (outputs, stats, replies) decoded and waiting for the router."""
+        return self._mailbox.depth
 
     @property
     def num_active_requests(self) -> int:

@@ -31,6 +31,11 @@ class Mailbox:
         finally:
             self._inbox.close()
 
+    @property
+    def depth(self) -> int:
+        """Decoded messages waiting to be received."""
+        return self._receive.statistics().current_buffer_used
+
     async def receive(self):
         return await self._receive.receive()
 

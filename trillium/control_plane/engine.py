@@ -58,6 +58,8 @@ class ControlPlaneEngine:
         weight versions.
     command_timeout_s: longest wait for the engine's reply to a command.
     max_body_bytes: largest accepted request body (safetensors uploads).
+    metrics_registry: the process's prometheus CollectorRegistry shared with
+        the data plane (it holds the engine series); None: one of its own.
     """
 
     client: "EngineClient"
@@ -72,3 +74,4 @@ class ControlPlaneEngine:
     drain_timeout_s: float = 30.0
     command_timeout_s: float = 600.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    metrics_registry: Any = None

@@ -1,4 +1,10 @@
-"""Prometheus metrics of the admin app, in its own CollectorRegistry.
+"""The control plane's Prometheus series, in the server's registry (or one of its own).
+
+`trillium serve` passes its process-wide registry
+(`ControlPlaneEngine.metrics_registry`), which also holds the engine and
+data-plane series, so /metrics on either port shows the full set. An
+admin app built without one gets its own, with the engine series fed from
+its client.
 
 Read at scrape time from `EngineStatus` (so they agree with /server_info):
 
@@ -18,10 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+from trillium.observability.metrics import CONTENT_TYPE, EngineMetrics, render
+
+__all__ = ["CONTENT_TYPE", "AdminMetrics", "KNOWN_STATES"]
 KNOWN_STATES = ("serving", "draining", "paused", "sleeping", "updating_weights")
 _UPDATE_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -55,8 +63,15 @@ class _StatusCollector:
 
 
 class AdminMetrics:
-    def __init__(self, model_name: str, status, profiling: Callable[[], bool]) -> None:
-        self.registry = CollectorRegistry()
+    def __init__(self, model_name: str, status, profiling: Callable[[], bool], client=None,
+                 registry: CollectorRegistry | None = None) -> None:
+        if registry is None:
+            registry = CollectorRegistry()
+            if client is not None:
+                engine = EngineMetrics(registry, model_name, lambda: client.last_stats,
+                                       api_mailbox_depth=lambda: client.mailbox_depth)
+                client.stats_listeners.append(engine.observe)
+        self.registry = registry
         self._model_name = model_name
         self._updates = Counter("trillium:weight_updates", "Weight updates by source and outcome.",
                                 ["model_name", "source", "outcome"], registry=self.registry)
@@ -70,4 +85,4 @@ class AdminMetrics:
         self._update_s.labels(self._model_name, source).observe(duration_s)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return render(self.registry)

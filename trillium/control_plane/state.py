@@ -54,7 +54,8 @@ class AdminState:
         self.status = engine.status
         self.exclusive = trio.Lock()  # sleep, wake, weight loads and group setup: one at a time
         self.profiling_until_s = 0.0  # monotonic end of the running profile (it stops itself then)
-        self.metrics = AdminMetrics(engine.engine_config.served_model_name, self.status, lambda: self.profiling)
+        self.metrics = AdminMetrics(engine.engine_config.served_model_name, self.status, lambda: self.profiling,
+                                    engine.client, engine.metrics_registry)
 
     @property
     def profiling(self) -> bool:

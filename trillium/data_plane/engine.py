@@ -56,6 +56,9 @@ class DataPlaneEngine:
         the version is reported in every response. None: read both from
         the client's latest SchedulerStats. `trillium serve` passes the
         control plane's view, which also knows about commands in flight.
+    metrics_registry: the process's prometheus CollectorRegistry, holding
+        the engine series (`trillium serve` shares one between both planes);
+        None: the app builds its own, fed from `client`.
     """
 
     client: "EngineClient"
@@ -69,6 +72,7 @@ class DataPlaneEngine:
     version: str = __version__
     eos_token_ids: tuple[int, ...] | None = None
     engine_status: EngineStatusProbe | None = None
+    metrics_registry: Any = None
 
     @property
     def model_name(self) -> str:

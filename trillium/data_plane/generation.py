@@ -72,9 +72,8 @@ class Generation:
     `weight_version` is the engine's weight version when the request was
     admitted: the one every part of its response reports."""
 
-    def __init__(self, client, metrics, weight_version: str = "0") -> None:
+    def __init__(self, client, weight_version: str = "0") -> None:
         self._client = client
-        self._metrics = metrics
         self.weight_version = weight_version
         self.choices: list[Choice] = []
         self._submitting = False
@@ -99,7 +98,6 @@ class Generation:
             for prompt_index, (ids, prompt_params) in enumerate(zip(prompts, params)):
                 engine_id = request_id if len(prompts) == 1 else f"{request_id}-{prompt_index}"
                 streams = await self._client.generate(engine_id, ids, prompt_params, eos_token_ids, priority=priority)
-                self._metrics.on_submitted(len(ids))
                 for i, stream in enumerate(streams):
                     self.choices.append(Choice(prompt_index * prompt_params.n + i, prompt_index, stream, arrival_s))
         except BaseException:
@@ -139,26 +137,21 @@ class Generation:
                 return  # the reader left; abort_unfinished takes it from here
 
     def _observe(self, choice: Choice, delta: RequestOutputDelta) -> None:
-        now = time.monotonic()
         if delta.new_token_ids:
             if choice.first_token_s is None:
-                choice.first_token_s = now
-                self._metrics.on_first_token(now - choice.arrival_s)
+                choice.first_token_s = time.monotonic()
             choice.num_generated_tokens += len(delta.new_token_ids)
         if delta.finished:
             choice.finish_reason = delta.finish_reason or "stop"
             choice.stop_reason = delta.stop_reason
-            self._metrics.on_finished(choice.finish_reason, choice.num_generated_tokens, now - choice.arrival_s)
 
     async def abort_unfinished(self) -> None:
         """Abort every engine request still running; safe to call from a cancelled scope."""
         unfinished = [c for c in self.choices if not c.finished]
         if not unfinished:
             return
-        now = time.monotonic()
         for choice in unfinished:
             choice.finish_reason = "abort"
-            self._metrics.on_finished("abort", choice.num_generated_tokens, now - choice.arrival_s)
         request_ids = [c.stream.request_id for c in unfinished]
         with trio.move_on_after(_ABORT_TIMEOUT_S, shield=True):
             try:

@@ -32,9 +32,8 @@ class AppState:
         self.created_s = int(time.time())
         self.tokenizer = TokenizerRunner(engine.tokenizer)
         self.inflight = InflightRequests(engine.max_queued_requests)
-        self.metrics = DataPlaneMetrics(
-            engine.model_name, lambda: engine.client.last_stats, self.inflight.count
-        )
+        self.metrics = DataPlaneMetrics(engine.model_name, engine.client, self.inflight.count,
+                                        engine.metrics_registry)
 
     @property
     def nursery(self) -> trio.Nursery:
@@ -61,7 +60,7 @@ class AppState:
         engine_state, weight_version = self.engine.current_status()
         if engine_state != SERVING:
             raise engine_not_ready(engine_state, RETRY_AFTER_S)
-        generation = Generation(self.engine.client, self.metrics, weight_version)
+        generation = Generation(self.engine.client, weight_version)
         self.inflight.admit(generation)
         return generation
 

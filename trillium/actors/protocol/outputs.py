@@ -70,8 +70,35 @@ class RequestOutputs:
 
 
 @attrs.frozen
+class FinishedRequestStats:
+    """Timings of one finished engine request (seconds; wall clock, one host).
+
+    queue: scheduler received it -> first scheduled; prefill: first
+    scheduled -> first token; decode: first -> last token; inference: first
+    scheduled -> last token; e2e: api arrival -> finished. None where the
+    request never got that far (aborted while waiting, say)."""
+
+    finish_reason: str
+    e2e_s: float
+    queue_s: float
+    prefill_s: float | None
+    decode_s: float | None
+    inference_s: float | None
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    num_preemptions: int = 0
+
+
+@attrs.frozen
 class SchedulerStats:
-    """Per-step engine state for metrics (scheduler -> api)."""
+    """Engine state and what happened since the last SchedulerStats (scheduler -> api).
+
+    Gauges and lifetime totals (num_running ... prefix_cache_hits_total) are
+    the state now. The rest are events since the previous SchedulerStats,
+    which the api folds into its counters and histograms: each stats
+    message is sent exactly once, over a reliable PUSH socket, so no event
+    is counted twice or lost.
+    """
 
     step_id: int
     num_running: int
@@ -84,6 +111,15 @@ class SchedulerStats:
     num_scheduled_tokens: int
     engine_state: str = "serving"  # scheduler/lifecycle.py EngineState value
     weight_version: str = "0"
+    # -- events since the previous SchedulerStats --
+    finished: tuple[FinishedRequestStats, ...] = ()
+    ttfts_s: tuple[float, ...] = ()  # api arrival -> first token, per request that got one
+    itls_s: tuple[float, ...] = ()  # between consecutive tokens of a request
+    num_prompt_tokens: int = 0  # prompts of requests that got their first token
+    num_generation_tokens: int = 0
+    step_tokens: tuple[int, ...] = ()  # tokens scheduled per step
+    step_durations_s: tuple[float, ...] = ()  # executor time per step
+    mailbox_depth: int = 0  # messages the scheduler found waiting at its last drain
 
 
 MESSAGES = (
@@ -92,5 +128,6 @@ MESSAGES = (
     TokenDeltas,
     RequestOutputDelta,
     RequestOutputs,
+    FinishedRequestStats,
     SchedulerStats,
 )

@@ -82,7 +82,9 @@ class _Shell:
                 continue
             if not await self._dispatch(message):
                 return
-            for message in self.mailbox.drain():
+            pending = self.mailbox.drain()
+            self.control.mailbox_depth = len(pending)
+            for message in pending:
                 if not await self._dispatch(message):
                     return
 

@@ -103,6 +103,7 @@ class EngineControl:
         self.sleep_level = 0
         self.asleep: tuple[str, ...] = ()
         self.update_group: str | None = None
+        self.mailbox_depth = 0  # set by the actor shell at each drain; reported in stats
         self._saved: dict[EngineState, EngineState] = {}  # where RETURN leads, by state
         self._queue: deque[Any] = deque()  # commands waiting for the lane
         self._holder: Any = None  # the command holding the lane
@@ -140,7 +141,8 @@ class EngineControl:
         return self.profiler.deadline
 
     def stats(self) -> SchedulerStats:
-        return self.core.stats(engine_state=self.state.value, weight_version=self.weight_version)
+        return self.core.stats(engine_state=self.state.value, weight_version=self.weight_version,
+                               mailbox_depth=self.mailbox_depth)
 
     def info(self) -> dict[str, Any]:
         core, engine = self.core, self.engine

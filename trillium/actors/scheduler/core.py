@@ -38,6 +38,7 @@ from trillium.actors.kv_tiers.block_pool import BlockId, BlockPool
 from trillium.actors.protocol.execute import BatchResult, ExecuteBatch, TokenLogprobs
 from trillium.actors.protocol.outputs import RequestDelta, SchedulerStats, TokenDeltas
 from trillium.actors.protocol.requests import AddRequest
+from trillium.actors.scheduler.metrics import StepEvents
 from trillium.actors.scheduler.policy import SiblingGate, make_policy
 from trillium.actors.scheduler.request import Request, RequestStatus
 from trillium.actors.scheduler.step_plan import StepPlan
@@ -91,7 +92,8 @@ class Scheduler:
     it is built from the config.
     """
 
-    def __init__(self, config: SchedulerConfig, pool: BlockPool | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, pool: BlockPool | None = None,
+                 events: StepEvents | None = None) -> None:
         if pool is None:
             pool = BlockPool(
                 config.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
@@ -115,6 +117,7 @@ class Scheduler:
         self._pending_deltas: list[RequestDelta] = []
         # Draining (scheduler/lifecycle.py): admit only requests that ran before.
         self._admit_started_only = False
+        self.events = events or StepEvents()
 
     # -- inputs -----------------------------------------------------------
 
@@ -123,6 +126,7 @@ class Scheduler:
         if msg.request_id in self._requests:
             raise ValueError(f"duplicate request id {msg.request_id!r}")
         request = Request(msg, self._arrival_seq, self.config.max_model_len)
+        request.times = self.events.times(msg.arrival_time)
         num_blocks = self.pool.blocks_needed(request.max_kv_tokens)
         if num_blocks > self.pool.num_blocks:
             raise ValueError(
@@ -257,6 +261,7 @@ class Scheduler:
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = hit.num_computed_tokens
         request.set_status(RequestStatus.RUNNING)
+        self.events.scheduled(request.times)
         self._running.append(request)
         self._siblings.admitted(request)
         plan.add(request, num, new_blocks, is_new=True)
@@ -270,6 +275,8 @@ class Scheduler:
         if result.step_id != self._in_flight_step:
             raise ValueError(f"result of step {result.step_id}, but step {self._in_flight_step} is in flight")
         self._in_flight_step = None
+        now_s = self.events.clock()
+        self.events.step(self._last_num_scheduled_tokens, result.execute_time_s)
         for chunk in result.prompt_logprobs:
             request = self._requests.get(chunk.request_id)
             if request is not None:
@@ -285,6 +292,7 @@ class Scheduler:
             self.pool.cache_full_blocks(request)
             if token < 0:
                 continue  # a prefill chunk short of the prompt's end
+            self.events.token(request.times, request.num_prompt_tokens, now_s)
             status = request.check_stop(token, self.config.max_model_len)
             deltas.append(self._delta(request, (token,), status, result.logprobs.get(rid)))
             if status is not None:
@@ -297,6 +305,8 @@ class Scheduler:
         else:
             self._policy.remove(request)
         request.set_status(status)
+        self.events.finished_request(request.times, status.finish_reason, request.num_prompt_tokens,
+                                     request.num_output_tokens, request.num_preemptions)
         self.pool.free(request)
         self._siblings.finished(request)
         del self._requests[request.request_id]
@@ -374,7 +384,9 @@ class Scheduler:
         self._preempted_ids.extend(plan.preempted)
         return len(plan.preempted)
 
-    def stats(self, *, engine_state: str = "serving", weight_version: str = "0") -> SchedulerStats:
+    def stats(self, *, engine_state: str = "serving", weight_version: str = "0",
+              mailbox_depth: int = 0) -> SchedulerStats:
+        """The state now, and (drained) the request and step events since the last call."""
         return SchedulerStats(
             step_id=self._step_id,
             num_running=len(self._running),
@@ -387,4 +399,6 @@ class Scheduler:
             num_scheduled_tokens=self._last_num_scheduled_tokens,
             engine_state=engine_state,
             weight_version=weight_version,
+            mailbox_depth=mailbox_depth,
+            **self.events.take(),
         )

@@ -1,0 +1,187 @@
+"""The engine's Prometheus series, fed by each `SchedulerStats` the api receives.
+
+Metrics are measured in the engine (scheduler/metrics.py: per request and
+per step) and shipped with every SchedulerStats; `EngineMetrics.observe`
+folds those events into counters and histograms here, in the api process,
+where /metrics serves them. Gauges and lifetime totals (running, waiting,
+KV usage, preemptions, prefix cache) are read from the latest stats at
+scrape time. Names and semantics follow vLLM's, under `trillium:`:
+
+    gauges      num_requests_running, num_requests_waiting, kv_cache_usage_perc,
+                actor_up{actor}, actor_mailbox_depth{actor}
+    counters    num_preemptions, prefix_cache_queries, prefix_cache_hits, prompt_tokens,
+                generation_tokens, request_success{finished_reason}          (exported with _total)
+    histograms  time_to_first_token_seconds, inter_token_latency_seconds,
+                e2e_request_latency_seconds, request_queue_time_seconds,
+                request_prefill_time_seconds, request_decode_time_seconds,
+                request_inference_time_seconds, request_prompt_tokens,
+                request_generation_tokens, iteration_tokens_total,
+                engine_step_duration_seconds
+
+Counters only ever grow: the events arrive once each, and the lifetime
+totals come from the scheduler, which lives as long as the server (sleep,
+wake and weight updates keep it).
+
+`trillium serve` builds one registry for the process; both HTTP planes
+render it, so either port's /metrics has the full set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+FINISH_REASONS = ("stop", "length", "abort")
+
+_LATENCY_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                      120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+_TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                   10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                  20.0, 40.0, 80.0)
+_STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def _token_buckets(max_value: int = 1 << 17) -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's build_1_2_5_buckets)."""
+    buckets, exponent = [], 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_value:
+                return tuple(buckets)
+            buckets.append(value)
+        exponent += 1
+
+
+class _StateCollector:
+    """Gauges and lifetime totals read from the latest SchedulerStats at scrape time."""
+
+    def __init__(self, model_name: str, stats: Callable[[], object], api_mailbox_depth: Callable[[], int],
+                 actors_alive: Callable[[], dict[str, bool]] | None) -> None:
+        self._model_name = model_name
+        self._stats = stats
+        self._api_mailbox_depth = api_mailbox_depth
+        self._actors_alive = actors_alive
+
+    def collect(self):
+        model = self._model_name
+        stats = self._stats()
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([model], value)
+            return family
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([model], value)
+            return family
+
+        yield gauge("trillium:num_requests_running", "Requests in the engine's running batch.",
+                    stats.num_running if stats else 0)
+        yield gauge("trillium:num_requests_waiting", "Requests waiting to be scheduled.",
+                    stats.num_waiting if stats else 0)
+        yield gauge("trillium:kv_cache_usage_perc", "Fraction of device KV cache blocks in use (0-1).",
+                    stats.kv_usage if stats else 0.0)
+        yield counter("trillium:num_preemptions", "Requests preempted by the scheduler.",
+                      stats.num_preempted_total if stats else 0)
+        yield counter("trillium:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                      stats.prefix_cache_queries_total if stats else 0)
+        yield counter("trillium:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                      stats.prefix_cache_hits_total if stats else 0)
+        depth = GaugeMetricFamily("trillium:actor_mailbox_depth",
+                                  "Messages waiting in an actor's inbox (scheduler: at its last drain).",
+                                  labels=["model_name", "actor"])
+        depth.add_metric([model, "scheduler"], stats.mailbox_depth if stats else 0)
+        depth.add_metric([model, "api"], self._api_mailbox_depth())
+        yield depth
+        if self._actors_alive is not None:
+            up = GaugeMetricFamily("trillium:actor_up", "1 while the actor process runs.",
+                                   labels=["model_name", "actor"])
+            for actor, alive in sorted(self._actors_alive().items()):
+                up.add_metric([model, actor], float(alive))
+            yield up
+
+
+class EngineMetrics:
+    """Engine series in `registry`; call `observe(stats)` for each SchedulerStats."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        model_name: str,
+        stats: Callable[[], object],
+        *,
+        api_mailbox_depth: Callable[[], int] = lambda: 0,
+        actors_alive: Callable[[], dict[str, bool]] | None = None,
+    ) -> None:
+        self.registry = registry
+        self._model = model_name
+        labels = ["model_name"]
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, doc, [*labels, *extra], registry=registry)
+
+        def histogram(name: str, doc: str, buckets) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=registry)
+
+        self._prompt_tokens = counter("trillium:prompt_tokens", "Prefilled prompt tokens (at first token).")
+        self._generation_tokens = counter("trillium:generation_tokens", "Generated tokens.")
+        self._success = counter("trillium:request_success", "Finished requests by finish reason.",
+                                ("finished_reason",))
+        for reason in FINISH_REASONS:  # WHY: series exist (at 0) before the first finish
+            self._success.labels(model_name, reason)
+        self._ttft = histogram("trillium:time_to_first_token_seconds", "Arrival to first token.", _TTFT_BUCKETS_S)
+        self._itl = histogram("trillium:inter_token_latency_seconds", "Time between consecutive tokens.",
+                              _ITL_BUCKETS_S)
+        self._e2e = histogram("trillium:e2e_request_latency_seconds", "Arrival to finish.", _LATENCY_BUCKETS_S)
+        self._queue = histogram("trillium:request_queue_time_seconds", "Time waiting before first scheduled.",
+                                _LATENCY_BUCKETS_S)
+        self._prefill = histogram("trillium:request_prefill_time_seconds", "First scheduled to first token.",
+                                  _LATENCY_BUCKETS_S)
+        self._decode = histogram("trillium:request_decode_time_seconds", "First token to last token.",
+                                 _LATENCY_BUCKETS_S)
+        self._inference = histogram("trillium:request_inference_time_seconds",
+                                    "First scheduled to last token.", _LATENCY_BUCKETS_S)
+        token_buckets = _token_buckets()
+        self._request_prompt = histogram("trillium:request_prompt_tokens", "Prompt tokens per finished request.",
+                                         token_buckets)
+        self._request_generation = histogram("trillium:request_generation_tokens",
+                                             "Generated tokens per finished request.", token_buckets)
+        self._iteration = histogram("trillium:iteration_tokens_total", "Tokens scheduled per engine step.",
+                                    token_buckets)
+        self._step = histogram("trillium:engine_step_duration_seconds", "Executor time per engine step.",
+                               _STEP_BUCKETS_S)
+        registry.register(_StateCollector(model_name, stats, api_mailbox_depth, actors_alive))
+
+    def observe(self, stats) -> None:
+        """Fold the events of one SchedulerStats into the counters and histograms."""
+        model = self._model
+        if stats.num_prompt_tokens:
+            self._prompt_tokens.labels(model).inc(stats.num_prompt_tokens)
+        if stats.num_generation_tokens:
+            self._generation_tokens.labels(model).inc(stats.num_generation_tokens)
+        for values, histogram in ((stats.ttfts_s, self._ttft), (stats.itls_s, self._itl),
+                                  (stats.step_tokens, self._iteration), (stats.step_durations_s, self._step)):
+            if values:
+                child = histogram.labels(model)
+                for value in values:
+                    child.observe(value)
+        for finished in stats.finished:
+            self._success.labels(model, finished.finish_reason).inc()
+            self._e2e.labels(model).observe(finished.e2e_s)
+            self._queue.labels(model).observe(finished.queue_s)
+            self._request_prompt.labels(model).observe(finished.num_prompt_tokens)
+            self._request_generation.labels(model).observe(finished.num_generation_tokens)
+            for value, histogram in ((finished.prefill_s, self._prefill), (finished.decode_s, self._decode),
+                                     (finished.inference_s, self._inference)):
+                if value is not None:
+                    histogram.labels(model).observe(value)
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)
