@@ -38,6 +38,7 @@ class RequestDelta:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     spec: DetokenizeSpec | None = None
+    queue_time_s: float | None = None  # with the first delta: scheduler arrival -> first scheduled
 
 
 @attrs.frozen
@@ -62,6 +63,7 @@ class RequestOutputDelta:
     prompt_logprobs: PromptLogprobs | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    queue_time_s: float | None = None  # with the first delta (see RequestDelta)
 
 
 @attrs.frozen

@@ -332,6 +332,7 @@ class Scheduler:
             num_prompt_tokens=request.num_prompt_tokens,
             num_cached_tokens=max(0, request.num_cached_tokens),
             spec=request.detokenize_spec() if first else None,
+            queue_time_s=request.times.queue_time_s() if first and request.times is not None else None,
         )
 
     # -- views ------------------------------------------------------------

@@ -30,6 +30,9 @@ class RequestTimes:
         self.first_token_s: float | None = None
         self.last_token_s: float | None = None
 
+    def queue_time_s(self) -> float | None:
+        return None if self.scheduled_s is None else max(0.0, self.scheduled_s - self.queued_s)
+
 
 class StepEvents:
     """Events since the last `take()`."""

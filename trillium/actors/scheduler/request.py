@@ -95,6 +95,7 @@ class Request:
         self.delivered = False  # its first delta (with the DetokenizeSpec) went out
         self.stop_reason: int | str | None = None
         self.times = None  # scheduler/metrics.py RequestTimes, set by the core
+        self.trace_context = msg.trace_context  # W3C carrier from the api, None when not traced
         self._eos = frozenset(() if msg.sampling.ignore_eos else msg.eos_token_ids)
         self._stop_ids = frozenset(msg.sampling.stop_token_ids)
         self._prompt_logprobs_start = 0
