@@ -27,7 +27,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from trillium.observability.metrics import CONTENT_TYPE, EngineMetrics, render
+from trillium.observability.metrics import CONTENT_TYPE, registry_for, render
 
 __all__ = ["CONTENT_TYPE", "AdminMetrics", "KNOWN_STATES"]
 KNOWN_STATES = ("serving", "draining", "paused", "sleeping", "updating_weights")
@@ -65,13 +65,7 @@ class _StatusCollector:
 class AdminMetrics:
     def __init__(self, model_name: str, status, profiling: Callable[[], bool], client=None,
                  registry: CollectorRegistry | None = None) -> None:
-        if registry is None:
-            registry = CollectorRegistry()
-            if client is not None:
-                engine = EngineMetrics(registry, model_name, lambda: client.last_stats,
-                                       api_mailbox_depth=lambda: client.mailbox_depth)
-                client.stats_listeners.append(engine.observe)
-        self.registry = registry
+        self.registry = registry = registry_for(registry, model_name, client)
         self._model_name = model_name
         self._updates = Counter("trillium:weight_updates", "Weight updates by source and outcome.",
                                 ["model_name", "source", "outcome"], registry=self.registry)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
-from trillium.observability.metrics import CONTENT_TYPE, EngineMetrics, render
+from trillium.observability.metrics import CONTENT_TYPE, registry_for, render
 
 __all__ = ["CONTENT_TYPE", "DataPlaneMetrics"]
 
@@ -40,13 +40,7 @@ class _InFlightCollector:
 class DataPlaneMetrics:
     def __init__(self, model_name: str, client, num_in_flight: Callable[[], int],
                  registry: CollectorRegistry | None = None) -> None:
-        if registry is None:
-            registry = CollectorRegistry()
-            if client is not None:
-                engine = EngineMetrics(registry, model_name, lambda: client.last_stats,
-                                       api_mailbox_depth=lambda: client.mailbox_depth)
-                client.stats_listeners.append(engine.observe)
-        self.registry = registry
+        self.registry = registry = registry_for(registry, model_name, client)
         registry.register(_InFlightCollector(model_name, num_in_flight))
 
     def render(self) -> bytes:

@@ -183,5 +183,18 @@ class EngineMetrics:
                     histogram.labels(model).observe(value)
 
 
+def registry_for(registry: CollectorRegistry | None, model_name: str, client) -> CollectorRegistry:
+    """`registry` when given (the server's, engine series already in it); else a new
+    one with the engine series fed from `client` (an app built on its own)."""
+    if registry is not None:
+        return registry
+    registry = CollectorRegistry()
+    if client is not None:
+        engine = EngineMetrics(registry, model_name, lambda: client.last_stats,
+                               api_mailbox_depth=lambda: client.mailbox_depth)
+        client.stats_listeners.append(engine.observe)
+    return registry
+
+
 def render(registry: CollectorRegistry) -> bytes:
     return generate_latest(registry)
