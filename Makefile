@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-cpu.txt 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: venv test test-fast serve bench clean
+.PHONY: venv prometheus test test-fast serve bench clean
 
 venv: $(STAMP)
 
@@ -12,10 +12,20 @@ $(STAMP): pyproject.toml requirements-cpu.txt scripts/bootstrap.sh
 	PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/bootstrap.sh
 	touch $@
 
-test: venv
+# WHY: tests/observability checks ops/grafana/trillium.json against a real Prometheus.
+# Install Debian's package when the binary is missing and we can (root, apt-get);
+# otherwise do nothing here and those tests skip, saying why.
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 || exit 0; \
+	  echo "installing Debian's prometheus package (for tests/observability)"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; } >/dev/null \
+	    || echo "warning: could not install prometheus; tests/observability will skip"; }
+
+test: venv prometheus
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
 
-test-fast: venv
+test-fast: venv prometheus
 	$(PY) -m pytest -q -ra -m "not heavy" $(PYTEST_ARGS)
 
 serve: venv
