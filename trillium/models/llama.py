@@ -6,7 +6,7 @@ of B sequences back to back, their positions, and per layer a
 writes the new tokens' keys/values into the cache first, then attends over
 the cache, so prefill, chunked prefill with context and decode are one path.
 
-    forward(input_ids [T], positions [T], kv_caches, meta) -> hidden [T, hidden]
+    forward(input_ids [T], positions [T], kv_caches, meta, lora=None) -> hidden [T, hidden]
     compute_logits(hidden [N, hidden]) -> logits [N, vocab] float32
 
 Parameters are fused for speed: q/k/v are one `qkv_proj` (rows [q | k | v])
@@ -14,13 +14,17 @@ and gate/up one `gate_up_proj` (rows [gate | up]). `load_weights` takes HF
 names (`...q_proj.weight`) and copies each into its slice, so the same
 method serves the loader and live weight updates (RLHF).
 
+Multi-LoRA: with a `trillium.lora.LoRABatch`, each layer adds the adapters'
+low-rank deltas after every fused projection (qkv, o, gate_up, down), per
+output slice; without one (the default) the forward does no LoRA work.
+
 NOTE: Mistral's sliding window is not applied: attention is full causal.
 The loader warns when a config has a window shorter than its context.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +34,9 @@ from trillium import kernels
 from trillium.kernels import AttentionMetadata
 from trillium.models.config import ModelConfig, torch_dtype
 from trillium.models.rope import build_cos_sin_cache, default_num_positions
+
+if TYPE_CHECKING:  # WHY: trillium.lora imports trillium.models.config; avoid the cycle at run time
+    from trillium.lora import LayerLoRA, LoRABatch
 
 KvCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -111,9 +118,12 @@ class Attention(nn.Module):
         kv_cache: KvCache,
         meta: AttentionMetadata,
         cos_sin_cache: torch.Tensor,
+        lora: LayerLoRA | None = None,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)
+        if lora is not None:
+            lora.apply("qkv_proj", x, qkv)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # NOTE: views of the fused output: last dim contiguous, rows strided.
         q = q.view(num_tokens, self.num_heads, self.head_dim)
@@ -124,8 +134,11 @@ class Attention(nn.Module):
         q, k = kernels.rotary_embedding(positions, q, k, cos_sin_cache)
         k_cache, v_cache = kv_cache
         kernels.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = kernels.paged_attention(q, k_cache, v_cache, meta, self.scale)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        out = kernels.paged_attention(q, k_cache, v_cache, meta, self.scale).reshape(num_tokens, self.q_size)
+        projected = self.o_proj(out)
+        if lora is not None:
+            lora.apply("o_proj", out, projected)
+        return projected
 
 
 class MLP(nn.Module):
@@ -135,8 +148,15 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(hidden, 2 * inter, bias=config.mlp_bias, **factory)
         self.down_proj = Linear(inter, hidden, bias=config.mlp_bias, **factory)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor, lora: LayerLoRA | None = None) -> torch.Tensor:
+        if lora is None:
+            return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)
+        lora.apply("gate_up_proj", x, gate_up)
+        act = kernels.silu_and_mul(gate_up)
+        down = self.down_proj(act)
+        lora.apply("down_proj", act, down)
+        return down
 
 
 class DecoderLayer(nn.Module):
@@ -154,11 +174,12 @@ class DecoderLayer(nn.Module):
         kv_cache: KvCache,
         meta: AttentionMetadata,
         cos_sin_cache: torch.Tensor,
+        lora: LayerLoRA | None = None,
     ) -> torch.Tensor:
         # Same residual order as HF, so float32 results agree to rounding.
-        attn = self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta, cos_sin_cache)
+        attn = self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta, cos_sin_cache, lora)
         hidden = hidden + attn
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        return hidden + self.mlp(self.post_attention_layernorm(hidden), lora)
 
 
 class LlamaModel(nn.Module):
@@ -237,11 +258,22 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[KvCache],
         meta: AttentionMetadata,
+        lora: LoRABatch | None = None,
     ) -> torch.Tensor:
-        """Final-norm hidden states [T, hidden] for the flat batch."""
+        """Final-norm hidden states [T, hidden] for the flat batch.
+
+        `lora` (optional) says which adapter slot each token uses; it must
+        cover exactly the T tokens of `input_ids`.
+        """
         if len(kv_caches) != len(self.model.layers):
             raise ValueError(f"need {len(self.model.layers)} kv caches, got {len(kv_caches)}")
         hidden = F.embedding(input_ids, self.model.embed_tokens.weight)
+        if lora is not None and lora.num_tokens != input_ids.shape[0]:
+            raise ValueError(f"LoRA batch covers {lora.num_tokens} tokens, the batch has {input_ids.shape[0]}")
+        if lora is not None and lora.has_work:
+            for index, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches)):
+                hidden = layer(positions, hidden, kv_cache, meta, self.cos_sin_cache, lora.layer(index))
+            return self.model.norm(hidden)
         for layer, kv_cache in zip(self.model.layers, kv_caches):
             hidden = layer(positions, hidden, kv_cache, meta, self.cos_sin_cache)
         return self.model.norm(hidden)
