@@ -11,7 +11,7 @@ Offline use:
 from trillium.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "LoRARequest", "SamplingParams", "__version__"]
 
 
 def __getattr__(name: str):
@@ -21,4 +21,8 @@ def __getattr__(name: str):
         from trillium.llm import LLM
 
         return LLM
+    if name == "LoRARequest":
+        from trillium.lora.request import LoRARequest
+
+        return LoRARequest
     raise AttributeError(name)

@@ -52,6 +52,13 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, model_required: bool = 
                        help="order of admission: arrival, or request priority (lower first)")
     group.add_argument("--executor-threads", type=int, default=None,
                        help="torch CPU threads of the executor (default: all cores)")
+    lora = parser.add_argument_group("LoRA adapters (PEFT format)")
+    lora.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters next to the base model")
+    lora.add_argument("--max-loras", type=int, default=1,
+                      help="adapters resident on the device at once: the most distinct adapters one step serves")
+    lora.add_argument("--max-lora-rank", type=int, default=16, help="largest adapter rank accepted")
+    lora.add_argument("--max-cpu-loras", type=int, default=0,
+                      help="adapters cached in host memory (LRU; default: --max-loras)")
 
 
 def _engine_kwargs(args: argparse.Namespace) -> dict:
@@ -60,7 +67,8 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, kv_cache_memory=args.kv_cache_memory,
         enable_prefix_caching=args.enable_prefix_caching, scheduling_policy=args.scheduling_policy,
-        num_threads=args.executor_threads or 0,
+        num_threads=args.executor_threads or 0, enable_lora=args.enable_lora, max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
     )
 
 
@@ -77,16 +85,31 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from trillium.control_plane.paths import split_path_list
 
     kwargs = _engine_kwargs(args)
-    engine = EngineConfig(model=model, served_model_name=name, **kwargs)
+    if args.collect_detailed_traces and not args.otlp_traces_endpoint:
+        raise SystemExit("--collect-detailed-traces needs --otlp-traces-endpoint")
+    engine = EngineConfig(model=model, served_model_name=name, otlp_traces_endpoint=args.otlp_traces_endpoint,
+                          collect_detailed_traces=args.collect_detailed_traces, **kwargs)
     weight_paths = None if args.allowed_weight_paths is None else split_path_list(args.allowed_weight_paths)
+    lora_modules = tuple(_lora_module(value) for value in args.lora_modules or ())
+    if lora_modules and not args.enable_lora:
+        raise SystemExit("--lora-modules needs --enable-lora")
+    lora_paths = None if args.allowed_lora_paths is None else split_path_list(args.allowed_lora_paths)
     server = ServerConfig(
         host=args.host, port=args.port, api_key=args.api_key or os.environ.get("TRILLIUM_API_KEY") or None,
         max_queued_requests=args.max_queued_requests, shutdown_timeout_s=args.shutdown_timeout,
         admin_host=args.admin_host, admin_port=args.admin_port,
         admin_token=args.admin_token or os.environ.get("TRILLIUM_ADMIN_TOKEN") or None,
         allowed_weight_paths=weight_paths, profile_dir=args.profile_dir,
+        lora_modules=lora_modules, allowed_lora_paths=lora_paths,
     )
     return run_server(engine, server)
+
+
+def _lora_module(value: str) -> tuple[str, str]:
+    name, sep, path = value.partition("=")
+    if not sep or not name or not path:
+        raise SystemExit(f"--lora-modules: expected name=path, got {value!r}")
+    return name, path
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -155,6 +178,21 @@ def build_parser() -> argparse.ArgumentParser:
                             "default: the directory of --model; '' forbids disk updates)")
     admin.add_argument("--profile-dir", default=None,
                        help="where /start_profile writes torch.profiler traces (default: a temp dir, logged)")
+    admin.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                       help="LoRA adapters to load at start (needs --enable-lora); clients select one by "
+                            "passing its NAME as `model`")
+    admin.add_argument("--allowed-lora-paths", action="append", default=None, metavar="DIR[,DIR]",
+                       help="directories /v1/load_lora_adapter may read from (repeatable or comma list; "
+                            "default: the directories of the --lora-modules adapters)")
+    tracing = serve.add_argument_group(
+        "tracing (OpenTelemetry; switch on / off and re-sample at run time with the admin route /tracing)")
+    tracing.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
+                         help="export one 'llm_request' span per request (gen_ai.* attributes, child of the "
+                              "client's traceparent) over OTLP/HTTP protobuf to URL, e.g. "
+                              "http://127.0.0.1:4318/v1/traces (default: no tracing)")
+    tracing.add_argument("--collect-detailed-traces", action="store_true",
+                         help="also export the engine's stage spans (queue, prefill, decode from the scheduler; "
+                              "detokenize from the detokenizer) as children of each llm_request span")
     serve.set_defaults(func=_cmd_serve)
 
     gen = sub.add_parser(

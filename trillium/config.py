@@ -55,6 +55,22 @@ class EngineConfig:
     seed: int = 0
     served_model_name: str = ""
     num_threads: int = 0  # torch intra-op threads in the executor; 0 = torch default
+    # Multi-LoRA (trillium/lora/): adapters resident on the device at once (the most
+    # distinct adapters one step serves), their largest rank, and the host cache size.
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int = 0  # 0: max_loras
+    # OTLP/HTTP traces endpoint (e.g. http://127.0.0.1:4318/v1/traces); None: no tracing.
+    # Every process that traces exports there itself (observability/tracing.py).
+    otlp_traces_endpoint: str | None = None
+    collect_detailed_traces: bool = False  # the actors' stage spans too (the api's initial setting)
+
+    def __attrs_post_init__(self) -> None:
+        if self.enable_lora and (self.max_loras < 1 or self.max_lora_rank < 1 or self.max_cpu_loras < 0):
+            raise ValueError("--max-loras and --max-lora-rank must be >= 1 (and --max-cpu-loras >= 0)")
+        if self.collect_detailed_traces and not self.otlp_traces_endpoint:
+            raise ValueError("--collect-detailed-traces needs --otlp-traces-endpoint")
 
     def to_bytes(self) -> bytes:
         return json.dumps(_converter.unstructure(self)).encode()

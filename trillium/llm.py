@@ -33,15 +33,28 @@ PromptInput = str | Sequence[int] | dict
 class LLM:
     """An in-process engine. Keyword arguments are `EngineConfig` fields
     (dtype, max_model_len, max_num_seqs, max_num_batched_tokens, block_size,
-    kv_cache_memory, enable_prefix_caching, scheduling_policy, ...)."""
+    kv_cache_memory, enable_prefix_caching, scheduling_policy,
+    otlp_traces_endpoint, collect_detailed_traces, ...).
+
+    With `otlp_traces_endpoint` every request gets an `llm_request` span, as
+    under `trillium serve`; `llm.tracing` (observability/tracing.py
+    RequestTracing) switches it between `generate` calls.
+
+    With `enable_lora=True` (and max_loras, max_lora_rank, max_cpu_loras),
+    `generate(..., lora=LoRARequest(name, path))` runs prompts on a PEFT
+    adapter; one call may mix adapters and the base model (a list with one
+    LoRARequest or None per prompt)."""
 
     def __init__(self, model: str, **engine_args) -> None:
         from trillium.models.tokenizer import load_tokenizer
+        from trillium.observability.tracing import RequestTracing
 
         self.config = EngineConfig(model=model, **engine_args).resolve()
         self.tokenizer = load_tokenizer(model)
+        self.tracing = RequestTracing.from_config(self.config, "api")
         self._actor_config = ActorConfig(self.config, Addresses.inproc())
         self._ids = itertools.count()
+        self._loras: dict[str, tuple[int, str]] = {}  # name -> (engine lora_id, path)
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._client: EngineClient | None = None
@@ -50,6 +63,7 @@ class LLM:
         self._thread.start()
         self._ready.wait()
         if self._failure is not None:
+            self.tracing.close()
             raise RuntimeError(f"engine failed to start: {self._failure}") from self._failure
 
     # -- engine thread -------------------------------------------------
@@ -87,6 +101,7 @@ class LLM:
         if self._thread.is_alive() and self._stop is not None:
             trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
             self._thread.join(timeout=30)
+        self.tracing.close()
 
     def __enter__(self) -> "LLM":
         return self
@@ -109,15 +124,43 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         priority: Sequence[int] | None = None,
+        lora=None,
     ) -> list[RequestOutput]:
-        """Generate for each prompt (text, token ids, or {"prompt_token_ids": [...]})."""
+        """Generate for each prompt (text, token ids, or {"prompt_token_ids": [...]}).
+
+        `lora`: a LoRARequest for every prompt, or one LoRARequest / None per prompt."""
         items = self._normalize_prompts(prompts)
         params = _broadcast_params(sampling_params, len(items))
         prepared = [self._prepare(text, ids, p) for (text, ids), p in zip(items, params)]
         priorities = list(priority) if priority is not None else [0] * len(prepared)
         if len(priorities) != len(prepared):
             raise ValueError("priority: needs one value per prompt")
-        return self._call(self._generate_async, prepared, priorities)
+        loras = list(lora) if isinstance(lora, (list, tuple)) else [lora] * len(prepared)
+        if len(loras) != len(prepared):
+            raise ValueError("lora: needs one LoRARequest (or None) per prompt")
+        lora_ids = [self._lora_id(request) for request in loras]
+        return self._call(self._generate_async, prepared, priorities, lora_ids)
+
+    def _lora_id(self, request) -> int:
+        """The engine id of `request`'s adapter, loading it on first use (ValueError if it cannot be)."""
+        if request is None:
+            return 0
+        if not self.config.enable_lora:
+            raise ValueError("lora: this LLM was built without enable_lora=True")
+        known = self._loras.get(request.lora_name)
+        if known is not None:
+            if known[1] != str(request.lora_path):
+                raise ValueError(f"lora: {request.lora_name!r} is already loaded from {known[1]}")
+            return known[0]
+        from trillium.actors.protocol.lifecycle import LoadLoRAAdapter
+
+        lora_id = request.lora_int_id or 1 + max((i for i, _ in self._loras.values()), default=0)
+        command = LoadLoRAAdapter(f"lora-{lora_id}", lora_id, request.lora_name, str(request.lora_path))
+        reply = self._call(self._client.control, command)
+        if not reply.ok:
+            raise ValueError(f"lora: {reply.message}")
+        self._loras[request.lora_name] = (lora_id, str(request.lora_path))
+        return lora_id
 
     def chat(
         self,
@@ -176,17 +219,18 @@ class LLM:
             self._vocab_size = load_model_config(self.config.model).vocab_size
         return self._vocab_size
 
-    async def _generate_async(self, prepared, priorities) -> list[RequestOutput]:
+    async def _generate_async(self, prepared, priorities, lora_ids) -> list[RequestOutput]:
         results: list[RequestOutput | None] = [None] * len(prepared)
         async with trio.open_nursery() as nursery:
-            for index, ((text, ids, params), prio) in enumerate(zip(prepared, priorities)):
-                nursery.start_soon(self._run_one, index, text, ids, params, prio, results)
+            for index, ((text, ids, params), prio, lora_id) in enumerate(zip(prepared, priorities, lora_ids)):
+                nursery.start_soon(self._run_one, index, text, ids, params, prio, lora_id, results)
         return results  # type: ignore[return-value]
 
-    async def _run_one(self, index, text, ids, params: SamplingParams, priority, results) -> None:
+    async def _run_one(self, index, text, ids, params: SamplingParams, priority, lora_id, results) -> None:
         request_id = str(next(self._ids))
         streams = await self._client.generate(
-            request_id, ids, params, tuple(self.tokenizer.eos_token_ids), priority=priority
+            request_id, ids, params, tuple(self.tokenizer.eos_token_ids), priority=priority,
+            trace=self.tracing.sample(), lora_id=lora_id,
         )
         outputs = [CompletionOutput(index=i) for i in range(len(streams))]
         output = RequestOutput(request_id=request_id, prompt=text, prompt_token_ids=ids, outputs=outputs)

@@ -17,8 +17,9 @@ requests finish for `--shutdown-timeout` seconds, then stops every child.
 The two HTTP planes share the EngineClient and one `EngineStatus` (the
 control plane's view of the engine state and weight version, which the
 data plane reads to refuse requests while the engine sleeps, is paused or
-loads weights, and to stamp each response with its weight version). The
-admin token is resolved before anything loads: an unsafe setting (a
+loads weights, and to stamp each response with its weight version), and
+one `RequestTracing` (the admin route /tracing switches what the data plane
+samples; each process exports its own spans). The admin token is resolved before anything loads: an unsafe setting (a
 non-loopback admin host without a token) exits with code 2.
 """
 
@@ -55,6 +56,8 @@ class ServerConfig:
     admin_token: str | None = None  # None: generated and logged (loopback admin host only)
     allowed_weight_paths: tuple[str, ...] | None = None  # None: the directory of the model
     profile_dir: str | None = None  # None: <tmp>/trillium-profile-<pid>, created on first use
+    lora_modules: tuple[tuple[str, str], ...] = ()  # (name, path) loaded at start
+    allowed_lora_paths: tuple[str, ...] | None = None  # None: the directories of lora_modules
 
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
@@ -80,6 +83,10 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
         return 1
     except BaseExceptionGroup as group:
         failed = group.subgroup(lambda e: isinstance(e, ActorFailed))
+        bad_lora = group.subgroup(lambda e: isinstance(e, LoRAStartupError))
+        if bad_lora is not None:
+            log.error("%s", _first(bad_lora))
+            return 2
         if failed is None:
             unbound = group.subgroup(lambda e: isinstance(e, OSError) and e.errno == errno.EADDRINUSE)
             if unbound is None:
@@ -102,7 +109,10 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
     from trillium.models.loader import load_model_config
     from trillium.models.tokenizer import load_tokenizer
     from trillium.observability.metrics import EngineMetrics
+    from trillium.observability.tracing import RequestTracing
     from prometheus_client import CollectorRegistry
+
+    from trillium.lora.registry import LoRARegistry
 
     ipc_dir = tempfile.mkdtemp(prefix="trillium-ipc-")
     config = ActorConfig(engine_config, Addresses.ipc(ipc_dir))
@@ -111,17 +121,24 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
     client = EngineClient(config)
     status = EngineStatus(lambda: client.last_stats)
     supervision = Supervision(alive={})
+    loras = LoRARegistry() if engine_config.enable_lora else None
     registry = CollectorRegistry()
     engine_metrics = EngineMetrics(registry, engine_config.served_model_name, lambda: client.last_stats,
                                    api_mailbox_depth=lambda: client.mailbox_depth,
-                                   actors_alive=lambda: dict(supervision.alive))
-    client.stats_listeners.append(engine_metrics.observe)
+                                   actors_alive=lambda: dict(supervision.alive), loras=loras)
+    engine_metrics.attach(client)
+    tracing = RequestTracing.from_config(engine_config, "api")
+    if tracing.enabled:
+        log.info("tracing: OTLP/HTTP spans to %s%s", engine_config.otlp_traces_endpoint,
+                 " (detailed)" if tracing.detailed else "")
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(client.run)
             log.info("starting engine actors (executor, detokenizer, scheduler) for %s", engine_config.model)
             supervision = await nursery.start(run_in_subprocesses, engine_specs(config))
             log.info("engine actors up: %s", ", ".join(f"{n} pid {p}" for n, p in supervision.pids.items()))
+            if server_config.lora_modules:
+                await _load_lora_modules(client, loras, server_config.lora_modules)
             engine = DataPlaneEngine(
                 client=client,
                 tokenizer=tokenizer,
@@ -134,11 +151,13 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
                 version=__version__,
                 engine_status=status.snapshot,
                 metrics_registry=registry,
+                tracing=tracing,
+                loras=loras,
             )
             app = create_app(engine)
             admin = _admin_engine(
                 client, engine_config, server_config, status, lambda: dict(supervision.pids),
-                lambda: (supervision.healthy, dict(supervision.alive)), registry,
+                lambda: (supervision.healthy, dict(supervision.alive)), registry, tracing, loras,
             )
             admin_app = create_admin_app(admin)
             shutdown = trio.Event()
@@ -176,6 +195,7 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
             nursery.cancel_scope.cancel()
     finally:
         client.close()
+        tracing.close()
         shutil.rmtree(ipc_dir, ignore_errors=True)
         log.info("stopped; engine processes are gone")
 
@@ -190,7 +210,7 @@ def _profile_dir(server_config: ServerConfig) -> str:
     return server_config.profile_dir or os.path.join(tempfile.gettempdir(), f"trillium-profile-{os.getpid()}")
 
 
-def _admin_engine(client, engine_config, server_config, status, actor_pids, health, registry):
+def _admin_engine(client, engine_config, server_config, status, actor_pids, health, registry, tracing, loras):
     """The control plane's bundle: the same client and status object as the data plane."""
     from trillium import __version__
     from trillium.control_plane import ControlPlaneEngine
@@ -203,7 +223,35 @@ def _admin_engine(client, engine_config, server_config, status, actor_pids, heal
         client=client, engine_config=engine_config, admin_token=server_config.admin_token,
         weight_paths=WeightPathPolicy(roots), profile_dir=_profile_dir(server_config), status=status,
         actor_pids=actor_pids, health=health, version=__version__, metrics_registry=registry,
+        tracing=tracing, loras=loras, lora_paths=WeightPathPolicy(_lora_roots(server_config)),
     )
+
+
+def _lora_roots(server_config: ServerConfig) -> tuple[str, ...]:
+    if server_config.allowed_lora_paths is not None:
+        return server_config.allowed_lora_paths
+    return tuple(os.path.dirname(os.path.realpath(path)) for _, path in server_config.lora_modules)
+
+
+class LoRAStartupError(Exception):
+    pass
+
+
+async def _load_lora_modules(client, loras, modules) -> None:
+    """--lora-modules: load each adapter before serving; a bad one stops the start (exit code 2)."""
+    from trillium.actors.protocol.lifecycle import LoadLoRAAdapter
+
+    for name, path in modules:
+        path = os.path.realpath(path)
+        try:
+            module = loras.reserve(name, path)
+        except KeyError:
+            raise LoRAStartupError(f"--lora-modules: the name {name!r} is given twice") from None
+        reply = await client.control(LoadLoRAAdapter(f"lora-module-{module.lora_id}", module.lora_id, name, path))
+        if not reply.ok:
+            raise LoRAStartupError(f"--lora-modules {name}={path}: {reply.message}")
+        loras.added(name)
+        log.info("LoRA adapter %r loaded from %s", name, path)
 
 
 async def _watch_signals(shutdown: trio.Event) -> None:

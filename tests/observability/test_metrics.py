@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.serve_process import ServeProcess
+# WHY: tests/ subdirectories are not packages; the e2e helper is imported the way test_serve.py imports it.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+from serve_process import ServeProcess  # noqa: E402
 
 TOKEN = "metrics-admin-token"
 PROMPTS = [[5 + i, 6, 7, 8 + i, 9, 10 + i][: 3 + i % 4] for i in range(6)]
@@ -129,3 +133,16 @@ def test_a_tiny_kv_cache_shows_preemptions(checkpoint):
         assert metrics["trillium:generation_tokens_total"] == 8 * 60
     finally:
         proc.stop()
+
+
+def test_a_stop_string_met_by_the_last_allowed_token_counts_as_the_client_saw_it(server):
+    text = _complete(server, [5, 6, 7], 4)["choices"][0]["text"]
+    assert text
+    before = _scrape(server)
+    body = {"model": "test-model", "prompt": [5, 6, 7], "max_tokens": 4, "ignore_eos": True, "temperature": 0,
+            "stop": [text]}
+    reply = httpx.post(server.base_url + "/v1/completions", json=body, timeout=60).json()
+    assert reply["choices"][0]["finish_reason"] == "stop"
+    after = _scrape(server)
+    stop, length = ('trillium:request_success_total{finished_reason="%s"}' % r for r in ("stop", "length"))
+    assert (after[stop] - before[stop], after[length] - before[length]) == (1, 0)

@@ -33,16 +33,20 @@ log = logging.getLogger(__name__)
 class RequestStream:
     """Deltas of one request, in order; iterate with `async for`."""
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, span=None) -> None:
         self.request_id = request_id
         self._deltas: list[RequestOutputDelta] = []
         self._event = trio.Event()
         self.finished = False
+        self.span = span  # observability/tracing.py RequestSpan of a traced request, else None
+        self.lora_id = 0
 
     def _push(self, delta: RequestOutputDelta) -> None:
         self._deltas.append(delta)
         self.finished = self.finished or delta.finished
         self._event.set()
+        if self.span is not None:
+            self.span.observe(delta)  # the finished delta ends the span
 
     def __aiter__(self):
         return self._iterate()
@@ -77,6 +81,8 @@ class EngineClient:
         self.last_stats: SchedulerStats | None = None
         # Called with every SchedulerStats (metrics fold its events in); must not block.
         self.stats_listeners: list = []
+        # Called with the final RequestOutputDelta of every request (metrics count finishes).
+        self.finish_listeners: list = []
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Route outputs until cancelled."""
@@ -92,23 +98,32 @@ class EngineClient:
                             stream._push(delta)
                             if delta.finished:
                                 del self._streams[delta.request_id]
+                                self._notify(self.finish_listeners, delta)
                 elif isinstance(message, SchedulerStats):
                     self.last_stats = message
-                    for listener in self.stats_listeners:
-                        try:
-                            listener(message)
-                        except Exception:  # WHY: a metrics bug must not stop the output router
-                            log.exception("stats listener failed")
+                    self._notify(self.stats_listeners, message)
                 elif isinstance(message, ControlReply):
                     waiter = self._replies.get(message.command_id)
                     if waiter is not None:
                         waiter.reply = message
                         waiter.event.set()
 
+    @staticmethod
+    def _notify(listeners: list, message) -> None:
+        for listener in listeners:
+            try:
+                listener(message)
+            except Exception:  # WHY: a metrics bug must not stop the output router
+                log.exception("listener failed")
+
     @property
     def mailbox_depth(self) -> int:
         """Messages (outputs, stats, replies) decoded and waiting for the router."""
         return self._mailbox.depth
+
+    def requests_using_lora(self, lora_id: int) -> list[str]:
+        """Unfinished requests submitted with adapter `lora_id`."""
+        return [rid for rid, stream in self._streams.items() if stream.lora_id == lora_id]
 
     @property
     def num_active_requests(self) -> int:
@@ -124,10 +139,16 @@ class EngineClient:
         *,
         priority: int = 0,
         group_id: str | None = None,
+        trace=None,
+        lora_id: int = 0,
     ) -> RequestStream:
+        """`trace`: the HTTP request's `RequestTracer` when it is sampled for
+        tracing (observability/tracing.py), else None."""
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
-        stream = RequestStream(request_id)
+        span = None if trace is None else trace.start(request_id, params, len(prompt_token_ids))
+        stream = RequestStream(request_id, span)
+        stream.lora_id = lora_id
         self._streams[request_id] = stream
         await self._to_scheduler.send(
             AddRequest(
@@ -138,6 +159,8 @@ class EngineClient:
                 arrival_time=time.time(),
                 priority=priority,
                 group_id=group_id,
+                lora_id=lora_id,
+                trace_context=None if span is None else span.carrier,
             )
         )
         return stream
@@ -150,22 +173,26 @@ class EngineClient:
         eos_token_ids: tuple[int, ...],
         *,
         priority: int = 0,
+        trace=None,
+        lora_id: int = 0,
     ) -> list[RequestStream]:
         """Submit a request with `params.n` choices: one stream per choice.
 
         n > 1 becomes n engine requests `<id>-<i>` in one group (the scheduler
         admits the siblings once the first has prefilled, so they share its
         prompt blocks); with a seed, choice i samples with `seed + i`, as vLLM.
+        A traced request (`trace`) gets one llm_request span per choice, as vLLM.
         """
         if params.n == 1:
-            return [await self.submit(request_id, prompt_token_ids, params, eos_token_ids, priority=priority)]
+            return [await self.submit(request_id, prompt_token_ids, params, eos_token_ids, priority=priority,
+                                      trace=trace, lora_id=lora_id)]
         streams = []
         for i in range(params.n):
             child = attrs.evolve(params, n=1, seed=None if params.seed is None else params.seed + i)
             streams.append(
                 await self.submit(
                     f"{request_id}-{i}", prompt_token_ids, child, eos_token_ids,
-                    priority=priority, group_id=request_id,
+                    priority=priority, group_id=request_id, trace=trace, lora_id=lora_id,
                 )
             )
         return streams

@@ -7,6 +7,9 @@ Workloads (seeded, `ignore_eos`, random prompt token ids):
   decode-heavy  32 requests, 128-token prompts, 256 outputs each;
                 Trillium vs a bare static-KV-cache decode loop (bare_decode.py).
 
+`--tracing` runs the mixed workload with OTLP tracing off, on and detailed
+instead (trillium/benchmarks/tracing.py).
+
 The benchmark model is built deterministically (Llama, hidden 512, 8 layers,
 8 heads / 4 KV heads, vocab 8192, float32). Prints a table of output
 tokens/s (median of --repeats runs) and ratios. Nothing is asserted.
@@ -78,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", default=None, help="where to build the benchmark model (default: a temp dir)")
     parser.add_argument("--skip-baselines", action="store_true", help="measure Trillium only")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tracing", action="store_true",
+                        help="instead: the mixed workload with OTLP tracing off / on / detailed, side by side "
+                             "(see trillium/benchmarks/tracing.py)")
     args = parser.parse_args(argv)
 
     from trillium import LLM
@@ -87,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = args.model_dir or os.path.join(tempfile.gettempdir(), "trillium-bench-model")
     if not os.path.exists(os.path.join(model_dir, "config.json")):
         build_checkpoint(model_dir, "bench", seed=0)
+    if args.tracing:
+        from trillium.benchmarks.tracing import run as run_tracing
+
+        return run_tracing(model_dir, args.repeats, args.seed)
     vocab = 8192
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     rows: list[tuple[str, str, float, str, float]] = []

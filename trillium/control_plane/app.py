@@ -11,6 +11,7 @@ Public API (`trillium serve` builds on it):
                /destroy_weights_update_group
           POST /start_profile, /stop_profile
           POST /reset_prefix_cache, /abort_requests
+          GET, POST /tracing
           GET /server_info, /health, /metrics
         Every route, /health and /metrics included, requires
         `Authorization: Bearer <engine.admin_token>`; anything else is 401.
@@ -43,12 +44,14 @@ from trillium.control_plane.routes import (
     abort,
     distributed,
     health,
+    lora,
     metrics,
     pause,
     prefix_cache,
     profiling,
     server_info,
     sleep,
+    tracing,
     weights,
 )
 from trillium.control_plane.state import AdminState
@@ -57,7 +60,8 @@ from trillium.http_serving import serve_quart_app
 log = logging.getLogger(__name__)
 
 STATE_KEY = "trillium.control_plane"
-_ROUTE_MODULES = (sleep, pause, weights, distributed, profiling, prefix_cache, abort, server_info, health, metrics)
+_ROUTE_MODULES = (sleep, pause, weights, distributed, profiling, prefix_cache, abort, server_info, health, metrics,
+                  tracing, lora)
 # WHY: a refused client's small body is read so its keep-alive connection stays in
 # step; a large one (an unauthenticated upload) is not read, the connection closes.
 _READ_REFUSED_BODY_MAX_BYTES = 1 << 20

@@ -21,6 +21,7 @@ from trillium.control_plane.status import EngineStatus
 if TYPE_CHECKING:
     from trillium.actors.client import EngineClient
     from trillium.config import EngineConfig
+    from trillium.observability.tracing import RequestTracing
 
 HealthProbe = Callable[[], tuple[bool, Any]]
 
@@ -60,6 +61,9 @@ class ControlPlaneEngine:
     max_body_bytes: largest accepted request body (safetensors uploads).
     metrics_registry: the process's prometheus CollectorRegistry shared with
         the data plane (it holds the engine series); None: one of its own.
+    tracing: the api process's `observability.tracing.RequestTracing`, the
+        same object the data plane samples with (GET / POST /tracing);
+        None: tracing cannot be enabled.
     """
 
     client: "EngineClient"
@@ -75,3 +79,6 @@ class ControlPlaneEngine:
     command_timeout_s: float = 600.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     metrics_registry: Any = None
+    loras: Any = None  # trillium.lora.registry.LoRARegistry (shared with the data plane); None: LoRA off
+    lora_paths: WeightPathPolicy = WeightPathPolicy()  # where /v1/load_lora_adapter may read
+    tracing: "RequestTracing | None" = None

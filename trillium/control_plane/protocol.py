@@ -98,6 +98,18 @@ class UpdateFromDistributedRequest(_UpdateBody):
         return self
 
 
+class LoadLoRARequest(_Body):
+    lora_name: Annotated[str, Field(min_length=1, max_length=256)]
+    lora_path: Annotated[str, Field(min_length=1)]
+
+
+class UnloadLoRARequest(_Body):
+    lora_name: Annotated[str, Field(min_length=1, max_length=256)]
+    # wait: requests using it finish first (new ones already get 404); abort: they end now.
+    mode: Literal["wait", "abort"] = "wait"
+    timeout_s: Annotated[float, Field(gt=0, le=3600)] = 300.0
+
+
 class StartProfileRequest(_Body):
     actors: Annotated[list[ActorName], Field(min_length=1)] | None = None
     record_shapes: bool = False

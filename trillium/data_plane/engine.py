@@ -18,6 +18,7 @@ from trillium import __version__
 if TYPE_CHECKING:
     from trillium.actors.client import EngineClient
     from trillium.models.tokenizer import Tokenizer
+    from trillium.observability.tracing import RequestTracing
 
 HealthProbe = Callable[[], tuple[bool, Any]]
 # () -> (engine_state, weight_version); see DataPlaneEngine.engine_status.
@@ -59,6 +60,8 @@ class DataPlaneEngine:
     metrics_registry: the process's prometheus CollectorRegistry, holding
         the engine series (`trillium serve` shares one between both planes);
         None: the app builds its own, fed from `client`.
+    tracing: the api process's `observability.tracing.RequestTracing`
+        (shared with the admin app's /tracing route); None: no tracing.
     """
 
     client: "EngineClient"
@@ -73,6 +76,8 @@ class DataPlaneEngine:
     eos_token_ids: tuple[int, ...] | None = None
     engine_status: EngineStatusProbe | None = None
     metrics_registry: Any = None
+    tracing: "RequestTracing | None" = None
+    loras: Any = None  # trillium.lora.registry.LoRARegistry shared with the control plane; None: LoRA off
 
     @property
     def model_name(self) -> str:

@@ -90,14 +90,19 @@ class Generation:
         eos_token_ids: tuple[int, ...],
         *,
         priority: int = 0,
+        trace=None,
+        lora_id: int = 0,
     ) -> None:
-        """One engine request per prompt; choices numbered prompt_index * n + i."""
+        """One engine request per prompt; choices numbered prompt_index * n + i.
+        `trace`: the request's RequestTracer when sampled for tracing, else None.
+        `lora_id`: the LoRA adapter of every choice (0: the base model)."""
         arrival_s = time.monotonic()
         self._submitting = True
         try:
             for prompt_index, (ids, prompt_params) in enumerate(zip(prompts, params)):
                 engine_id = request_id if len(prompts) == 1 else f"{request_id}-{prompt_index}"
-                streams = await self._client.generate(engine_id, ids, prompt_params, eos_token_ids, priority=priority)
+                streams = await self._client.generate(engine_id, ids, prompt_params, eos_token_ids,
+                                                      priority=priority, trace=trace, lora_id=lora_id)
                 for i, stream in enumerate(streams):
                     self.choices.append(Choice(prompt_index * prompt_params.n + i, prompt_index, stream, arrival_s))
         except BaseException:

@@ -44,9 +44,19 @@ class AppState:
         """The served name a request asked for (the default when absent); 404 otherwise."""
         if name is None:
             return self.engine.model_name
-        if name not in self.engine.served_model_name:
-            raise model_not_found(name)
+        self.lora_id(name)
         return name
+
+    def lora_id(self, name: str | None) -> int:
+        """The engine id of the LoRA adapter served as `name`, 0 for a base model name;
+        404 for anything else (an adapter unloaded since `resolve_model` included)."""
+        if name is None or name in self.engine.served_model_name:
+            return 0
+        loras = self.engine.loras
+        module = None if loras is None else loras.get(name)
+        if module is None:
+            raise model_not_found(name)
+        return module.lora_id
 
     def admit(self) -> Generation:
         """A new Generation counted as in flight; 503 when the engine is unhealthy, not

@@ -17,6 +17,16 @@ scrape time. Names and semantics follow vLLM's, under `trillium:`:
                 request_inference_time_seconds, request_prompt_tokens,
                 request_generation_tokens, iteration_tokens_total,
                 engine_step_duration_seconds
+    LoRA        lora_requests_info{running_lora_adapters, waiting_lora_adapters, max_lora}
+                (vLLM's info gauge: the value is the time of the reading), lora_loads_total,
+                lora_unloads_total, lora_swap_ins_total (adapters moved into a device slot)
+                -- only with --enable-lora
+
+`request_success_total{finished_reason}` counts each request's final
+output as the client gets it (`finished_output`, from the detokenizer's
+last delta): a stop string matched by the last token allowed by
+max_tokens is a "stop" there, as in the response, where the scheduler alone
+would say "length".
 
 Counters only ever grow: the events arrive once each, and the lifetime
 totals come from the scheduler, which lives as long as the server (sleep,
@@ -28,6 +38,7 @@ render it, so either port's /metrics has the full set.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -107,6 +118,29 @@ class _StateCollector:
             yield up
 
 
+class _LoRACollector:
+    def __init__(self, model_name: str, stats: Callable[[], object], loras) -> None:
+        self._model_name = model_name
+        self._stats = stats
+        self._loras = loras
+
+    def collect(self):
+        stats, loras, model = self._stats(), self._loras, self._model_name
+        names = lambda ids: ",".join(loras.name_of(i) for i in ids)  # noqa: E731
+        info = GaugeMetricFamily(
+            "trillium:lora_requests_info", "Adapters of running and waiting requests (value: time of reading).",
+            labels=["model_name", "running_lora_adapters", "waiting_lora_adapters", "max_lora"])
+        info.add_metric([model, names(stats.running_lora_ids) if stats else "",
+                         names(stats.waiting_lora_ids) if stats else "",
+                         str(stats.max_loras if stats else 0)], time.time())
+        yield info
+        for name, doc, value in (("trillium:lora_loads", "LoRA adapters loaded.", loras.num_loads),
+                                 ("trillium:lora_unloads", "LoRA adapters unloaded.", loras.num_unloads)):
+            family = CounterMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([model], value)
+            yield family
+
+
 class EngineMetrics:
     """Engine series in `registry`; call `observe(stats)` for each SchedulerStats."""
 
@@ -118,6 +152,7 @@ class EngineMetrics:
         *,
         api_mailbox_depth: Callable[[], int] = lambda: 0,
         actors_alive: Callable[[], dict[str, bool]] | None = None,
+        loras=None,
     ) -> None:
         self.registry = registry
         self._model = model_name
@@ -157,6 +192,19 @@ class EngineMetrics:
         self._step = histogram("trillium:engine_step_duration_seconds", "Executor time per engine step.",
                                _STEP_BUCKETS_S)
         registry.register(_StateCollector(model_name, stats, api_mailbox_depth, actors_alive))
+        self._swap_ins = None
+        if loras is not None:
+            self._swap_ins = counter("trillium:lora_swap_ins", "LoRA adapters loaded into a device slot.")
+            self._swap_ins.labels(model_name)
+            registry.register(_LoRACollector(model_name, stats, loras))
+
+    def attach(self, client) -> None:
+        """Feed from an EngineClient: its SchedulerStats and its requests' final outputs."""
+        client.stats_listeners.append(self.observe)
+        client.finish_listeners.append(self.finished_output)
+
+    def finished_output(self, delta) -> None:
+        self._success.labels(self._model, delta.finish_reason or "stop").inc()
 
     def observe(self, stats) -> None:
         """Fold the events of one SchedulerStats into the counters and histograms."""
@@ -165,6 +213,8 @@ class EngineMetrics:
             self._prompt_tokens.labels(model).inc(stats.num_prompt_tokens)
         if stats.num_generation_tokens:
             self._generation_tokens.labels(model).inc(stats.num_generation_tokens)
+        if stats.num_lora_swap_ins and self._swap_ins is not None:
+            self._swap_ins.labels(model).inc(stats.num_lora_swap_ins)
         for values, histogram in ((stats.ttfts_s, self._ttft), (stats.itls_s, self._itl),
                                   (stats.step_tokens, self._iteration), (stats.step_durations_s, self._step)):
             if values:
@@ -172,7 +222,6 @@ class EngineMetrics:
                 for value in values:
                     child.observe(value)
         for finished in stats.finished:
-            self._success.labels(model, finished.finish_reason).inc()
             self._e2e.labels(model).observe(finished.e2e_s)
             self._queue.labels(model).observe(finished.queue_s)
             self._request_prompt.labels(model).observe(finished.num_prompt_tokens)
@@ -190,9 +239,8 @@ def registry_for(registry: CollectorRegistry | None, model_name: str, client) ->
         return registry
     registry = CollectorRegistry()
     if client is not None:
-        engine = EngineMetrics(registry, model_name, lambda: client.last_stats,
-                               api_mailbox_depth=lambda: client.mailbox_depth)
-        client.stats_listeners.append(engine.observe)
+        EngineMetrics(registry, model_name, lambda: client.last_stats,
+                      api_mailbox_depth=lambda: client.mailbox_depth).attach(client)
     return registry
 
 

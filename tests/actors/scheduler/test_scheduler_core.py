@@ -156,7 +156,9 @@ class Harness:
         config.setdefault("num_blocks", 64)
         config.setdefault("block_size", 4)
         config.setdefault("max_model_len", 64)
+        config.setdefault("max_loras", 2)
         self.sched = Scheduler(SchedulerConfig(**config))
+        self.sched.lora_ids.update({1, 2, 3})  # as if the executor had loaded them
         self.ex = FakeExecutor(config["num_blocks"], config["block_size"], token_fn)
         self.batches = []
         self.deltas: dict[str, list] = {}
@@ -339,6 +341,29 @@ def test_abort_while_a_step_is_in_flight_drops_its_result():
     h.sched.abort(["a"])
     deltas = h.sched.update_from_output(h.ex.execute(batch))
     assert [d.request_id for d in deltas.deltas] == ["b"]
+
+
+def test_no_step_runs_more_adapters_than_lora_slots():
+    h = Harness(max_loras=1)
+    h.add("a1", range(6), max_tokens=3, lora_id=1)
+    h.add("b2", range(8), max_tokens=3, lora_id=2)
+    h.add("c1", range(5), max_tokens=3, lora_id=1)
+    h.add("d0", range(7), max_tokens=3)
+    lora_of = {"a1": 1, "b2": 2, "c1": 1, "d0": 0}
+    first = h.step()
+    # b2 waits for a slot; c1 (same adapter) and the base request go ahead of it.
+    assert [n.request_id for n in first.new_requests] == ["a1", "c1", "d0"]
+    while h.sched.has_work():
+        batch = h.step()
+        ids = [n.request_id for n in batch.new_requests] + list(batch.cached.request_ids)
+        assert len({lora_of[r] for r in ids} - {0}) <= 1
+    assert all(h.deltas[r][-1].finish_reason == "length" for r in lora_of)
+
+
+def test_a_request_for_an_adapter_not_loaded_is_refused():
+    h = Harness()
+    with pytest.raises(ValueError, match="not loaded"):
+        h.add("x", range(4), max_tokens=2, lora_id=9)
 
 
 def test_finish_from_a_stop_string_ends_with_stop():

@@ -8,7 +8,9 @@ FinishRequest (scheduler) when a stop string ends a request. Owns one
 on the request's first delta and dropped when the request finishes.
 
 A request that a stop string finished may still receive tokens from a step
-that was already in flight; those are dropped here.
+that was already in flight; those are dropped here. With an OTLP endpoint
+configured, detailed-traced requests get a `detokenize` span
+(observability/actor_spans.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from trillium.actors.protocol.lifecycle import ControlReply, StartProfile, StopP
 from trillium.actors.protocol.outputs import RequestDelta, RequestOutputDelta, RequestOutputs, TokenDeltas
 from trillium.actors.protocol.requests import FinishRequest
 from trillium.actors.transport import Inbox, Outbox
+from trillium.observability.actor_spans import DetokenizerSpans, actor_tracer, close_provider
 from trillium.observability.profiling import LoopProfiler, NotProfiling
 
 log = logging.getLogger(__name__)
@@ -112,6 +115,8 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
     to_api = Outbox.connect(cfg.addresses.api, codec)
     to_scheduler = Outbox.connect(cfg.addresses.scheduler, codec)
     profiler = LoopProfiler("detokenizer")
+    provider, tracer = actor_tracer(cfg.engine, "detokenizer")
+    spans = DetokenizerSpans(tracer) if tracer is not None else None
     task_status.started()
     try:
         while True:
@@ -129,6 +134,8 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
                 continue
             with profiler.span("TokenDeltas"):
                 outputs, finish = registry.process(message)
+            if spans is not None:
+                spans.observe(message, outputs)
             if finish is not None:
                 await to_scheduler.send(finish)
             if outputs.deltas:
@@ -138,6 +145,7 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
         inbox.close()
         to_api.close()
         to_scheduler.close()
+        close_provider(provider)
 
 
 async def _receive(inbox: Inbox, profiler: LoopProfiler):

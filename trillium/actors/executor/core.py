@@ -46,6 +46,7 @@ class RequestState:
     block_ids: list[int]
     num_computed_tokens: int
     sampling: SamplingState
+    lora_id: int = 0
 
 
 class ExecutorCore:
@@ -66,6 +67,12 @@ class ExecutorCore:
             self.model_config, config.num_blocks, config.block_size, self.dtype, self.device
         )
         self.requests: dict[str, RequestState] = {}
+        self.lora = None
+        if config.enable_lora:
+            from trillium.lora.manager import LoRAManager
+
+            self.lora = LoRAManager(self.model_config, config.max_loras, config.max_lora_rank,
+                                    config.max_cpu_loras, self.dtype, self.device)
         log.info(
             "executor ready: %s (%s), KV cache %d blocks x %d tokens",
             config.model, config.dtype, config.num_blocks, config.block_size,
@@ -92,6 +99,7 @@ class ExecutorCore:
             block_ids=new.block_ids.tolist(),
             num_computed_tokens=new.num_computed_tokens,
             sampling=sampling,
+            lora_id=new.lora_id,
         )
         self.requests[new.request_id] = state
         return state
@@ -149,7 +157,10 @@ class ExecutorCore:
         )
         ids_t = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.int64, device=self.device)
-        hidden = self.model(ids_t, pos_t, self.kv_caches, meta)
+        swap_ins = 0 if self.lora is None else self.lora.num_swap_ins
+        lora = None if self.lora is None else self.lora.batch([s.lora_id for s in states], counts)
+        swap_ins = 0 if self.lora is None else self.lora.num_swap_ins - swap_ins
+        hidden = self.model(ids_t, pos_t, self.kv_caches, meta, lora=lora)
 
         sampled = np.full(len(states), -1, dtype=np.int32)
         logprobs: dict[str, TokenLogprobs] = {}
@@ -176,6 +187,7 @@ class ExecutorCore:
             logprobs=logprobs,
             prompt_logprobs=prompt_results,
             execute_time_s=time.perf_counter() - start,
+            lora_swap_ins=swap_ins,
         )
 
     def _prompt_logprobs(self, hidden: torch.Tensor, item: tuple[RequestState, int, int]) -> PromptLogprobs:

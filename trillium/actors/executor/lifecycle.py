@@ -35,12 +35,14 @@ from trillium.actors.protocol.lifecycle import (
     ControlReply,
     DestroyWeightsUpdateGroup,
     InitWeightsUpdateGroup,
+    LoadLoRAAdapter,
     Sleep,
     StartProfile,
     StopProfile,
     UpdateWeightsFromDisk,
     UpdateWeightsFromDistributed,
     UpdateWeightsFromTensors,
+    UnloadLoRAAdapter,
     WakeUp,
 )
 from trillium.actors.torch_thread import TorchThread
@@ -53,6 +55,7 @@ class ExecutorControl:
     COMMANDS = (
         Sleep, WakeUp, UpdateWeightsFromDisk, UpdateWeightsFromTensors, UpdateWeightsFromDistributed,
         InitWeightsUpdateGroup, DestroyWeightsUpdateGroup, StartProfile, StopProfile,
+        LoadLoRAAdapter, UnloadLoRAAdapter,
     )
 
     def __init__(self, core, torch_thread: TorchThread) -> None:
@@ -71,6 +74,7 @@ class ExecutorControl:
             UpdateWeightsFromDistributed: self._from_distributed,
             InitWeightsUpdateGroup: self._init_group, DestroyWeightsUpdateGroup: self._destroy_group,
             StartProfile: self._start_profile, StopProfile: self._stop_profile,
+            LoadLoRAAdapter: self._load_lora, UnloadLoRAAdapter: self._unload_lora,
         }
 
     @property
@@ -234,6 +238,28 @@ class ExecutorControl:
         self._release_shadow()
         await self.torch.run(weight_sync.close_group, group)
         return {"group_name": self._group_name}
+
+    # -- LoRA adapters ---------------------------------------------------------------
+
+    async def _load_lora(self, msg: LoadLoRAAdapter) -> dict:
+        from trillium.lora import AdapterError
+
+        if self.core.lora is None:
+            raise ControlError(400, "LoRA is not enabled: start the server with --enable-lora")
+
+        def load() -> dict:
+            adapter = self.core.lora.register(msg.lora_id, msg.lora_name, msg.lora_path)
+            return {"lora_rank": adapter.rank, "lora_target_modules": sorted(adapter.target_modules)}
+
+        try:
+            return await self.torch.run(load)
+        except (AdapterError, OSError) as exc:
+            raise ControlError(400, f"LoRA adapter {msg.lora_name!r}: {exc}") from None
+
+    async def _unload_lora(self, msg: UnloadLoRAAdapter) -> dict:
+        if self.core.lora is None or not await self.torch.run(self.core.lora.unregister, msg.lora_id):
+            raise ControlError(404, f"LoRA adapter id {msg.lora_id} is not loaded")
+        return {}
 
     # -- profiling ----------------------------------------------------------------
 

@@ -92,6 +92,7 @@ class BatchResult:
     logprobs: dict[str, TokenLogprobs] = attrs.field(factory=dict)
     prompt_logprobs: tuple[PromptLogprobs, ...] = ()
     execute_time_s: float = 0.0
+    lora_swap_ins: int = 0  # adapters loaded into a device slot for this step
 
 
 @attrs.frozen

@@ -125,6 +125,26 @@ class StopProfile:
 
 
 @attrs.frozen
+class LoadLoRAAdapter:
+    """Register adapter `lora_id` (>= 1; requests name it in AddRequest.lora_id).
+    The executor reads and validates it (400 if it cannot be served)."""
+
+    command_id: str
+    lora_id: int
+    lora_name: str
+    lora_path: str
+
+
+@attrs.frozen
+class UnloadLoRAAdapter:
+    """Forget adapter `lora_id`; 409 while a request of the engine still uses it
+    (the api aborts or waits for them first, as the caller's mode says)."""
+
+    command_id: str
+    lora_id: int
+
+
+@attrs.frozen
 class GetEngineInfo:
     command_id: str
 
@@ -176,6 +196,8 @@ MESSAGES = (
     AbortRequests,
     StartProfile,
     StopProfile,
+    LoadLoRAAdapter,
+    UnloadLoRAAdapter,
     GetEngineInfo,
     ControlReply,
 )

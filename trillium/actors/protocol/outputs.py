@@ -22,6 +22,7 @@ class DetokenizeSpec:
     stop: tuple[str, ...]
     include_stop_str_in_output: bool
     min_tokens: int = 0
+    trace_context: dict[str, str] | None = None  # the AddRequest's W3C carrier (detokenize span)
 
 
 @attrs.frozen
@@ -122,6 +123,11 @@ class SchedulerStats:
     step_tokens: tuple[int, ...] = ()  # tokens scheduled per step
     step_durations_s: tuple[float, ...] = ()  # executor time per step
     mailbox_depth: int = 0  # messages the scheduler found waiting at its last drain
+    num_lora_swap_ins: int = 0  # adapters the executor loaded into device slots
+    # -- LoRA state now --
+    running_lora_ids: tuple[int, ...] = ()
+    waiting_lora_ids: tuple[int, ...] = ()
+    max_loras: int = 0
 
 
 MESSAGES = (

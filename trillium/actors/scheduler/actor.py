@@ -6,7 +6,8 @@ BatchResult / ExecutorFailed (executor), lifecycle commands (api,
 protocol/lifecycle.py), ControlReply (executor, detokenizer), Shutdown.
 Produces ExecuteBatch and forwarded lifecycle commands (executor),
 TokenDeltas and forwarded profile commands (detokenizer), SchedulerStats
-and ControlReply (api).
+and ControlReply (api). With an OTLP endpoint configured it also exports
+the stage spans of detailed-traced requests (observability/actor_spans.py).
 
 Loop: give the executor its next work if it is free (a control job first,
 else a step, when the engine state allows stepping), then take every
@@ -32,6 +33,7 @@ from trillium.actors.protocol.requests import AbortRequest, AddRequest, FinishRe
 from trillium.actors.scheduler.control import EngineControl, ToDetokenizer, ToExecutor
 from trillium.actors.scheduler.core import build_scheduler
 from trillium.actors.transport import Outbox
+from trillium.observability.actor_spans import SchedulerSpans, actor_tracer, close_provider
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,9 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
     cfg = ActorConfig.from_bytes(config)
     codec = engine_codec()
     core = build_scheduler(cfg.engine)
+    provider, tracer = actor_tracer(cfg.engine, "scheduler")
+    if tracer is not None:
+        core.on_finished = SchedulerSpans(tracer).on_finished
     mailbox = Mailbox.bind(cfg.addresses.scheduler, codec)
     to_executor = Outbox.connect(cfg.addresses.executor, codec)
     to_detokenizer = Outbox.connect(cfg.addresses.detokenizer, codec)
@@ -59,6 +64,7 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
         shell.profiler.close()
         for box in (to_executor, to_detokenizer, to_api):
             box.close()
+        close_provider(provider)
 
 
 class _Shell:

@@ -117,12 +117,13 @@ class EngineControl:
             lc.DestroyWeightsUpdateGroup: self._destroy_group, lc.StartProfile: self._start_profile,
             lc.StopProfile: self._stop_profile, lc.GetEngineInfo: self._get_info,
             lc.AbortRequests: self._abort_requests, lc.ResetPrefixCache: self._reset_prefix_cache,
+            lc.LoadLoRAAdapter: self._load_lora, lc.UnloadLoRAAdapter: self._unload_lora,
         }
 
     COMMANDS = (
         lc.Pause, lc.Resume, lc.Sleep, lc.WakeUp, lc.UpdateWeightsFromDisk, lc.UpdateWeightsFromTensors,
         lc.UpdateWeightsFromDistributed, lc.InitWeightsUpdateGroup, lc.DestroyWeightsUpdateGroup,
-        lc.StartProfile, lc.StopProfile, *_OFF_LANE,
+        lc.StartProfile, lc.StopProfile, lc.LoadLoRAAdapter, lc.UnloadLoRAAdapter, *_OFF_LANE,
     )
 
     # -- views ------------------------------------------------------------
@@ -419,6 +420,40 @@ class EngineControl:
             return [self._failed(msg, reply)]
         self.update_group = group
         text = f"weights update group {group!r} is open" if group else "weights update group destroyed"
+        return [self._finish(msg, text, reply.data)]
+
+    # -- LoRA adapters --------------------------------------------------------------
+
+    def _load_lora(self, msg: lc.LoadLoRAAdapter, now: float) -> list[Effect]:
+        self._check(Op.LORA)
+        if not self.core.config.max_loras:
+            raise ControlError(400, "LoRA is not enabled: start the server with --enable-lora")
+        if msg.lora_id < 1 or msg.lora_id in self.core.lora_ids:
+            raise ControlError(409, f"LoRA adapter id {msg.lora_id} is already loaded")
+        forwarded = attrs.evolve(msg, command_id=forwarded_id(msg.command_id, "executor"))
+        self._hold(msg, _Job(forwarded, partial(self._lora_changed, msg)))
+        return []
+
+    def _unload_lora(self, msg: lc.UnloadLoRAAdapter, now: float) -> list[Effect]:
+        self._check(Op.LORA)
+        if msg.lora_id not in self.core.lora_ids:
+            raise ControlError(404, f"LoRA adapter id {msg.lora_id} is not loaded")
+        users = self.core.num_requests_using_lora(msg.lora_id)
+        if users:
+            raise ControlError(409, f"{users} requests still use LoRA adapter id {msg.lora_id}")
+        forwarded = attrs.evolve(msg, command_id=forwarded_id(msg.command_id, "executor"))
+        self._hold(msg, _Job(forwarded, partial(self._lora_changed, msg)))
+        return []
+
+    def _lora_changed(self, msg, reply: ControlReply) -> list[Effect]:
+        if not reply.ok:
+            return [self._failed(msg, reply)]
+        if isinstance(msg, lc.LoadLoRAAdapter):
+            self.core.lora_ids.add(msg.lora_id)
+            text = f"LoRA adapter {msg.lora_name!r} loaded"
+        else:
+            self.core.lora_ids.discard(msg.lora_id)
+            text = f"LoRA adapter id {msg.lora_id} unloaded"
         return [self._finish(msg, text, reply.data)]
 
     # -- profiling (bookkeeping in scheduler/profiling.py) -------------------------

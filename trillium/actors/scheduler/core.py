@@ -32,6 +32,8 @@ iff num_computed_tokens + num_scheduled_tokens == its number of known tokens
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 
 from trillium.actors.kv_tiers.block_pool import BlockId, BlockPool
@@ -60,6 +62,7 @@ class SchedulerConfig:
     policy: str = attrs.field(default="fcfs", validator=attrs.validators.in_(("fcfs", "priority")))
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # 0 = off; else cap a prefill's tokens per step
+    max_loras: int = 0  # distinct LoRA adapters among running requests; 0 = LoRA off (lora_id must be 0)
 
     def __attrs_post_init__(self) -> None:
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
@@ -81,6 +84,7 @@ def build_scheduler(engine) -> "Scheduler":
         max_model_len=engine.max_model_len,
         enable_prefix_caching=engine.enable_prefix_caching,
         policy=engine.scheduling_policy,
+        max_loras=engine.max_loras if engine.enable_lora else 0,
     )
     return Scheduler(config)
 
@@ -118,6 +122,10 @@ class Scheduler:
         # Draining (scheduler/lifecycle.py): admit only requests that ran before.
         self._admit_started_only = False
         self.events = events or StepEvents()
+        self.lora_ids: set[int] = set()  # LoRA adapters the executor has (control.py keeps it)
+        # Called with every request as it finishes (final status set); the
+        # actor sets it when tracing is configured (observability/actor_spans.py).
+        self.on_finished: Callable[[Request], None] | None = None
 
     # -- inputs -----------------------------------------------------------
 
@@ -125,6 +133,8 @@ class Scheduler:
         """Queue a request; ValueError if it can never fit."""
         if msg.request_id in self._requests:
             raise ValueError(f"duplicate request id {msg.request_id!r}")
+        if msg.lora_id and msg.lora_id not in self.lora_ids:
+            raise ValueError(f"request {msg.request_id}: LoRA adapter id {msg.lora_id} is not loaded")
         request = Request(msg, self._arrival_seq, self.config.max_model_len)
         request.times = self.events.times(msg.arrival_time)
         num_blocks = self.pool.blocks_needed(request.max_kv_tokens)
@@ -244,10 +254,22 @@ class Scheduler:
             if self._siblings.must_wait(request) or (self._admit_started_only and not request.known_to_executor):
                 put_back.append(request)
                 continue
+            if not self._lora_fits(request):
+                # WHY skip, not stop: its adapter needs a slot; requests for resident
+                # adapters (or the base model) may go first, as vLLM does.
+                put_back.append(request)
+                continue
             if not self._admit(request, plan):
                 put_back.append(request)
                 break  # WHY: strict order; a later, smaller request must not starve this one
         self._policy.push_front(put_back)
+
+    def _lora_fits(self, request: Request) -> bool:
+        """Admitting `request` keeps the running adapters within the device slots."""
+        if not request.lora_id:
+            return True
+        active = {r.lora_id for r in self._running if r.lora_id}
+        return request.lora_id in active or len(active) < self.config.max_loras
 
     def _admit(self, request: Request, plan: StepPlan) -> bool:
         hit = self.pool.get_computed_blocks(request)
@@ -277,6 +299,7 @@ class Scheduler:
         self._in_flight_step = None
         now_s = self.events.clock()
         self.events.step(self._last_num_scheduled_tokens, result.execute_time_s)
+        self.events.num_lora_swap_ins += result.lora_swap_ins
         for chunk in result.prompt_logprobs:
             request = self._requests.get(chunk.request_id)
             if request is not None:
@@ -307,6 +330,8 @@ class Scheduler:
         request.set_status(status)
         self.events.finished_request(request.times, status.finish_reason, request.num_prompt_tokens,
                                      request.num_output_tokens, request.num_preemptions)
+        if self.on_finished is not None:
+            self.on_finished(request)
         self.pool.free(request)
         self._siblings.finished(request)
         del self._requests[request.request_id]
@@ -372,6 +397,9 @@ class Scheduler:
         """Any request a drain must still wait for (running, or preempted)."""
         return bool(self._running) or any(r.known_to_executor for r in self._policy)
 
+    def num_requests_using_lora(self, lora_id: int) -> int:
+        return sum(1 for r in self._requests.values() if r.lora_id == lora_id)
+
     def request_ids(self) -> list[str]:
         return list(self._requests)
 
@@ -401,5 +429,8 @@ class Scheduler:
             engine_state=engine_state,
             weight_version=weight_version,
             mailbox_depth=mailbox_depth,
+            running_lora_ids=tuple(sorted({r.lora_id for r in self._running if r.lora_id})),
+            waiting_lora_ids=tuple(sorted({r.lora_id for r in self._policy if r.lora_id})),
+            max_loras=self.config.max_loras,
             **self.events.take(),
         )

@@ -63,6 +63,7 @@ class Op(enum.Enum):
     RESET_PREFIX_CACHE = "reset_prefix_cache"
     ABORT_REQUESTS = "abort_requests"
     GET_INFO = "get_info"
+    LORA = "lora"  # load / unload a LoRA adapter
 
 
 class _Return:
@@ -90,20 +91,20 @@ TRANSITIONS: dict[EngineState, dict[Op, EngineState | _Return]] = {
         S.SERVING,
         pause=S.PAUSED, drain=S.DRAINING, resume=S.SERVING, sleep=S.SLEEPING,
         wake_up=S.SERVING,  # already awake: a no-op
-        update_weights=S.UPDATING_WEIGHTS, update_group=S.SERVING, profile=S.SERVING,
+        update_weights=S.UPDATING_WEIGHTS, update_group=S.SERVING, profile=S.SERVING, lora=S.SERVING,
     ),
     S.PAUSED: _row(
         S.PAUSED,
         pause=S.PAUSED,  # abort mode aborts what a keep-pause froze
         drain=S.PAUSED,  # nothing steps while paused: already drained
         resume=S.SERVING, sleep=S.SLEEPING, wake_up=S.PAUSED,
-        update_weights=S.UPDATING_WEIGHTS, update_group=S.PAUSED, profile=S.PAUSED,
+        update_weights=S.UPDATING_WEIGHTS, update_group=S.PAUSED, profile=S.PAUSED, lora=S.PAUSED,
     ),
     S.DRAINING: _row(
         S.DRAINING,
         pause=S.PAUSED,  # abort / keep end the drain at once
         drain=S.DRAINING, drained=S.PAUSED, resume=S.SERVING, wake_up=S.DRAINING,
-        update_group=S.DRAINING, profile=S.DRAINING,
+        update_group=S.DRAINING, profile=S.DRAINING, lora=S.DRAINING,
         # WHY no sleep / update_weights: requests are still stepping; pause first.
     ),
     S.SLEEPING: _row(
@@ -165,6 +166,7 @@ _OPS = {
     msg.StartProfile: Op.PROFILE, msg.StopProfile: Op.PROFILE,
     msg.ResetPrefixCache: Op.RESET_PREFIX_CACHE, msg.AbortRequests: Op.ABORT_REQUESTS,
     msg.GetEngineInfo: Op.GET_INFO,
+    msg.LoadLoRAAdapter: Op.LORA, msg.UnloadLoRAAdapter: Op.LORA,
 }
 
 

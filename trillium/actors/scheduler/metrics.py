@@ -49,6 +49,7 @@ class StepEvents:
         self.num_generation_tokens = 0
         self.step_tokens: list[int] = []
         self.step_durations_s: list[float] = []
+        self.num_lora_swap_ins = 0
 
     def times(self, arrival_s: float) -> RequestTimes:
         return RequestTimes(arrival_s, self.clock())
@@ -93,6 +94,7 @@ class StepEvents:
             finished=tuple(self.finished), ttfts_s=tuple(self.ttfts_s), itls_s=tuple(self.itls_s),
             num_prompt_tokens=self.num_prompt_tokens, num_generation_tokens=self.num_generation_tokens,
             step_tokens=tuple(self.step_tokens), step_durations_s=tuple(self.step_durations_s),
+            num_lora_swap_ins=self.num_lora_swap_ins,
         )
         self._reset()
         return fields

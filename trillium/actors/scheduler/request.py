@@ -170,6 +170,7 @@ class Request:
             stop=self.sampling.stop,
             include_stop_str_in_output=self.sampling.include_stop_str_in_output,
             min_tokens=self.sampling.min_tokens,
+            trace_context=self.trace_context,
         )
 
     def add_prompt_logprobs(self, chunk: PromptLogprobs) -> None:

@@ -28,6 +28,7 @@ from trillium.data_plane.protocol import ChatCompletionRequest, parse_request
 from trillium.data_plane.sampling import chat_params, chat_renames, check_prompt
 from trillium.data_plane.state import WEIGHT_VERSION_HEADER, AppState, new_id
 from trillium.data_plane.streaming import DONE, error_event, event, json_response, sse_response, usage
+from trillium.observability.tracing import sample_request
 
 
 class _Chat:
@@ -69,6 +70,7 @@ def blueprint(state: AppState) -> Blueprint:
     async def create_chat_completion():
         req = parse_request(ChatCompletionRequest, await request.get_data())
         model = state.resolve_model(req.model)
+        trace = sample_request(state.engine.tracing, request.headers, model)  # None unless traced
         params = chat_params(req)
         prompt_ids = await state.tokenizer.encode_chat(
             [m.to_template() for m in req.messages],
@@ -82,7 +84,7 @@ def blueprint(state: AppState) -> Blueprint:
         generation = state.admit()
         chat.weight_version = generation.weight_version
         await generation.submit(chat.id, [prompt_ids], [checked], engine.resolved_eos_token_ids,
-                                priority=req.priority or 0)
+                                priority=req.priority or 0, trace=trace, lora_id=state.lora_id(model))
         if req.stream:
             response = sse_response(_stream(state, generation, chat))
         else:

@@ -26,6 +26,7 @@ from trillium.data_plane.protocol import CompletionRequest, parse_request
 from trillium.data_plane.sampling import COMPLETION_RENAMES, check_prompt, completion_params
 from trillium.data_plane.state import WEIGHT_VERSION_HEADER, AppState, new_id
 from trillium.data_plane.streaming import DONE, error_event, event, json_response, sse_response, usage
+from trillium.observability.tracing import sample_request
 
 
 class _Output:
@@ -90,6 +91,7 @@ def blueprint(state: AppState) -> Blueprint:
     async def create_completion():
         req = parse_request(CompletionRequest, await request.get_data())
         model = state.resolve_model(req.model)
+        trace = sample_request(state.engine.tracing, request.headers, model)  # None unless traced
         params = completion_params(req)
         prompts = [p if isinstance(p, list) else await state.tokenizer.encode(p) for p in req.prompt]
         engine = state.engine
@@ -106,7 +108,7 @@ def blueprint(state: AppState) -> Blueprint:
         generation = state.admit()
         completion.weight_version = generation.weight_version
         await generation.submit(completion.id, prompts, checked, engine.resolved_eos_token_ids,
-                                priority=req.priority or 0)
+                                priority=req.priority or 0, trace=trace, lora_id=state.lora_id(model))
         if req.stream:
             response = sse_response(_stream(state, generation, completion))
         else:

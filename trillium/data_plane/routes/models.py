@@ -1,7 +1,9 @@
 """GET /v1/models and /v1/models/<name>: the served model name(s), OpenAI's list format.
 
 Each card also reports the engine's current `weight_version` (bumped by
-every weight update through the control plane)."""
+every weight update through the control plane). LoRA adapters get a card
+each, as vLLM lists them: `root` is the adapter's directory, `parent` the
+base model."""
 
 from __future__ import annotations
 
@@ -12,13 +14,14 @@ from trillium.data_plane.streaming import json_response
 
 
 def _card(state: AppState, name: str) -> dict:
+    adapter = None if state.engine.loras is None else state.engine.loras.get(name)
     return {
         "id": name,
         "object": "model",
         "created": state.created_s,
         "owned_by": "trillium",
-        "root": state.engine.model_name,
-        "parent": None,
+        "root": state.engine.model_name if adapter is None else adapter.path,
+        "parent": None if adapter is None else state.engine.model_name,
         "max_model_len": state.engine.max_model_len,
         "weight_version": state.weight_version(),
     }
@@ -29,7 +32,10 @@ def blueprint(state: AppState) -> Blueprint:
 
     @bp.get("/v1/models")
     async def list_models():
-        return json_response({"object": "list", "data": [_card(state, n) for n in state.engine.served_model_name]})
+        names = list(state.engine.served_model_name)
+        if state.engine.loras is not None:
+            names += [module.name for module in state.engine.loras.served()]
+        return json_response({"object": "list", "data": [_card(state, n) for n in names]})
 
     @bp.get("/v1/models/<path:name>")
     async def retrieve_model(name: str):
