@@ -25,6 +25,8 @@ ROUTES = [
     ("POST", "/start_profile"), ("POST", "/stop_profile"),
     ("POST", "/reset_prefix_cache"), ("POST", "/abort_requests"),
     ("GET", "/server_info"), ("GET", "/health"), ("GET", "/metrics"),
+    ("GET", "/tracing"), ("POST", "/tracing"),
+    ("POST", "/v1/load_lora_adapter"), ("POST", "/v1/unload_lora_adapter"),
     ("GET", "/no_such_route"),  # unknown routes do not reveal themselves either
 ]
 
