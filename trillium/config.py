@@ -19,6 +19,8 @@ import cattrs
 _converter = cattrs.Converter()
 
 DEFAULT_KV_CACHE_MEMORY = "512MiB"
+# --kv-cache-dtype values; a resolved config holds one of the last five (models/kv_cache.py).
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "float32", "bfloat16", "float16")
 
 
 def parse_memory(value: str | int | float, total_bytes: int | None = None) -> int:
@@ -50,7 +52,16 @@ class EngineConfig:
     block_size: int = 16
     kv_cache_memory: str = DEFAULT_KV_CACHE_MEMORY
     num_blocks: int = 0  # resolved from kv_cache_memory
+    # auto (the model dtype) | fp8_e4m3 | fp8_e5m2 (fp8 = fp8_e4m3); resolved to a dtype name.
+    # fp8 halves the KV bytes per token of bf16: twice the tokens in the same kv_cache_memory.
+    kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
+    # Host KV tier (actors/kv_tiers/host.py): prefix-cache blocks the device evicts spill to
+    # host memory (pinned on CUDA) and load back on a hit; 0 = off. Needs prefix caching.
+    kv_host_bytes: int = attrs.field(default=0, converter=parse_memory)
+    kv_eviction_policy: str = "lru"  # lru | arc: which host block leaves first
+    num_host_blocks: int = 0  # resolved from kv_host_bytes
+    kv_block_bytes: int = 0  # resolved: one KV block across all layers
     scheduling_policy: str = "fcfs"  # fcfs | priority
     seed: int = 0
     served_model_name: str = ""
@@ -71,6 +82,9 @@ class EngineConfig:
             raise ValueError("--max-loras and --max-lora-rank must be >= 1 (and --max-cpu-loras >= 0)")
         if self.collect_detailed_traces and not self.otlp_traces_endpoint:
             raise ValueError("--collect-detailed-traces needs --otlp-traces-endpoint")
+        _check_host_tier(self)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype!r}: choose from {', '.join(KV_CACHE_DTYPES)}")
 
     def to_bytes(self) -> bytes:
         return json.dumps(_converter.unstructure(self)).encode()
@@ -80,7 +94,7 @@ class EngineConfig:
         return _converter.structure(json.loads(data), EngineConfig)
 
     def resolve(self) -> "EngineConfig":
-        """Fill max_model_len, num_blocks, dtype and served_model_name from the model."""
+        """Fill max_model_len, num_blocks, dtype, kv_cache_dtype and served_model_name from the model."""
         from trillium.models.loader import load_model_config
         from trillium.models.llama import kv_cache_block_bytes
 
@@ -93,22 +107,37 @@ class EngineConfig:
                 f"({model_config.max_position_embeddings})"
             )
         budget = parse_memory(self.kv_cache_memory, _device_memory_bytes(self.device))
-        per_block = kv_cache_block_bytes(model_config, self.block_size, dtype)
+        kv_dtype = {"auto": dtype, "fp8": "fp8_e4m3"}.get(self.kv_cache_dtype, self.kv_cache_dtype)
+        per_block = kv_cache_block_bytes(model_config, self.block_size, kv_dtype)
         num_blocks = self.num_blocks or budget // per_block
         if num_blocks < 2:
             raise ValueError(
                 f"--kv-cache-memory {self.kv_cache_memory} holds {num_blocks} blocks "
                 f"({per_block} bytes each); need at least 2"
             )
+        num_host_blocks = self.num_host_blocks or self.kv_host_bytes // per_block
+        if self.kv_host_bytes and num_host_blocks < 1:
+            raise ValueError(f"--kv-host-bytes {self.kv_host_bytes} holds no {per_block}-byte KV block")
         name = self.served_model_name or _default_served_name(self.model)
         return attrs.evolve(
-            self, dtype=dtype, max_model_len=max_len, num_blocks=int(num_blocks),
-            served_model_name=name,
+            self, dtype=dtype, kv_cache_dtype=kv_dtype, max_model_len=max_len, num_blocks=int(num_blocks),
+            served_model_name=name, num_host_blocks=int(num_host_blocks), kv_block_bytes=per_block,
         )
 
     @property
     def num_kv_tokens(self) -> int:
         return self.num_blocks * self.block_size
+
+
+def _check_host_tier(config: EngineConfig) -> None:
+    from trillium.actors.kv_tiers.policies import POLICIES
+
+    if config.kv_host_bytes < 0 or config.num_host_blocks < 0:
+        raise ValueError("--kv-host-bytes must be >= 0")
+    if (config.kv_host_bytes or config.num_host_blocks) and not config.enable_prefix_caching:
+        raise ValueError("--kv-host-bytes needs prefix caching: the host tier is keyed by block hashes")
+    if config.kv_eviction_policy not in POLICIES:
+        raise ValueError(f"--kv-eviction-policy must be one of {sorted(POLICIES)}, got {config.kv_eviction_policy!r}")
 
 
 def _default_served_name(model: str) -> str:

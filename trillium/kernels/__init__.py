@@ -5,8 +5,12 @@ Public API (dispatching on the tensors' device):
     rms_norm(x, weight, eps) -> y
     silu_and_mul(x) -> y
     rotary_embedding(positions, q, k, cos_sin_cache) -> (q, k)
-    write_kv_cache(k, v, k_cache, v_cache, slot_mapping) -> None (in place)
-    paged_attention(q, k_cache, v_cache, meta, scale) -> out
+    write_kv_cache(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None (in place)
+    paged_attention(q, k_cache, v_cache, meta, scale, k_scale=None, v_scale=None) -> out
+
+KV caches are float32 / bfloat16 / float16, or fp8 (float8_e4m3fn,
+float8_e5m2) with per-tensor float32 scales: values are stored divided by
+the scale and read back multiplied by it (see `fp8.py`).
 
 `reference.py` defines the semantics; Triton kernels (used when the input is
 on CUDA and Triton imports) must match it. Set TRILLIUM_KERNELS=reference to

@@ -77,16 +77,20 @@ def write_kv_cache(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     if wants_triton(k) and k_cache.is_contiguous() and v_cache.is_contiguous():
-        head_dim = k.shape[-1]
-        if k.stride(-1) != 1 or k.stride(-2) != head_dim:
-            k = k.contiguous()
-        if v.stride(-1) != 1 or v.stride(-2) != head_dim:
-            v = v.contiguous()
-        _triton("kv_cache").write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
-        return
-    reference.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+        kernels = _triton("kv_cache")
+        if kernels.fp8_cache_supported(k_cache) and k_cache.dtype == v_cache.dtype:
+            head_dim = k.shape[-1]
+            if k.stride(-1) != 1 or k.stride(-2) != head_dim:
+                k = k.contiguous()
+            if v.stride(-1) != 1 or v.stride(-2) != head_dim:
+                v = v.contiguous()
+            kernels.write_kv_cache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+            return
+    reference.write_kv_cache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 
 def paged_attention(
@@ -95,11 +99,13 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     if wants_triton(q):
         kernels = _triton("attention")
         if kernels.paged_attention_supported(q, k_cache, v_cache):
             if q.stride(-1) != 1:
                 q = q.contiguous()
-            return kernels.paged_attention(q, k_cache, v_cache, meta, scale)
-    return reference.paged_attention(q, k_cache, v_cache, meta, scale)
+            return kernels.paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale)
+    return reference.paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale)

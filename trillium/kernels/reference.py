@@ -2,6 +2,9 @@
 
 These run on any device and define the semantics that the Triton kernels in
 this package must match. See `metadata.py` for the batch and cache layout.
+
+fp8 KV caches hold keys and values divided by a per-tensor scale (see
+`fp8.py`); float caches take no scale and do no extra work.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from trillium.kernels.fp8 import is_fp8, quantize_fp8, widen_fp8
 from trillium.kernels.metadata import AttentionMetadata
 
 
@@ -61,11 +65,21 @@ def write_kv_cache(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Scatter k, v: [T, KH, D] into the caches at slot_mapping: [T] (in place)."""
+    """Scatter k, v: [T, KH, D] into the caches at slot_mapping: [T] (in place).
+
+    fp8 caches get x / scale, saturated (see the module docstring).
+    """
     num_blocks, block_size, kh, d = k_cache.shape
-    k_cache.view(num_blocks * block_size, kh, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(num_blocks * block_size, kh, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    for x, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+        flat = cache.view(num_blocks * block_size, kh, d)
+        if is_fp8(cache.dtype):
+            # NOTE: CPU has no fp8 index_copy_; the bytes are the same.
+            flat.view(torch.uint8).index_copy_(0, slot_mapping, quantize_fp8(x, scale, cache.dtype).view(torch.uint8))
+        else:
+            flat.index_copy_(0, slot_mapping, x.to(cache.dtype))
 
 
 # WHY: decode gathers of K/V are MiBs per layer. Gathering the whole batch at
@@ -91,15 +105,15 @@ class _GatherWorkspace(threading.local):
     def __init__(self) -> None:
         self.buffers: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
-    def borrow(self, numel: int, like: torch.Tensor) -> torch.Tensor | None:
-        if numel * like.element_size() > _WORKSPACE_MAX_BYTES:
+    def borrow(self, numel: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:
+        if numel * dtype.itemsize > _WORKSPACE_MAX_BYTES:
             return None
         # WHY: a buffer made under inference_mode is an inference tensor, which
         # may not be written outside it (and vice versa for views); keep one per mode.
-        key = (like.device, like.dtype, torch.is_inference_mode_enabled())
+        key = (device, dtype, torch.is_inference_mode_enabled())
         buf = self.buffers.get(key)
         if buf is None or buf.numel() < numel:
-            buf = torch.empty(numel, dtype=like.dtype, device=like.device)
+            buf = torch.empty(numel, dtype=dtype, device=device)
             self.buffers[key] = buf
         return buf[:numel]
 
@@ -108,12 +122,13 @@ _workspace = _GatherWorkspace()
 
 
 def _gather_kv(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor
+    k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Whole-block gather: table [..., n] of block ids -> K, V [..., n * block_size, KH, D].
+    """Whole-block gather: table [..., n] of block ids -> K, V [..., n * block_size, KH, D] in `dtype`.
 
     Block granularity (16 KiB rows at block 16, KH 4, D 64) keeps index_select on
-    its memcpy path; a per-token gather is several times slower.
+    its memcpy path; a per-token gather is several times slower. fp8 blocks
+    are gathered as they are, then widened to `dtype` (see `_widen`).
     """
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     flat_table = table.reshape(-1)
@@ -127,7 +142,7 @@ def _gather_kv(
         and v_cache.is_contiguous()
         and v_cache.dtype == k_cache.dtype
     )
-    buf = _workspace.borrow(2 * numel, k_cache) if reusable else None
+    buf = _workspace.borrow(2 * numel, k_cache.device, k_cache.dtype) if reusable else None
     if buf is None:
         keys = k_cache.index_select(0, flat_table)
         values = v_cache.index_select(0, flat_table)
@@ -135,7 +150,29 @@ def _gather_kv(
         gathered = (flat_table.numel(), block_size, num_kv_heads, head_dim)
         keys = torch.index_select(k_cache, 0, flat_table, out=buf[:numel].view(gathered))
         values = torch.index_select(v_cache, 0, flat_table, out=buf[numel:].view(gathered))
+    if keys.dtype != dtype:
+        keys, values = _widen(keys, values, dtype, reusable)
     return keys.view(shape), values.view(shape)
+
+
+def _widen(
+    keys: torch.Tensor, values: torch.Tensor, dtype: torch.dtype, reusable: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gathered fp8 K, V -> `dtype`, into a second workspace buffer when allowed.
+
+    Exact: every e4m3fn / e5m2 value is a float32, bfloat16 and float16 value.
+    The scales are applied to q and the output instead (see `paged_attention`).
+    """
+    numel = keys.numel()
+    buf = _workspace.borrow(2 * numel, keys.device, dtype) if reusable else None
+    if buf is None:
+        buf = torch.empty(2 * numel, dtype=dtype, device=keys.device)
+    e4m3 = reusable and keys.dtype == torch.float8_e4m3fn  # only its widening needs int16 scratch
+    scratch = _workspace.borrow(numel, keys.device, torch.int16) if e4m3 else None
+    return (
+        widen_fp8(keys, buf[:numel].view(keys.shape), scratch),
+        widen_fp8(values, buf[numel:].view(values.shape), scratch),
+    )
 
 
 # ---- the per-step plan -------------------------------------------------------
@@ -193,7 +230,7 @@ def _build_plan(meta: AttentionMetadata, k_cache: torch.Tensor, dtype: torch.dty
     decode_idx = [b for b, n in enumerate(qlens) if n == 1]
     chunks = tuple(
         _decode_chunk_plan(meta, seqs, starts, k_cache.shape[1], device, dtype)
-        for seqs in (_decode_chunks(decode_idx, meta, k_cache) if decode_idx else [])
+        for seqs in (_decode_chunks(decode_idx, meta, k_cache, dtype) if decode_idx else [])
     )
     prefill = []
     for b, qlen in enumerate(qlens):
@@ -237,12 +274,14 @@ def _additive(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(valid.shape, dtype=dtype, device=valid.device).masked_fill_(~valid, float("-inf"))
 
 
-def _decode_chunks(decode_idx: list[int], meta: AttentionMetadata, k_cache: torch.Tensor) -> list[list[int]]:
-    """Split decode sequences into equal chunks of about _GATHER_CHUNK_BYTES of K + V each."""
+def _decode_chunks(
+    decode_idx: list[int], meta: AttentionMetadata, k_cache: torch.Tensor, dtype: torch.dtype
+) -> list[list[int]]:
+    """Split decode sequences into equal chunks of about _GATHER_CHUNK_BYTES of K + V each (in `dtype`)."""
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     slens = meta.seq_lens_list
     max_blocks = (max(slens[b] for b in decode_idx) + block_size - 1) // block_size
-    per_seq_bytes = 2 * max_blocks * block_size * num_kv_heads * head_dim * k_cache.element_size()
+    per_seq_bytes = 2 * max_blocks * block_size * num_kv_heads * head_dim * dtype.itemsize
     num_chunks = min(len(decode_idx), -(-per_seq_bytes * len(decode_idx) // _GATHER_CHUNK_BYTES))
     size = -(-len(decode_idx) // num_chunks)
     return [decode_idx[i : i + size] for i in range(0, len(decode_idx), size)]
@@ -262,6 +301,8 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of flat varlen queries over the paged KV cache.
 
@@ -282,7 +323,28 @@ def paged_attention(
     zeros: SDPA still multiplies masked V rows by 0, and 0 * NaN is NaN.
     Zeroing the tails per call would cost ~10% of decode attention. The
     Triton kernel never loads them.
+
+    fp8 caches: K and V are widened to q's dtype, and the scales go where
+    they cost least: (q * k_scale) . k == q . (k * k_scale) and
+    sum p (v * v_scale) == v_scale * sum p v, on T rows instead of every
+    gathered key.
     """
+    if k_scale is not None and is_fp8(k_cache.dtype):
+        q = _scaled(q, k_scale)
+    out = _attend(q, k_cache, v_cache, meta, scale)
+    if v_scale is not None and is_fp8(v_cache.dtype):
+        out = _scaled(out, v_scale)
+    return out
+
+
+def _scaled(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x * scale (a float32 one-element tensor), rounded once to x's dtype."""
+    return x * scale if x.dtype == torch.float32 else (x.float() * scale).to(x.dtype)
+
+
+def _attend(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
     plan = _plan(meta, k_cache, q.dtype)
     enable_gqa = q.shape[1] != k_cache.shape[2]
     if plan.decode_rows_in_order and plan.decode:
@@ -320,7 +382,7 @@ def _attend_decode(
     qd = q[chunk.rows] if isinstance(chunk.rows, slice) else q.index_select(0, chunk.rows)
     num_seqs, num_heads, head_dim = qd.shape
     num_kv_heads = k_cache.shape[2]
-    keys, values = _gather_kv(k_cache, v_cache, chunk.table)  # [Bc, max_blocks * bs, KH, D]
+    keys, values = _gather_kv(k_cache, v_cache, chunk.table, q.dtype)  # [Bc, max_blocks * bs, KH, D]
     o = F.scaled_dot_product_attention(
         qd.reshape(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim),
         keys[:, : chunk.max_len].transpose(1, 2),
@@ -340,7 +402,7 @@ def _attend_prefill(
     enable_gqa: bool,
 ) -> torch.Tensor:
     """SDPA for one sequence with q_len > 1 -> [q_len, H, D]."""
-    keys, values = _gather_kv(k_cache, v_cache, seq.table)  # [nblk * bs, KH, D]
+    keys, values = _gather_kv(k_cache, v_cache, seq.table, q.dtype)  # [nblk * bs, KH, D]
     o = F.scaled_dot_product_attention(
         q[seq.rows].transpose(0, 1),  # [H, Q, D]
         keys[: seq.seq_len].transpose(0, 1),

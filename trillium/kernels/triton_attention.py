@@ -25,6 +25,10 @@ The idea (flash attention over a paged cache, GQA packed into rows):
 Packing the G heads into rows makes decode (q_len 1) fill a 16-row tile with
 useful work for G >= 4 and reads each K/V tile once per KV head, not per
 query head. Semantics are those of `reference.paged_attention`.
+
+fp8 caches: K/V tiles are loaded as fp8 (a quarter of float32's bytes) and
+widened to q's dtype (exact), so the dots run as for a float cache; k_scale
+is folded into the score scale and v_scale into the final normalization.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from trillium.kernels.fp8 import FP8_DTYPES
 from trillium.kernels.metadata import AttentionMetadata
+from trillium.kernels.triton_kv_cache import fp8_cache_supported, scale_or_one
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
@@ -61,6 +67,8 @@ def _paged_attention_kernel(
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     out_ptr,
     query_start_ptr,
     seq_lens_ptr,
@@ -111,6 +119,9 @@ def _paged_attention_kernel(
     q = tl.load(q_ptr + q_offs, mask=q_mask, other=0.0)
     if DOT_FP32:
         q = q.to(tl.float32)
+    qk_scale = scale_log2
+    if k_cache_ptr.dtype.element_ty.is_fp8():  # static: float caches never load the scales
+        qk_scale = scale_log2 * tl.load(k_scale_ptr)
     q_pos = context_len + q_idx
     # The last query row of this program sees keys up to its own position.
     kv_end = tl.minimum(seq_len, context_len + (q_block + 1) * BLOCK_Q)
@@ -132,7 +143,10 @@ def _paged_attention_kernel(
         if DOT_FP32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale_log2
+        if k_cache_ptr.dtype.element_ty.is_fp8():
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
         visible = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
         s = tl.where(visible, s, float("-inf"))
         # INVARIANT: the first tile holds key 0, visible to every row, so
@@ -145,6 +159,8 @@ def _paged_attention_kernel(
         m_i = m_new
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    if v_cache_ptr.dtype.element_ty.is_fp8():
+        out = out * tl.load(v_scale_ptr)
     out_offs = token[:, None] * stride_o_t + head[:, None] * stride_o_h + dims[None, :]
     tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
@@ -153,7 +169,8 @@ def paged_attention_supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     """Inputs this kernel handles; everything else goes to the torch reference."""
     return (
         q.dtype in _FLOAT_DTYPES
-        and k_cache.dtype == v_cache.dtype == q.dtype
+        and k_cache.dtype == v_cache.dtype
+        and (k_cache.dtype == q.dtype or (k_cache.dtype in FP8_DTYPES and fp8_cache_supported(k_cache)))
         and k_cache.is_contiguous()
         and v_cache.is_contiguous()
         and q.shape[-1] <= MAX_HEAD_DIM
@@ -172,7 +189,9 @@ def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     assert num_heads % num_kv_heads == 0, f"H={num_heads} not a multiple of KH={num_kv_heads}"
     assert head_dim <= MAX_HEAD_DIM, f"head_dim {head_dim} > {MAX_HEAD_DIM}"
     assert q.dtype in _FLOAT_DTYPES, f"unsupported dtype {q.dtype}"
-    assert k_cache.dtype == v_cache.dtype == q.dtype, f"dtypes {q.dtype}/{k_cache.dtype}/{v_cache.dtype}"
+    assert k_cache.dtype == v_cache.dtype and k_cache.dtype in (q.dtype, *FP8_DTYPES), (
+        f"dtypes {q.dtype}/{k_cache.dtype}/{v_cache.dtype}"
+    )
     assert q.stride(2) == 1, "q: head_dim must be contiguous"
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous"
     num_seqs = meta.num_seqs
@@ -197,8 +216,13 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q: [T, H, D] over caches [num_blocks, block_size, KH, D] -> out [T, H, D] (contiguous)."""
+    """q: [T, H, D] over caches [num_blocks, block_size, KH, D] -> out [T, H, D] (contiguous).
+
+    fp8 caches: k_scale / v_scale are float32 one-element tensors on q's device (None: 1.0).
+    """
     _check_inputs(q, k_cache, v_cache, meta)
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -220,7 +244,7 @@ def paged_attention(
     precision = "ieee" if q.dtype == torch.float32 or dot_fp32 else "tf32"
     grid = (num_tokens // block_q + meta.num_seqs, num_kv_heads)
     _paged_attention_kernel[grid](
-        q, k_cache, v_cache, out,
+        q, k_cache, v_cache, scale_or_one(k_scale, k_cache), scale_or_one(v_scale, v_cache), out,
         meta.query_start_loc, meta.seq_lens, meta.block_tables,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         meta.block_tables.stride(0),

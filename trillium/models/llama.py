@@ -1,8 +1,9 @@
 """Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) over the paged KV cache.
 
 Input is one flat varlen batch (see `trillium.kernels.metadata`): T tokens
-of B sequences back to back, their positions, and per layer a
-(k_cache, v_cache) pair of shape [num_blocks, block_size, KH, D]. Each layer
+of B sequences back to back, their positions, and per layer a `KvCache`
+(`kv_cache.py`: k_cache, v_cache [num_blocks, block_size, KH, D], and the
+per-tensor scales of an fp8 cache). Each layer
 writes the new tokens' keys/values into the cache first, then attends over
 the cache, so prefill, chunked prefill with context and decode are one path.
 
@@ -33,12 +34,11 @@ from torch import nn
 from trillium import kernels
 from trillium.kernels import AttentionMetadata
 from trillium.models.config import ModelConfig, torch_dtype
+from trillium.models.kv_cache import KvCache, allocate_kv_caches, kv_cache_block_bytes  # noqa: F401 (re-exported)
 from trillium.models.rope import build_cos_sin_cache, default_num_positions
 
 if TYPE_CHECKING:  # WHY: trillium.lora imports trillium.models.config; avoid the cycle at run time
     from trillium.lora import LayerLoRA, LoRABatch
-
-KvCache = tuple[torch.Tensor, torch.Tensor]
 
 # HF module suffix -> (fused module suffix, shard name)
 _STACKED_PARAMS = {
@@ -132,9 +132,12 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = kernels.rotary_embedding(positions, q, k, cos_sin_cache)
-        k_cache, v_cache = kv_cache
-        kernels.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = kernels.paged_attention(q, k_cache, v_cache, meta, self.scale).reshape(num_tokens, self.q_size)
+        if not kv_cache.calibrated:  # fp8: the first write sets the scales
+            kv_cache.calibrate(k, v)
+        k_cache, v_cache, k_scale, v_scale = kv_cache.k_cache, kv_cache.v_cache, kv_cache.k_scale, kv_cache.v_scale
+        kernels.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        out = kernels.paged_attention(q, k_cache, v_cache, meta, self.scale, k_scale, v_scale)
+        out = out.reshape(num_tokens, self.q_size)
         projected = self.o_proj(out)
         if lora is not None:
             lora.apply("o_proj", out, projected)
@@ -356,28 +359,7 @@ class LlamaForCausalLM(nn.Module):
         dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
     ) -> list[KvCache]:
+        """Per layer a KvCache; dtype: the model's, or a KV cache dtype ('fp8_e4m3', ...)."""
         return allocate_kv_caches(
             self.config, num_blocks, block_size, dtype or self.dtype, device or self.device
         )
-
-
-def kv_cache_block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype | str) -> int:
-    """Bytes one KV block takes across all layers (keys and values)."""
-    element_bytes = torch.empty((), dtype=torch_dtype(dtype)).element_size()
-    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * element_bytes
-
-
-def allocate_kv_caches(
-    config: ModelConfig,
-    num_blocks: int,
-    block_size: int,
-    dtype: torch.dtype | str,
-    device: torch.device | str,
-) -> list[KvCache]:
-    """Per layer (k_cache, v_cache), each [num_blocks, block_size, KH, D], zeroed."""
-    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
-    dtype = torch_dtype(dtype)
-    return [
-        (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-        for _ in range(config.num_layers)
-    ]

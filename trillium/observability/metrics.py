@@ -21,6 +21,9 @@ scrape time. Names and semantics follow vLLM's, under `trillium:`:
                 (vLLM's info gauge: the value is the time of the reading), lora_loads_total,
                 lora_unloads_total, lora_swap_ins_total (adapters moved into a device slot)
                 -- only with --enable-lora
+    KV tiers    kv_tier_usage_perc{tier}, kv_tier_hits_total{tier} (prefix-cache hits, blocks),
+                kv_tier_evictions_total{tier} (blocks), kv_tier_bytes_moved_total{direction}
+                (to_host, to_device); tier is "device" or "host" -- only with --kv-host-bytes
 
 `request_success_total{finished_reason}` counts each request's final
 output as the client gets it (`finished_output`, from the detokenizer's
@@ -104,6 +107,8 @@ class _StateCollector:
                       stats.prefix_cache_queries_total if stats else 0)
         yield counter("trillium:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                       stats.prefix_cache_hits_total if stats else 0)
+        if stats is not None and stats.kv_tiers:
+            yield from _tier_families(model, stats)
         depth = GaugeMetricFamily("trillium:actor_mailbox_depth",
                                   "Messages waiting in an actor's inbox (scheduler: at its last drain).",
                                   labels=["model_name", "actor"])
@@ -116,6 +121,25 @@ class _StateCollector:
             for actor, alive in sorted(self._actors_alive().items()):
                 up.add_metric([model, actor], float(alive))
             yield up
+
+
+def _tier_families(model: str, stats):
+    """The KV tier series (a host tier is configured: the stats carry tiers)."""
+    usage = GaugeMetricFamily("trillium:kv_tier_usage_perc", "Fraction of a KV tier's blocks in use (0-1).",
+                              labels=["model_name", "tier"])
+    hits = CounterMetricFamily("trillium:kv_tier_hits", "Prefix-cache hits served by a KV tier, in blocks.",
+                               labels=["model_name", "tier"])
+    evictions = CounterMetricFamily("trillium:kv_tier_evictions", "Cached KV blocks a tier dropped for room.",
+                                    labels=["model_name", "tier"])
+    for tier in stats.kv_tiers:
+        usage.add_metric([model, tier.tier], tier.usage)
+        hits.add_metric([model, tier.tier], tier.hit_blocks_total)
+        evictions.add_metric([model, tier.tier], tier.evicted_blocks_total)
+    moved = CounterMetricFamily("trillium:kv_tier_bytes_moved", "KV bytes copied between the device and host tiers.",
+                                labels=["model_name", "direction"])
+    moved.add_metric([model, "to_host"], stats.kv_bytes_to_host_total)
+    moved.add_metric([model, "to_device"], stats.kv_bytes_to_device_total)
+    yield from (usage, hits, evictions, moved)
 
 
 class _LoRACollector:

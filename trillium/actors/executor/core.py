@@ -63,9 +63,16 @@ class ExecutorCore:
             config.model, dtype=config.dtype, device=config.device, max_positions=config.max_model_len
         )
         self.model.eval()
+        self.kv_cache_dtype = config.kv_cache_dtype if config.kv_cache_dtype != "auto" else config.dtype
         self.kv_caches = allocate_kv_caches(
-            self.model_config, config.num_blocks, config.block_size, self.dtype, self.device
+            self.model_config, config.num_blocks, config.block_size, self.kv_cache_dtype, self.device
         )
+        self.host_kv = None  # executor/host_kv.py: the host KV tier's memory, if configured
+        if config.num_host_blocks:
+            from trillium.actors.executor.host_kv import HostKvStore
+
+            self.host_kv = HostKvStore(self.kv_caches, config.num_blocks, config.num_host_blocks,
+                                       config.block_size, self.device)
         self.requests: dict[str, RequestState] = {}
         self.lora = None
         if config.enable_lora:
@@ -74,8 +81,8 @@ class ExecutorCore:
             self.lora = LoRAManager(self.model_config, config.max_loras, config.max_lora_rank,
                                     config.max_cpu_loras, self.dtype, self.device)
         log.info(
-            "executor ready: %s (%s), KV cache %d blocks x %d tokens",
-            config.model, config.dtype, config.num_blocks, config.block_size,
+            "executor ready: %s (%s), KV cache %d blocks x %d tokens (%s)",
+            config.model, config.dtype, config.num_blocks, config.block_size, self.kv_cache_dtype,
         )
 
     # -- state updates -------------------------------------------------
@@ -129,6 +136,8 @@ class ExecutorCore:
     @torch.inference_mode()
     def execute(self, batch: ExecuteBatch) -> BatchResult:
         start = time.perf_counter()
+        if self.host_kv is not None:  # before anything writes the cache (see host_kv.py)
+            self.host_kv.apply(self.kv_caches, batch)
         states = self._apply_diffs(batch)
         counts = batch.num_scheduled_tokens.tolist()
         input_ids: list[int] = []

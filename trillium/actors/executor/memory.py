@@ -9,7 +9,8 @@
 
 Waking is per tag ("weights", "kv_cache"), in either order. The KV cache
 comes back zeroed (its content is gone; the scheduler reset its prefix
-cache at sleep) and the weights go back to the device.
+cache at sleep), an fp8 cache with its scales uncalibrated (the first write
+sets them again, models/kv_cache.py), and the weights go back to the device.
 
 Freed means freed: the last references are dropped (the per-thread gather
 workspace of the reference kernels too), then `gc.collect()`, and on CPU
@@ -120,7 +121,7 @@ class DeviceMemory:
 
             cfg = self.core.config
             self.core.kv_caches = allocate_kv_caches(
-                self.core.model_config, cfg.num_blocks, cfg.block_size, self.core.dtype, self.device
+                self.core.model_config, cfg.num_blocks, cfg.block_size, self.core.kv_cache_dtype, self.device
             )
             self.asleep.discard(KV_CACHE)
         if not self.asleep:

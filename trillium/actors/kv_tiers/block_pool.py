@@ -35,6 +35,13 @@ and collision-resistant, so a crafted prompt cannot alias another user's KV.
 The extra key is the LoRA id (0 = base model), mixed into every block, so
 adapters never share blocks.
 
+Lower tier (optional, kv_tiers/host.py): a slower cache under the device.
+The pool tells it about every cached block it evicts (`evicted`), and
+`get_computed_blocks` keeps walking the request's hashes in it past the
+device hits. Its hits become fresh device blocks in `allocate_slots`,
+registered under their hashes at once and queued as loads that the
+executor runs before the step's forward.
+
 Cost: allocation and freeing are O(blocks touched); the free queue is an
 OrderedDict (a C doubly linked list: O(1) pop-front, append, remove).
 """
@@ -76,11 +83,27 @@ class PoolRequest(Protocol):
     def reads_prefix_cache(self) -> bool: ...
 
 
+class LowerTier(Protocol):
+    """A slower KV tier under the pool (host memory): takes what the device
+    evicts, serves prefix hits the device no longer has (kv_tiers/host.py)."""
+
+    def evicted(self, block_id: BlockId, block_hash: BlockHash) -> None: ...
+
+    def lookup(self, block_hashes: Sequence[BlockHash]) -> tuple[int, ...]: ...
+
+    def reserve(self, slots: Sequence[int]) -> None: ...
+
+    def load(self, slot: int, block_id: BlockId) -> None: ...
+
+
 class PrefixHit(NamedTuple):
-    """Leading blocks of a request found in the cache, and the tokens they hold."""
+    """Leading blocks of a request found in the cache, and the tokens they hold:
+    device blocks, then the lower tier's slots of the blocks that follow them
+    (num_computed_tokens counts both)."""
 
     block_ids: tuple[BlockId, ...]
     num_computed_tokens: int
+    lower_slots: tuple[int, ...] = ()
 
 
 NO_HIT = PrefixHit((), 0)
@@ -149,12 +172,19 @@ class DisabledPrefixIndex(PrefixIndex):
 class BlockPool:
     """Fixed set of `num_blocks` KV blocks of `block_size` tokens each."""
 
-    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True,
+                 lower_tier: LowerTier | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        if lower_tier is not None and not enable_prefix_caching:
+            raise ValueError("a lower KV tier is keyed by block hashes: it needs prefix caching")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._index = PrefixIndex(block_size) if enable_prefix_caching else DisabledPrefixIndex(block_size)
+        self._lower = lower_tier
+        # Lifetime totals, in blocks: device prefix hits at admission, cached blocks evicted.
+        self.num_hit_blocks = 0
+        self.num_evicted_blocks = 0
         self._ref_cnt = [0] * num_blocks
         self._hash: list[BlockHash | None] = [None] * num_blocks
         # INVARIANT: a block is in _free iff its ref count is 0.
@@ -221,7 +251,8 @@ class BlockPool:
         Never the whole request: the last token must be computed so its
         position produces logits, so only blocks that end at or before
         num_tokens - 1 are looked up (a fully cached prompt backs off by one
-        block). Pure lookup: nothing is taken until `allocate_slots`.
+        block). Past the device's hits the walk goes on in the lower tier.
+        Pure lookup: nothing is taken until `allocate_slots`.
         """
         if not request.reads_prefix_cache:
             return NO_HIT
@@ -232,7 +263,18 @@ class BlockPool:
             if block_id is None:
                 break
             found.append(block_id)
-        return PrefixHit(tuple(found), len(found) * self.block_size)
+        slots: tuple[int, ...] = ()
+        if self._lower is not None and len(found) < max_blocks:
+            rest = request.block_hashes[len(found) : max_blocks]
+            slots = self._lower.lookup(rest)
+            # WHY stop at a block the device holds again: lower-tier hits load into
+            # fresh blocks after the device hits; a mixed chain is rare (another
+            # request recomputed a later block) and not worth the bookkeeping.
+            for k in range(len(slots)):
+                if self._index.lookup(rest[k]) is not None:
+                    slots = slots[:k]
+                    break
+        return PrefixHit(tuple(found), (len(found) + len(slots)) * self.block_size, slots)
 
     def cache_full_blocks(self, request: PoolRequest) -> int:
         """Register the request's blocks that are full of computed tokens.
@@ -276,31 +318,37 @@ class BlockPool:
 
         `prefix_hit` (from get_computed_blocks, only on admission) is taken
         first: its blocks join the request's table and its tokens count as
-        computed. Returns the block ids appended to the request's table
-        (hit blocks, then fresh ones), or None, changing nothing, if the free
-        queue is too short.
+        computed; its lower-tier hits get fresh blocks, registered in the
+        cache and queued as loads. Returns the block ids appended to the
+        request's table (hit blocks, loaded ones, then fresh ones), or None,
+        changing nothing, if the free queue is too short.
         """
         rid = request.request_id
         held = self._req_blocks.get(rid)
         is_new = held is None
         num_tokens = request.num_computed_tokens + prefix_hit.num_computed_tokens + num_new_tokens
-        num_held = (0 if held is None else len(held)) + len(prefix_hit.block_ids)
+        num_loaded = len(prefix_hit.lower_slots)
+        num_held = (0 if held is None else len(held)) + len(prefix_hit.block_ids) + num_loaded
         num_fresh = max(0, self.blocks_needed(num_tokens) - num_held)
         # Hit blocks with ref 0 sit in the free queue: taking them shrinks it.
         num_revived = sum(1 for b in prefix_hit.block_ids if self._ref_cnt[b] == 0)
-        if num_fresh + num_revived > len(self._free):
+        if num_fresh + num_revived + num_loaded > len(self._free):
             return None
         for block_id in prefix_hit.block_ids:
             if self._ref_cnt[block_id] == 0:
                 del self._free[block_id]
             self._ref_cnt[block_id] += 1
         added = list(prefix_hit.block_ids)
+        if num_loaded:
+            added.extend(self._load_from_lower(request, prefix_hit))
         added.extend(self._pop_free() for _ in range(num_fresh))
         if is_new:
+            num_cached = len(prefix_hit.block_ids) + num_loaded
             self._req_blocks[rid] = added.copy()
-            self._req_num_cached_blocks[rid] = len(prefix_hit.block_ids)
+            self._req_num_cached_blocks[rid] = num_cached
             if request.reads_prefix_cache:
                 self._index.record_query(request.num_tokens, prefix_hit.num_computed_tokens)
+                self.num_hit_blocks += len(prefix_hit.block_ids)
         else:
             held.extend(added)
         return added
@@ -316,11 +364,34 @@ class BlockPool:
                 if self._hash[block_id] is None:
                     self._free.move_to_end(block_id, last=False)
 
+    def _load_from_lower(self, request: PoolRequest, prefix_hit: PrefixHit) -> list[BlockId]:
+        """Fresh blocks for the lower tier's hits, cached under their hashes now
+        (their content arrives before the step's forward)."""
+        assert self._lower is not None and request.request_id not in self._req_blocks
+        # WHY reserve first: popping a block may evict one to the lower tier,
+        # which must not pick a slot this request is about to load from.
+        self._lower.reserve(prefix_hit.lower_slots)
+        first = len(prefix_hit.block_ids)
+        loaded = []
+        for k, slot in enumerate(prefix_hit.lower_slots):
+            block_id = self._pop_free()
+            block_hash = request.block_hashes[first + k]
+            if self._index.insert(block_hash, block_id):
+                self._hash[block_id] = block_hash
+            self._lower.load(slot, block_id)
+            loaded.append(block_id)
+        return loaded
+
     def _pop_free(self) -> BlockId:
         block_id, _ = self._free.popitem(last=False)
         block_hash = self._hash[block_id]
         if block_hash is not None:  # evict: its content is about to be overwritten
             self._index.discard(block_hash, block_id)
             self._hash[block_id] = None
+            self.num_evicted_blocks += 1
+            if self._lower is not None:
+                # NOTE: the block still holds its KV until the step it was popped
+                # for runs; the executor copies it out first thing in that step.
+                self._lower.evicted(block_id, block_hash)
         self._ref_cnt[block_id] = 1
         return block_id

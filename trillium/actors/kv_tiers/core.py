@@ -2,9 +2,9 @@
 
 Role: the seam for a hierarchy of KV caches keyed by the same chained block
 hashes (`block_pool.hash_block_tokens`): the device tier (GPU memory, the
-`BlockPool`) now; host memory and disk tiers later. A tier manager will ask
-each tier how long a prefix it holds, load the longest one into device
-blocks before the request runs, and demote blocks the device evicts.
+`BlockPool`) and the host-memory tier (`host.HostTier`, under the pool as
+its lower tier: it takes the blocks the device evicts and its prefix hits
+are loaded into device blocks before the request runs); a disk tier later.
 
 Pure synchronous code: no trio, no zmq, no torch. The device tier holds no
 tensors either; the executor owns them and the pool only counts blocks.

@@ -58,6 +58,13 @@ class ExecuteBatch:
     num_scheduled_tokens: np.ndarray  # int32 [num_new + num_cached]
     finished_request_ids: tuple[str, ...] = ()  # drop state
     preempted_request_ids: tuple[str, ...] = ()  # drop blocks, keep sampling state
+    # Host KV tier copies (kv_tiers/host.py), done first, before the forward:
+    # device block kv_save_block_ids[i] -> host slot kv_save_host_slots[i], then
+    # host slot kv_load_host_slots[j] -> device block kv_load_block_ids[j].
+    kv_save_block_ids: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
+    kv_save_host_slots: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
+    kv_load_host_slots: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
+    kv_load_block_ids: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
 
 
 @attrs.frozen

@@ -93,6 +93,17 @@ class FinishedRequestStats:
 
 
 @attrs.frozen
+class KvTierStats:
+    """One KV cache tier ("device", "host"): usage now and lifetime totals, in blocks."""
+
+    tier: str
+    usage: float  # fraction of the tier's blocks in use (device: held by requests)
+    num_blocks: int
+    hit_blocks_total: int  # prefix-cache hits served from this tier
+    evicted_blocks_total: int  # cached blocks this tier dropped to make room
+
+
+@attrs.frozen
 class SchedulerStats:
     """Engine state and what happened since the last SchedulerStats (scheduler -> api).
 
@@ -128,6 +139,10 @@ class SchedulerStats:
     running_lora_ids: tuple[int, ...] = ()
     waiting_lora_ids: tuple[int, ...] = ()
     max_loras: int = 0
+    # -- KV tiers (only with a host tier: empty / 0 otherwise) --
+    kv_tiers: tuple[KvTierStats, ...] = ()  # fastest first
+    kv_bytes_to_host_total: int = 0
+    kv_bytes_to_device_total: int = 0
 
 
 MESSAGES = (
@@ -137,5 +152,6 @@ MESSAGES = (
     RequestOutputDelta,
     RequestOutputs,
     FinishedRequestStats,
+    KvTierStats,
     SchedulerStats,
 )

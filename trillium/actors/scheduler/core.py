@@ -21,6 +21,8 @@ when a step is scheduled; blocks are registered in the prefix cache only
 when its result comes back, so a cached block always holds computed KV.
 `step_plan.py` turns a step's choices into the ExecuteBatch message;
 `policy.py` holds the waiting order, the preemption choice and n > 1 gating.
+A host KV tier (kv_tiers/host.py), when configured, sits under the pool:
+the copies it queues while a step is planned travel in that step's batch.
 
 Executor contract for an ExecuteBatch: apply `finished_request_ids` and
 `preempted_request_ids` first, then `new_requests` (replacing any state of a
@@ -37,6 +39,7 @@ from collections.abc import Callable
 import attrs
 
 from trillium.actors.kv_tiers.block_pool import BlockId, BlockPool
+from trillium.actors.kv_tiers.host import NO_TRANSFERS, HostTier, tier_stats
 from trillium.actors.protocol.execute import BatchResult, ExecuteBatch, TokenLogprobs
 from trillium.actors.protocol.outputs import RequestDelta, SchedulerStats, TokenDeltas
 from trillium.actors.protocol.requests import AddRequest
@@ -86,26 +89,32 @@ def build_scheduler(engine) -> "Scheduler":
         policy=engine.scheduling_policy,
         max_loras=engine.max_loras if engine.enable_lora else 0,
     )
-    return Scheduler(config)
+    host_tier = None
+    if engine.num_host_blocks:
+        host_tier = HostTier(engine.num_host_blocks, engine.kv_eviction_policy, engine.kv_block_bytes)
+    return Scheduler(config, host_tier=host_tier)
 
 
 class Scheduler:
     """Owns the requests and the device block pool; one step at a time.
 
     `pool` may be passed in (tests, a tier manager sharing it); by default
-    it is built from the config.
+    it is built from the config, over `host_tier` when one is given (a
+    pool passed in must already have it as its lower tier).
     """
 
     def __init__(self, config: SchedulerConfig, pool: BlockPool | None = None,
-                 events: StepEvents | None = None) -> None:
+                 events: StepEvents | None = None, host_tier: HostTier | None = None) -> None:
         if pool is None:
             pool = BlockPool(
-                config.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
+                config.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching,
+                lower_tier=host_tier,
             )
         if pool.block_size != config.block_size:
             raise ValueError(f"pool block_size {pool.block_size} != config block_size {config.block_size}")
         self.config = config
         self.pool = pool
+        self.host_tier = host_tier
         self._policy = make_policy(config.policy)
         self._siblings = SiblingGate()
         self._requests: dict[str, Request] = {}
@@ -190,7 +199,11 @@ class Scheduler:
             self._schedule_waiting(plan)
         if not plan.requests:
             return None
-        batch = plan.to_batch(self._step_id, self.pool, tuple(self._finished_ids), tuple(self._preempted_ids))
+        # NOTE: copies queued by a plan that ended empty stay queued for the next
+        # batch; until then nothing writes the cache, so they stay valid.
+        transfers = NO_TRANSFERS if self.host_tier is None else self.host_tier.take_transfers()
+        batch = plan.to_batch(self._step_id, self.pool, tuple(self._finished_ids), tuple(self._preempted_ids),
+                              transfers)
         self._finished_ids, self._preempted_ids = [], []
         for request in plan.new:
             request.known_to_executor = True
@@ -383,7 +396,12 @@ class Scheduler:
         return tuple(self._policy)
 
     def reset_prefix_cache(self) -> int:
-        return self.pool.reset_prefix_cache()
+        """Forget every cached block, on the host tier too (its KV was computed
+        by the weights of the time). Returns the number of entries dropped."""
+        dropped = self.pool.reset_prefix_cache()
+        if self.host_tier is not None:
+            dropped += self.host_tier.reset()
+        return dropped
 
     # -- lifecycle hooks (driven by scheduler/control.py) ------------------
     # NOTE: freezing needs no hook: the actor simply stops calling schedule().
@@ -432,5 +450,6 @@ class Scheduler:
             running_lora_ids=tuple(sorted({r.lora_id for r in self._running if r.lora_id})),
             waiting_lora_ids=tuple(sorted({r.lora_id for r in self._policy if r.lora_id})),
             max_loras=self.config.max_loras,
+            **({} if self.host_tier is None else tier_stats(self.pool, self.host_tier)),
             **self.events.take(),
         )

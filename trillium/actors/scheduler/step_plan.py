@@ -7,6 +7,8 @@ order (requests new to the executor first, then cached ones, columnar):
     num_scheduled_tokens  [ new_0 .. new_k | cached_0 .. cached_m ]
     new_block_ids         [ blocks of cached_0 | blocks of cached_1 | ... ]
     new_block_offsets     [ 0, len0, len0 + len1, ... ]      (m + 1 entries)
+
+plus the host KV tier's copies queued while the step was planned.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import attrs
 import numpy as np
 
 from trillium.actors.kv_tiers.block_pool import BlockId, BlockPool
+from trillium.actors.kv_tiers.host import NO_TRANSFERS, KvTransfers
 from trillium.actors.protocol.execute import CachedRequests, ExecuteBatch, NewRequestData
 from trillium.actors.scheduler.request import Request
 
@@ -53,6 +56,7 @@ class StepPlan:
         pool: BlockPool,
         finished_request_ids: tuple[str, ...],
         preempted_request_ids: tuple[str, ...],
+        transfers: KvTransfers = NO_TRANSFERS,
     ) -> ExecuteBatch:
         # Requests are read before the step's progress is added: each
         # num_computed_tokens is where its scheduled tokens start.
@@ -85,4 +89,8 @@ class StepPlan:
             num_scheduled_tokens=np.asarray([self.num_tokens[r.request_id] for r in self.requests], dtype=np.int32),
             finished_request_ids=finished_request_ids,
             preempted_request_ids=preempted_request_ids,
+            kv_save_block_ids=transfers.save_block_ids,
+            kv_save_host_slots=transfers.save_host_slots,
+            kv_load_host_slots=transfers.load_host_slots,
+            kv_load_block_ids=transfers.load_block_ids,
         )
