@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from triton_support import compile_env, requires_nvidia_backend
 import torch
 from kernels_paged_batches import make_paged_batch
 
@@ -134,17 +135,9 @@ def test_triton_fp8_kernels_match_reference_in_interpreter() -> None:
     _run_self("interpret", dict(os.environ, TRITON_INTERPRET="1", TRILLIUM_KERNELS=""))
 
 
-def _nvidia_backend_present() -> bool:
-    spec = importlib.util.find_spec("triton")
-    if spec is None or spec.origin is None:
-        return False
-    return (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas").exists()
-
-
-@pytest.mark.skipif(not _nvidia_backend_present(), reason="triton (with its NVIDIA backend and ptxas) is not installed")
+@requires_nvidia_backend
 def test_triton_fp8_kernels_compile_for_sm90(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton-cache"), TRITON_DEFAULT_FP_FUSION="1")
+    env = compile_env(tmp_path, TRITON_DEFAULT_FP_FUSION="1")
     _run_self("compile", env)
 
 

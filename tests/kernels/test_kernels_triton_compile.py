@@ -11,13 +11,11 @@ imported without TRITON_INTERPRET, and a private compile cache.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from triton_support import compile_env, requires_nvidia_backend
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Pointer arguments whose element type does not follow the tensor dtype under test.
@@ -76,17 +74,9 @@ def main() -> None:
     print("compiled")
 
 
-def _nvidia_backend_present() -> bool:
-    spec = importlib.util.find_spec("triton")
-    if spec is None or spec.origin is None:
-        return False
-    return (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas").exists()
-
-
-@pytest.mark.skipif(not _nvidia_backend_present(), reason="triton (with its NVIDIA backend and ptxas) is not installed")
+@requires_nvidia_backend
 def test_triton_kernels_compile_for_sm90(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton-cache"), TRITON_DEFAULT_FP_FUSION="1")
+    env = compile_env(tmp_path, TRITON_DEFAULT_FP_FUSION="1")
     proc = subprocess.run(
         [sys.executable, __file__], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
     )

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+from triton_support import compile_env, requires_nvidia_backend
 import torch
 
 from trillium.kernels import lora as lora_dispatch
@@ -231,17 +232,9 @@ def main() -> None:
     print("compiled")
 
 
-def _nvidia_backend_present() -> bool:
-    spec = importlib.util.find_spec("triton")
-    if spec is None or spec.origin is None:
-        return False
-    return (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas").exists()
-
-
-@pytest.mark.skipif(not _nvidia_backend_present(), reason="triton (with its NVIDIA backend and ptxas) is not installed")
+@requires_nvidia_backend
 def test_triton_lora_kernels_compile_for_sm90(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    env = compile_env(tmp_path)
     proc = subprocess.run(
         [sys.executable, __file__], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
     )
