@@ -39,6 +39,7 @@ sys.path.insert(0, str(REPO / "tests" / "e2e"))
 from serve_process import ServeProcess, free_port
 
 ADMIN_TOKEN = "dashboard-admin-token"
+LORA_NAME = "dash-adapter"
 MODEL_NAME = "test-model"  # ServeProcess passes --served-model-name test-model
 ROWS = ["Latency", "Throughput", "Queue and KV cache", "Control plane", "Actors"]
 READY_TIMEOUT_S = 60
@@ -59,6 +60,10 @@ CONTRACT_METRICS = [
     "trillium:request_inference_time_seconds", "trillium:request_prompt_tokens",
     "trillium:request_generation_tokens", "trillium:iteration_tokens_total",
     "trillium:engine_step_duration_seconds", "trillium:weight_update_duration_seconds",
+    # with --kv-host-bytes and --enable-lora (the test's server has both)
+    "trillium:kv_tier_usage_perc", "trillium:kv_tier_hits_total", "trillium:kv_tier_evictions_total",
+    "trillium:kv_tier_bytes_moved_total", "trillium:lora_requests_info", "trillium:lora_loads_total",
+    "trillium:lora_unloads_total", "trillium:lora_swap_ins_total",
 ]
 
 # Grafana's variables as Prometheus would see them for this server and a 1 s scrape interval.
@@ -182,8 +187,17 @@ def model_path(checkpoint) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(prometheus_binary, model_path):
-    proc = ServeProcess(str(model_path), "--admin-token", ADMIN_TOKEN, "--kv-cache-memory", "8MiB",
+def server(prometheus_binary, model_path, tmp_path_factory):
+    from trillium.benchmarks.lora import write_adapter
+    from trillium.models.loader import load_model_config
+
+    adapter = write_adapter(str(tmp_path_factory.mktemp("dash-lora") / "dash"), load_model_config(model_path),
+                            rank=4, seed=0)
+    # WHY a 24-block device cache and a host tier: the load evicts a long prompt's blocks to the
+    # host and asks for it again, so every kv_tier_* series moves; one LoRA adapter for lora_*.
+    proc = ServeProcess(str(model_path), "--admin-token", ADMIN_TOKEN, "--kv-cache-memory", "192KiB",
+                        "--kv-host-bytes", "1MiB", "--enable-lora", "--max-lora-rank", "4",
+                        "--lora-modules", f"{LORA_NAME}={adapter}",
                         "--max-num-seqs", "8", "--executor-threads", "1")
     try:
         proc.wait_healthy()
@@ -314,6 +328,13 @@ def drive_load(server: ServeProcess, model_path: Path) -> None:
                 if line.startswith("data: "):
                     break
 
+        # Host tier: a long prompt, others that push its blocks off the device, then it again.
+        long_prompts = [[5 + (7 * i + k) % 400 for k in range(120)] for i in range(4)]
+        for prompt in [*long_prompts, long_prompts[0]]:
+            complete(prompt=prompt, max_tokens=2)
+        for i in range(3):
+            complete(model=LORA_NAME, prompt=f"An adapter answer {i}")
+
         admin_ok(server, "POST", "/update_weights_from_disk", json={"model_path": str(model_path)})
         admin_ok(server, "POST", "/sleep", json={"level": 1})
         admin_ok(server, "POST", "/wake_up")
@@ -322,6 +343,11 @@ def drive_load(server: ServeProcess, model_path: Path) -> None:
 
     wait_until(lambda: server_samples(server).get("trillium:num_requests_in_flight") == 0,
                "the server to finish every request")
+    text = httpx.get(server.base_url + "/metrics", timeout=10).text
+    loaded = [line for line in text.splitlines()
+              if line.startswith("trillium:kv_tier_bytes_moved_total") and 'direction="to_device"' in line]
+    assert loaded and float(loaded[0].rsplit(" ", 1)[1]) > 0, "the long prompt never came back from the host tier"
+    assert server_samples(server)["trillium:lora_swap_ins_total"] > 0, "the adapter never went into a slot"
 
 
 @pytest.fixture(scope="module")
