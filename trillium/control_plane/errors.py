@@ -2,19 +2,16 @@
 
     {"error": {"message": str, "type": str, "param": str | None, "code": str | int | None}}
 
-The control plane never imports the data plane, so the few lines that make
-this shape live here too. `from_reply` turns an engine `ControlReply`
+The response itself is `trillium.http_errors.HttpError`, shared with the
+data plane; `AdminError` picks the `type` from the status. `from_reply` turns an engine `ControlReply`
 whose status is an error (400 / 403 / 409 / 500 / 504) into the same
 status on the wire, with the engine's message.
 """
 
 from __future__ import annotations
 
-import json
-
-from quart import Response
-
 from trillium.actors.protocol.lifecycle import ControlReply
+from trillium.http_errors import HttpError
 
 # WHY these names: OpenAI's error types where one fits; the rest follow its pattern.
 _TYPE_BY_STATUS = {
@@ -31,8 +28,8 @@ _TYPE_BY_STATUS = {
 }
 
 
-class AdminError(Exception):
-    """An error response: status, error body, optional extra headers."""
+class AdminError(HttpError):
+    """An admin error response; its `type` follows from the status."""
 
     def __init__(
         self,
@@ -43,23 +40,8 @@ class AdminError(Exception):
         code: str | int | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-    def to_response(self) -> Response:
-        response = Response(json.dumps(self.body(), ensure_ascii=False), status=self.status,
-                            mimetype="application/json")
-        for name, value in self.headers.items():
-            response.headers[name] = value
-        return response
+        kind = _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
+        super().__init__(status, message, type=kind, param=param, code=code, headers=headers)
 
 
 def bad_request(message: str, param: str | None = None) -> AdminError:

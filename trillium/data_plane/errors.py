@@ -11,10 +11,9 @@ the ValueErrors of `trillium.validation.check_request` and
 
 from __future__ import annotations
 
-import json
 import re
 
-from quart import Response
+from trillium.http_errors import HttpError
 
 INVALID_REQUEST = "invalid_request_error"
 
@@ -24,8 +23,8 @@ _QUOTED_PARAM = re.compile(r"^invalid sampling parameter '(\w+)'")
 _PREFIX_PARAM = re.compile(r"^(\w+):")
 
 
-class ApiError(Exception):
-    """An error response: status, OpenAI error body, optional extra headers."""
+class ApiError(HttpError):
+    """A data-plane error response; `type` defaults to invalid_request_error."""
 
     def __init__(
         self,
@@ -37,22 +36,7 @@ class ApiError(Exception):
         code: str | int | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-    def to_response(self) -> Response:
-        response = Response(json.dumps(self.body(), ensure_ascii=False), status=self.status, mimetype="application/json")
-        for name, value in self.headers.items():
-            response.headers[name] = value
-        return response
+        super().__init__(status, message, type=type, param=param, code=code, headers=headers)
 
 
 def bad_request(message: str, param: str | None = None) -> ApiError:
