@@ -166,9 +166,11 @@ class ExecutorCore:
         )
         ids_t = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.int64, device=self.device)
-        swap_ins = 0 if self.lora is None else self.lora.num_swap_ins
-        lora = None if self.lora is None else self.lora.batch([s.lora_id for s in states], counts)
-        swap_ins = 0 if self.lora is None else self.lora.num_swap_ins - swap_ins
+        lora, swap_ins = None, 0
+        if self.lora is not None:
+            before = self.lora.num_swap_ins
+            lora = self.lora.batch([s.lora_id for s in states], counts)
+            swap_ins = self.lora.num_swap_ins - before
         hidden = self.model(ids_t, pos_t, self.kv_caches, meta, lora=lora)
 
         sampled = np.full(len(states), -1, dtype=np.int32)

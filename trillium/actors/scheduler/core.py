@@ -431,6 +431,16 @@ class Scheduler:
         self._preempted_ids.extend(plan.preempted)
         return len(plan.preempted)
 
+    def _lora_state(self) -> dict:
+        """SchedulerStats' LoRA fields; nothing to scan when LoRA is off (every step calls stats)."""
+        if not self.config.max_loras:
+            return {}
+        return dict(
+            running_lora_ids=tuple(sorted({r.lora_id for r in self._running if r.lora_id})),
+            waiting_lora_ids=tuple(sorted({r.lora_id for r in self._policy if r.lora_id})),
+            max_loras=self.config.max_loras,
+        )
+
     def stats(self, *, engine_state: str = "serving", weight_version: str = "0",
               mailbox_depth: int = 0) -> SchedulerStats:
         """The state now, and (drained) the request and step events since the last call."""
@@ -447,9 +457,7 @@ class Scheduler:
             engine_state=engine_state,
             weight_version=weight_version,
             mailbox_depth=mailbox_depth,
-            running_lora_ids=tuple(sorted({r.lora_id for r in self._running if r.lora_id})),
-            waiting_lora_ids=tuple(sorted({r.lora_id for r in self._policy if r.lora_id})),
-            max_loras=self.config.max_loras,
+            **self._lora_state(),
             **({} if self.host_tier is None else tier_stats(self.pool, self.host_tier)),
             **self.events.take(),
         )
