@@ -1,4 +1,4 @@
-"""Multi-turn prefix reuse: tiers off vs the host KV tier, side by side.
+"""Multi-turn prefix reuse: tiers off, host tier, host + disk tier, side by side.
 
 See trillium/benchmarks/prefix_reuse.py.
 Run: .venv/bin/python bench/prefix_reuse.py [--conversations 32 --turns 6 --device-kv-tokens 4096]

@@ -55,8 +55,25 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, model_required: bool = 
     group.add_argument("--kv-host-bytes", type=_memory_bytes, default=0,
                        help="host-memory KV tier (e.g. 4GiB; pinned on CUDA): prefix-cache blocks evicted "
                             "from the device spill there and load back on a hit (default 0: off)")
+    group.add_argument("--sleep-keep-prefix-cache", action="store_true",
+                       help="sleep level 1 keeps the prefix cache: the device's cached KV blocks are copied "
+                            "to the host KV tier before the KV cache is freed, so prompts seen before the "
+                            "sleep still hit after the wake (needs --kv-host-bytes; level 2 and weight "
+                            "updates still drop the cache)")
+    group.add_argument("--kv-disk-path", default="",
+                       help="disk KV tier directory: blocks evicted from the host tier are written there "
+                            "(one file per block, with a SHA-256 of its content; corrupt files are ignored) "
+                            "and read back on a hit without stalling other requests; they survive a restart "
+                            "of the same model (needs --kv-host-bytes and --kv-disk-bytes)")
+    group.add_argument("--kv-disk-bytes", type=_memory_bytes, default=0,
+                       help="how much KV the disk tier may hold (e.g. 20GiB)")
     group.add_argument("--kv-eviction-policy", default="lru", choices=["lru", "arc"],
-                       help="which host-tier KV block leaves first when it is full")
+                       help="which host- or disk-tier KV block leaves first when the tier is full")
+    group.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"],
+                       help="what a request preempted for lack of KV blocks keeps. recompute: nothing, its "
+                            "tokens are recomputed when it resumes. swap: its KV is copied to the host KV "
+                            "tier and back, so it resumes where it stopped (needs --kv-host-bytes; a request "
+                            "the host tier cannot hold recomputes)")
     group.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
                        help="order of admission: arrival, or request priority (lower first)")
     group.add_argument("--executor-threads", type=int, default=None,
@@ -87,6 +104,9 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         block_size=args.block_size, kv_cache_memory=args.kv_cache_memory, kv_cache_dtype=args.kv_cache_dtype,
         enable_prefix_caching=args.enable_prefix_caching, scheduling_policy=args.scheduling_policy,
         kv_host_bytes=args.kv_host_bytes, kv_eviction_policy=args.kv_eviction_policy,
+        preemption_mode=args.preemption_mode,
+        kv_disk_path=args.kv_disk_path, kv_disk_bytes=args.kv_disk_bytes,
+        sleep_keep_prefix_cache=args.sleep_keep_prefix_cache,
         num_threads=args.executor_threads or 0, enable_lora=args.enable_lora, max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
     )

@@ -60,8 +60,21 @@ class EngineConfig:
     # host memory (pinned on CUDA) and load back on a hit; 0 = off. Needs prefix caching.
     kv_host_bytes: int = attrs.field(default=0, converter=parse_memory)
     kv_eviction_policy: str = "lru"  # lru | arc: which host block leaves first
+    # What a preempted request's KV becomes (actors/scheduler/preemption.py): recompute
+    # (dropped; recomputed when re-admitted) | swap (copied to the host tier and back; needs it).
+    preemption_mode: str = "recompute"
     num_host_blocks: int = 0  # resolved from kv_host_bytes
+    # Sleep level 1 keeps the prefix cache: the device's cached blocks spill to the host
+    # tier before the KV cache is freed, and hit again after the wake. Needs the host tier.
+    sleep_keep_prefix_cache: bool = False
     kv_block_bytes: int = 0  # resolved: one KV block across all layers
+    # Disk KV tier (actors/kv_tiers/disk.py): host-tier evictions spill to files under
+    # kv_disk_path (one per block, content-hashed), up to kv_disk_bytes; they survive a
+    # restart of the same model. Needs the host tier.
+    kv_disk_path: str = ""
+    kv_disk_bytes: int = attrs.field(default=0, converter=parse_memory)
+    num_disk_blocks: int = 0  # resolved from kv_disk_bytes
+    kv_disk_model_fingerprint: str = ""  # resolved: which model's KV the files hold
     scheduling_policy: str = "fcfs"  # fcfs | priority
     seed: int = 0
     served_model_name: str = ""
@@ -83,6 +96,7 @@ class EngineConfig:
         if self.collect_detailed_traces and not self.otlp_traces_endpoint:
             raise ValueError("--collect-detailed-traces needs --otlp-traces-endpoint")
         _check_host_tier(self)
+        _check_preemption(self)
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype!r}: choose from {', '.join(KV_CACHE_DTYPES)}")
 
@@ -119,9 +133,18 @@ class EngineConfig:
         if self.kv_host_bytes and num_host_blocks < 1:
             raise ValueError(f"--kv-host-bytes {self.kv_host_bytes} holds no {per_block}-byte KV block")
         name = self.served_model_name or _default_served_name(self.model)
+        disk = {}
+        if self.kv_disk_path:
+            from trillium.actors.kv_tiers.disk import model_fingerprint
+
+            num_disk_blocks = self.num_disk_blocks or self.kv_disk_bytes // per_block
+            if num_disk_blocks < 1:
+                raise ValueError(f"--kv-disk-bytes {self.kv_disk_bytes} holds no {per_block}-byte KV block")
+            disk = dict(num_disk_blocks=int(num_disk_blocks), kv_disk_model_fingerprint=model_fingerprint(
+                self.model, dtype=dtype, kv_cache_dtype=kv_dtype, block_size=self.block_size))
         return attrs.evolve(
             self, dtype=dtype, kv_cache_dtype=kv_dtype, max_model_len=max_len, num_blocks=int(num_blocks),
-            served_model_name=name, num_host_blocks=int(num_host_blocks), kv_block_bytes=per_block,
+            served_model_name=name, num_host_blocks=int(num_host_blocks), kv_block_bytes=per_block, **disk,
         )
 
     @property
@@ -136,8 +159,27 @@ def _check_host_tier(config: EngineConfig) -> None:
         raise ValueError("--kv-host-bytes must be >= 0")
     if (config.kv_host_bytes or config.num_host_blocks) and not config.enable_prefix_caching:
         raise ValueError("--kv-host-bytes needs prefix caching: the host tier is keyed by block hashes")
+    if config.kv_disk_path and not (config.kv_host_bytes or config.num_host_blocks):
+        raise ValueError("--kv-disk-path needs --kv-host-bytes: disk blocks are read into the host tier")
+    if config.kv_disk_path and not (config.kv_disk_bytes > 0 or config.num_disk_blocks > 0):
+        raise ValueError("--kv-disk-path needs --kv-disk-bytes (how much disk the tier may use, e.g. 20GiB)")
+    if config.kv_disk_bytes and not config.kv_disk_path:
+        raise ValueError("--kv-disk-bytes needs --kv-disk-path")
     if config.kv_eviction_policy not in POLICIES:
         raise ValueError(f"--kv-eviction-policy must be one of {sorted(POLICIES)}, got {config.kv_eviction_policy!r}")
+    if config.sleep_keep_prefix_cache and not (config.kv_host_bytes or config.num_host_blocks):
+        raise ValueError("--sleep-keep-prefix-cache keeps the prefix cache in the host KV tier: "
+                         "it needs --kv-host-bytes")
+
+
+def _check_preemption(config: EngineConfig) -> None:
+    from trillium.actors.scheduler.preemption import PREEMPTION_MODES
+
+    if config.preemption_mode not in PREEMPTION_MODES:
+        raise ValueError(f"--preemption-mode must be one of {list(PREEMPTION_MODES)}, got {config.preemption_mode!r}")
+    if config.preemption_mode == "swap" and not (config.kv_host_bytes or config.num_host_blocks):
+        raise ValueError("--preemption-mode swap keeps preempted requests' KV in the host KV tier: "
+                         "it needs --kv-host-bytes")
 
 
 def _default_served_name(model: str) -> str:

@@ -60,9 +60,10 @@ CONTRACT_METRICS = [
     "trillium:request_inference_time_seconds", "trillium:request_prompt_tokens",
     "trillium:request_generation_tokens", "trillium:iteration_tokens_total",
     "trillium:engine_step_duration_seconds", "trillium:weight_update_duration_seconds",
-    # with --kv-host-bytes and --enable-lora (the test's server has both)
+    # with --kv-host-bytes, --kv-disk-path and --enable-lora (the test's server has all three)
     "trillium:kv_tier_usage_perc", "trillium:kv_tier_hits_total", "trillium:kv_tier_evictions_total",
-    "trillium:kv_tier_bytes_moved_total", "trillium:lora_requests_info", "trillium:lora_loads_total",
+    "trillium:kv_tier_bytes_moved_total", "trillium:kv_tier_load_seconds", "trillium:kv_tier_failed_reads_total",
+    "trillium:kv_swaps_total", "trillium:lora_requests_info", "trillium:lora_loads_total",
     "trillium:lora_unloads_total", "trillium:lora_swap_ins_total",
 ]
 
@@ -193,10 +194,13 @@ def server(prometheus_binary, model_path, tmp_path_factory):
 
     adapter = write_adapter(str(tmp_path_factory.mktemp("dash-lora") / "dash"), load_model_config(model_path),
                             rank=4, seed=0)
-    # WHY a 24-block device cache and a host tier: the load evicts a long prompt's blocks to the
-    # host and asks for it again, so every kv_tier_* series moves; one LoRA adapter for lora_*.
+    # WHY a 24-block device cache, a 6-block host tier and a disk tier: the load evicts a long
+    # prompt's 7 blocks through the host to the disk and asks for it again, so every kv_tier_*
+    # series moves; one LoRA adapter for lora_*.
+    disk = tmp_path_factory.mktemp("dash-kv-disk")
     proc = ServeProcess(str(model_path), "--admin-token", ADMIN_TOKEN, "--kv-cache-memory", "192KiB",
-                        "--kv-host-bytes", "1MiB", "--enable-lora", "--max-lora-rank", "4",
+                        "--kv-host-bytes", "48KiB", "--kv-disk-path", str(disk), "--kv-disk-bytes", "4MiB",
+                        "--enable-lora", "--max-lora-rank", "4",
                         "--lora-modules", f"{LORA_NAME}={adapter}",
                         "--max-num-seqs", "8", "--executor-threads", "1")
     try:
@@ -328,8 +332,8 @@ def drive_load(server: ServeProcess, model_path: Path) -> None:
                 if line.startswith("data: "):
                     break
 
-        # Host tier: a long prompt, others that push its blocks off the device, then it again.
-        long_prompts = [[5 + (7 * i + k) % 400 for k in range(120)] for i in range(4)]
+        # KV tiers: a long prompt, others that push its blocks off the device and the host, then it again.
+        long_prompts = [[5 + (7 * i + k) % 400 for k in range(120)] for i in range(6)]
         for prompt in [*long_prompts, long_prompts[0]]:
             complete(prompt=prompt, max_tokens=2)
         for i in range(3):
@@ -347,6 +351,8 @@ def drive_load(server: ServeProcess, model_path: Path) -> None:
     loaded = [line for line in text.splitlines()
               if line.startswith("trillium:kv_tier_bytes_moved_total") and 'direction="to_device"' in line]
     assert loaded and float(loaded[0].rsplit(" ", 1)[1]) > 0, "the long prompt never came back from the host tier"
+    hits = [line for line in text.splitlines() if line.startswith("trillium:kv_tier_hits_total") and 'tier="disk"' in line]
+    assert hits and float(hits[0].rsplit(" ", 1)[1]) > 0, "the long prompt never came back from the disk tier"
     assert server_samples(server)["trillium:lora_swap_ins_total"] > 0, "the adapter never went into a slot"
 
 

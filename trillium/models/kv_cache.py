@@ -28,7 +28,10 @@ differ with the batch, a binade rarely does.
 
 INVARIANT: a scale never changes while blocks hold values quantized with it,
 so it is set before the first value is written and never again for the life
-of the tensors. Re-allocation (start, wake from sleep) starts uncalibrated.
+of the tensors. Re-allocation (start, wake from sleep) starts uncalibrated,
+except a wake that keeps the prefix cache (--sleep-keep-prefix-cache): its
+blocks live on in the host KV tier, quantized with the old scales, so the
+new tensors get those scales, calibrated (actors/executor/memory.py).
 """
 
 from __future__ import annotations

@@ -23,7 +23,11 @@ scrape time. Names and semantics follow vLLM's, under `trillium:`:
                 -- only with --enable-lora
     KV tiers    kv_tier_usage_perc{tier}, kv_tier_hits_total{tier} (prefix-cache hits, blocks),
                 kv_tier_evictions_total{tier} (blocks), kv_tier_bytes_moved_total{direction}
-                (to_host, to_device); tier is "device" or "host" -- only with --kv-host-bytes
+                (to_host, to_device, to_disk, from_disk), kv_tier_failed_reads_total (corrupt
+                disk blocks, recomputed), kv_tier_load_seconds{tier} (histogram: host, a step's
+                copies into the device; disk, a request's wait in the loading state); tier is
+                "device", "host" or "disk"; kv_swaps_total{direction} (out, in: swap preemption)
+                -- only with --kv-host-bytes (disk series: --kv-disk-path)
 
 `request_success_total{finished_reason}` counts each request's final
 output as the client gets it (`finished_output`, from the detokenizer's
@@ -135,11 +139,24 @@ def _tier_families(model: str, stats):
         usage.add_metric([model, tier.tier], tier.usage)
         hits.add_metric([model, tier.tier], tier.hit_blocks_total)
         evictions.add_metric([model, tier.tier], tier.evicted_blocks_total)
-    moved = CounterMetricFamily("trillium:kv_tier_bytes_moved", "KV bytes copied between the device and host tiers.",
+    moved = CounterMetricFamily("trillium:kv_tier_bytes_moved", "KV bytes copied between the KV tiers.",
                                 labels=["model_name", "direction"])
     moved.add_metric([model, "to_host"], stats.kv_bytes_to_host_total)
     moved.add_metric([model, "to_device"], stats.kv_bytes_to_device_total)
-    yield from (usage, hits, evictions, moved)
+    if any(tier.tier == "disk" for tier in stats.kv_tiers):
+        moved.add_metric([model, "to_disk"], stats.kv_bytes_to_disk_total)
+        moved.add_metric([model, "from_disk"], stats.kv_bytes_from_disk_total)
+    swaps = CounterMetricFamily("trillium:kv_swaps", "Preempted requests whose KV went to the host tier "
+                                "(out) and came back (in): --preemption-mode swap.", labels=["model_name", "direction"])
+    swaps.add_metric([model, "out"], stats.num_swapped_out_total)
+    swaps.add_metric([model, "in"], stats.num_swapped_in_total)
+    yield from (usage, hits, evictions, moved, swaps)
+    if any(tier.tier == "disk" for tier in stats.kv_tiers):
+        failed = CounterMetricFamily("trillium:kv_tier_failed_reads",
+                                     "Disk KV blocks that failed their check (corrupt, truncated): recomputed.",
+                                     labels=["model_name"])
+        failed.add_metric([model], stats.kv_disk_failed_reads_total)
+        yield failed
 
 
 class _LoRACollector:
@@ -215,6 +232,10 @@ class EngineMetrics:
                                     token_buckets)
         self._step = histogram("trillium:engine_step_duration_seconds", "Executor time per engine step.",
                                _STEP_BUCKETS_S)
+        self._kv_load = Histogram("trillium:kv_tier_load_seconds",
+                                  "KV tier loads: host, a step's copies to the device; disk, a request's "
+                                  "wait for its blocks.", [*labels, "tier"], buckets=_STEP_BUCKETS_S,
+                                  registry=registry)
         registry.register(_StateCollector(model_name, stats, api_mailbox_depth, actors_alive))
         self._swap_ins = None
         if loras is not None:
@@ -245,6 +266,8 @@ class EngineMetrics:
                 child = histogram.labels(model)
                 for value in values:
                     child.observe(value)
+        for tier, seconds in stats.kv_load_s:
+            self._kv_load.labels(model, tier).observe(seconds)
         for finished in stats.finished:
             self._e2e.labels(model).observe(finished.e2e_s)
             self._queue.labels(model).observe(finished.queue_s)

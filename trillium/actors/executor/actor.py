@@ -63,6 +63,8 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
             await to_scheduler.send(result)
     finally:
         await control.aclose()
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(core.close)  # the disk tier's queued writes
         inbox.close()
         to_scheduler.close()
         torch_thread.close()

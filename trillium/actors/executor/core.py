@@ -35,6 +35,10 @@ from trillium.kernels import AttentionMetadata
 
 log = logging.getLogger(__name__)
 
+# How long a transfer-only step waits for a disk read to finish (bounds the
+# idle poll rate while only loading requests are left; a finished read ends it).
+_TRANSFER_WAIT_S = 0.05
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -73,6 +77,13 @@ class ExecutorCore:
 
             self.host_kv = HostKvStore(self.kv_caches, config.num_blocks, config.num_host_blocks,
                                        config.block_size, self.device)
+        self.disk_kv = None  # executor/disk_kv.py: the disk KV tier's files, if configured
+        if config.kv_disk_path:
+            from trillium.actors.executor.disk_kv import DiskKvStore
+            from trillium.actors.kv_tiers.disk import version_directory
+
+            self.disk_kv = DiskKvStore(self.host_kv, version_directory(
+                config.kv_disk_path, config.kv_disk_model_fingerprint, "0"))
         self.requests: dict[str, RequestState] = {}
         self.lora = None
         if config.enable_lora:
@@ -84,6 +95,11 @@ class ExecutorCore:
             "executor ready: %s (%s), KV cache %d blocks x %d tokens (%s)",
             config.model, config.dtype, config.num_blocks, config.block_size, self.kv_cache_dtype,
         )
+
+    def close(self) -> None:
+        """Finish the disk tier's queued writes (a restart reads them)."""
+        if self.disk_kv is not None:
+            self.disk_kv.close()
 
     # -- state updates -------------------------------------------------
 
@@ -136,9 +152,14 @@ class ExecutorCore:
     @torch.inference_mode()
     def execute(self, batch: ExecuteBatch) -> BatchResult:
         start = time.perf_counter()
+        if self.disk_kv is not None and len(batch.kv_disk_ops):  # first: WRITEs read slots saves reuse
+            self.disk_kv.apply(self.kv_caches, batch.kv_disk_ops, batch.kv_disk_host_slots, batch.kv_disk_hashes)
+        host_load_s = 0.0
         if self.host_kv is not None:  # before anything writes the cache (see host_kv.py)
-            self.host_kv.apply(self.kv_caches, batch)
+            host_load_s = self.host_kv.apply(self.kv_caches, batch)
         states = self._apply_diffs(batch)
+        if not states:
+            return self._transfer_only(batch, start)
         counts = batch.num_scheduled_tokens.tolist()
         input_ids: list[int] = []
         positions: list[int] = []
@@ -191,6 +212,7 @@ class ExecutorCore:
                 if rows_lp is not None and rows_lp[j] is not None:
                     logprobs[state.request_id] = rows_lp[j]
         prompt_results = tuple(self._prompt_logprobs(hidden, item) for item in prompt_lp)
+        fetched = self._fetch_completions()
         return BatchResult(
             step_id=batch.step_id,
             request_ids=tuple(s.request_id for s in states),
@@ -199,6 +221,23 @@ class ExecutorCore:
             prompt_logprobs=prompt_results,
             execute_time_s=time.perf_counter() - start,
             lora_swap_ins=swap_ins,
+            kv_host_load_s=host_load_s,
+            **fetched,
+        )
+
+    def _fetch_completions(self, wait_s: float = 0.0) -> dict:
+        if self.disk_kv is None or not self.disk_kv.num_in_flight:
+            return {}
+        good, failed = self.disk_kv.completions(wait_s)
+        return dict(kv_fetched_host_slots=good, kv_fetch_failed_host_slots=failed)
+
+    def _transfer_only(self, batch: ExecuteBatch, start: float) -> BatchResult:
+        """A batch with no requests: the scheduler only waits for disk reads
+        (every runnable request is loading). Wait a little for one to finish,
+        rather than spin through empty steps."""
+        return BatchResult(
+            step_id=batch.step_id, request_ids=(), sampled_token_ids=np.zeros(0, np.int32),
+            execute_time_s=time.perf_counter() - start, **self._fetch_completions(_TRANSFER_WAIT_S),
         )
 
     def _prompt_logprobs(self, hidden: torch.Tensor, item: tuple[RequestState, int, int]) -> PromptLogprobs:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 import attrs
 import numpy as np
@@ -55,6 +56,11 @@ def _block_tensors(layer_cache, num_blocks: int) -> list[torch.Tensor]:
     return [t.view(torch.uint8) if t.dtype in _FLOAT8 else t for t in tensors]
 
 
+def _slot_view(tensor: torch.Tensor, slot: int) -> torch.Tensor:
+    """One host slot as flat bytes (a view: a slot is contiguous)."""
+    return tensor[slot].reshape(-1).view(torch.uint8)
+
+
 def _index(values: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)).to(device)
 
@@ -82,12 +88,39 @@ class HostKvStore:
             raise RuntimeError(f"device KV cache has {len(tensors)} block tensors, host tier {len(self.host)}")
         return tensors
 
-    def apply(self, kv_caches, batch) -> None:
-        """A step's copies: saves, then loads (see the module docstring)."""
+    def apply(self, kv_caches, batch) -> float:
+        """A step's copies: saves, then loads (see the module docstring).
+        Returns the seconds the loads took (0.0: none)."""
         if len(batch.kv_save_block_ids):
             self.save(kv_caches, batch.kv_save_block_ids, batch.kv_save_host_slots)
-        if len(batch.kv_load_block_ids):
-            self.load(kv_caches, batch.kv_load_host_slots, batch.kv_load_block_ids)
+        if not len(batch.kv_load_block_ids):
+            return 0.0
+        started = time.perf_counter()
+        self.load(kv_caches, batch.kv_load_host_slots, batch.kv_load_block_ids)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # NOTE: only in steps that load: the latency metric needs it
+        return time.perf_counter() - started
+
+    # -- the disk tier's access to one slot (executor/disk_kv.py) ----------
+
+    def slot_bytes(self, slot: int) -> bytes:
+        """One slot's content as bytes (a copy), every tensor in order."""
+        return b"".join(_slot_view(t, slot).numpy().tobytes() for t in self.host)
+
+    def device_block_bytes(self, kv_caches, block_id: int) -> bytes:
+        """One device block's content in `slot_bytes`' format (a copy)."""
+        return b"".join(_slot_view(t, block_id).cpu().numpy().tobytes() for t in self._device_tensors(kv_caches))
+
+    def write_slot(self, slot: int, payload) -> None:
+        """Fill one slot from `slot_bytes`' format; ValueError on a size mismatch."""
+        views = [_slot_view(t, slot) for t in self.host]
+        if len(payload) != sum(v.numel() for v in views):
+            raise ValueError(f"{len(payload)} bytes for a {sum(v.numel() for v in views)}-byte block")
+        offset = 0
+        for view in views:
+            n = view.numel()
+            view.copy_(torch.frombuffer(payload, dtype=torch.uint8, count=n, offset=offset))
+            offset += n
 
     def save(self, kv_caches, block_ids: np.ndarray, slots: np.ndarray) -> None:
         ids = _index(block_ids, self.device)

@@ -122,7 +122,9 @@ class ExecutorControl:
     async def _sleep(self, msg: Sleep) -> dict:
         def sleep() -> dict:
             self._release_shadow()
-            return self.memory.sleep(msg.level)
+            return self.memory.sleep(msg.level, keep_prefix_cache=msg.keep_prefix_cache,
+                                     save_block_ids=msg.kv_save_block_ids, save_host_slots=msg.kv_save_host_slots,
+                                     disk_ops=(msg.kv_disk_ops, msg.kv_disk_host_slots, msg.kv_disk_hashes))
 
         return await self.torch.run(sleep)
 
@@ -134,12 +136,12 @@ class ExecutorControl:
     async def _from_disk(self, msg: UpdateWeightsFromDisk) -> dict:
         def load() -> dict:
             named = weights.read_checkpoint(msg.model_path, self.core.model)
-            return self._swap(named, complete=True)
+            return self._swap(named, msg.flush_cache, complete=True)
 
         return await self.torch.run(load)
 
     async def _from_tensors(self, msg: UpdateWeightsFromTensors) -> dict:
-        return await self.torch.run(lambda: self._swap(weights.parse_safetensors(msg.safetensors)))
+        return await self.torch.run(lambda: self._swap(weights.parse_safetensors(msg.safetensors), msg.flush_cache))
 
     async def _from_distributed(self, msg: UpdateWeightsFromDistributed) -> dict:
         if self._group is None:
@@ -180,7 +182,7 @@ class ExecutorControl:
             ) from exc
 
         def swap() -> dict:
-            return self._swap(named, shadow=(shadow, plan))
+            return self._swap(named, msg.flush_cache, shadow=(shadow, plan))
 
         data = await self.torch.run(swap)
         log.info("received %d tensors (%.0f MB) from the update group in %.3f s, loaded in %.3f s",
@@ -188,8 +190,9 @@ class ExecutorControl:
                  received_s - started_s, time.perf_counter() - received_s)
         return data
 
-    def _swap(self, named: weights.NamedTensors, *, complete: bool = False, shadow=None) -> dict:
-        """Validate everything, then copy (or swap in the shadow): a failure leaves the old weights."""
+    def _swap(self, named: weights.NamedTensors, flush_cache: bool, *, complete: bool = False, shadow=None) -> dict:
+        """Validate everything, then copy (or swap in the shadow): a failure leaves the old weights.
+        `flush_cache`: the scheduler drops the prefix cache (a kept one too) on success."""
         if self._validator is None:
             self._validator = weights.WeightValidator(self.core.model)
         names = self._validator.check(named, complete=complete)
@@ -201,6 +204,8 @@ class ExecutorControl:
             shadow_weights.swap_in(plan)
             weights.apply(self.core.model, [named[i] for i in plan.separate])
         self.memory.weights_loaded(names)
+        if flush_cache:
+            self.memory.forget_kv_scales()
         return {
             "num_tensors": len(named),
             "num_weights_missing": self.memory.num_missing_weights,

@@ -12,6 +12,14 @@ comes back zeroed (its content is gone; the scheduler reset its prefix
 cache at sleep), an fp8 cache with its scales uncalibrated (the first write
 sets them again, models/kv_cache.py), and the weights go back to the device.
 
+Keeping the prefix cache (--sleep-keep-prefix-cache, level 1): the Sleep
+carries the scheduler's copies of the cached device blocks into the host KV
+tier (executor/host_kv.py), run first, before the cache is freed. The host
+blocks were quantized with the fp8 scales of the time, so those are kept
+too: the wake gives each layer of the new cache its old scales, calibrated,
+instead of calibrating afresh. A weight update that flushes the cache while
+asleep drops the kept scales (the scheduler dropped the host blocks).
+
 Freed means freed: the last references are dropped (the per-thread gather
 workspace of the reference kernels too), then `gc.collect()`, and on CPU
 glibc's `malloc_trim(0)` hands free heap pages back to the OS, on CUDA
@@ -26,6 +34,7 @@ import gc
 import logging
 import os
 
+import numpy as np
 import torch
 
 from trillium.actors.protocol.lifecycle import ControlError
@@ -55,6 +64,13 @@ def _tensor_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
+def _kept_scales(cache) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A layer's calibrated fp8 scales, copied to host memory; None if it has none yet."""
+    if getattr(cache, "k_scale", None) is None or not cache.calibrated:
+        return None
+    return cache.k_scale.to("cpu", copy=True), cache.v_scale.to("cpu", copy=True)
+
+
 class DeviceMemory:
     """What of the executor's memory is asleep; does the freeing and refilling."""
 
@@ -66,6 +82,9 @@ class DeviceMemory:
         # and the checkpoint names not loaded since the discard.
         self._shapes: dict[str, tuple[torch.Size, torch.dtype]] = {}
         self._missing: set[str] = set()
+        # Kept prefix cache: per layer, the fp8 (k_scale, v_scale) to restore at the wake
+        # (None for a float or an uncalibrated layer).
+        self._kv_scales: list[tuple[torch.Tensor, torch.Tensor] | None] = []
 
     @property
     def host(self) -> torch.device:
@@ -79,9 +98,19 @@ class DeviceMemory:
     def num_missing_weights(self) -> int:
         return len(self._missing)
 
-    def sleep(self, level: int) -> dict:
+    def sleep(self, level: int, *, keep_prefix_cache: bool = False,
+              save_block_ids: np.ndarray | None = None, save_host_slots: np.ndarray | None = None,
+              disk_ops: tuple | None = None) -> dict:
+        """Free the KV cache and the weights (see the module docstring). With
+        `keep_prefix_cache` first run the disk tier's `disk_ops` (ops, slots,
+        hashes), copy device blocks `save_block_ids` into host slots
+        `save_host_slots` and keep the fp8 scales for the wake."""
         if self.asleep:
             raise ControlError(409, f"already asleep (level {self.level})")
+        if disk_ops is not None and len(disk_ops[0]) and self.core.disk_kv is not None:
+            self.core.disk_kv.apply(self.core.kv_caches, *disk_ops)  # first: WRITEs read slots the saves reuse
+        num_saved = self._save_to_host(save_block_ids, save_host_slots) if keep_prefix_cache else 0
+        self._kv_scales = [_kept_scales(cache) for cache in self.core.kv_caches] if keep_prefix_cache else []
         rss_before = resident_bytes()
         device_before = self._device_allocated()
         kv_bytes = sum(_tensor_bytes(t) for pair in self.core.kv_caches for t in pair)
@@ -100,6 +129,8 @@ class DeviceMemory:
             "asleep": sorted(self.asleep),
             "freed_kv_cache_bytes": kv_bytes,
             "freed_weight_bytes": weight_bytes,
+            "kept_prefix_cache": keep_prefix_cache,
+            "num_saved_kv_blocks": num_saved,
             "rss_freed_bytes": rss_before - resident_bytes(),
             "device_freed_bytes": device_before - self._device_allocated(),
         }
@@ -123,6 +154,7 @@ class DeviceMemory:
             self.core.kv_caches = allocate_kv_caches(
                 self.core.model_config, cfg.num_blocks, cfg.block_size, self.core.kv_cache_dtype, self.device
             )
+            self._restore_kv_scales()
             self.asleep.discard(KV_CACHE)
         if not self.asleep:
             self.level = 0
@@ -145,6 +177,30 @@ class DeviceMemory:
         self._missing -= names
         if not self._missing:
             self._shapes = {}
+
+    def forget_kv_scales(self) -> None:
+        """The prefix cache was flushed (new weights): the wake calibrates afresh."""
+        self._kv_scales = []
+
+    # -- the kept prefix cache ---------------------------------------------
+
+    def _save_to_host(self, block_ids: np.ndarray | None, slots: np.ndarray | None) -> int:
+        if block_ids is None or not len(block_ids):
+            return 0
+        if self.core.host_kv is None:
+            raise RuntimeError("asked to save KV blocks to the host tier, but none is configured")
+        self.core.host_kv.save(self.core.kv_caches, block_ids, slots)
+        return len(block_ids)
+
+    def _restore_kv_scales(self) -> None:
+        """Give the fresh cache the scales its host blocks were written with
+        (models/kv_cache.py INVARIANT: a scale is fixed while blocks use it)."""
+        kept, self._kv_scales = self._kv_scales, []
+        for cache, scales in zip(self.core.kv_caches, kept):
+            if scales is not None:
+                cache.k_scale.copy_(scales[0])
+                cache.v_scale.copy_(scales[1])
+                cache.calibrated = True
 
     # -- internals ---------------------------------------------------------
 

@@ -40,7 +40,8 @@ The pool tells it about every cached block it evicts (`evicted`), and
 `get_computed_blocks` keeps walking the request's hashes in it past the
 device hits. Its hits become fresh device blocks in `allocate_slots`,
 registered under their hashes at once and queued as loads that the
-executor runs before the step's forward.
+executor runs before the step's forward. `spill_cached_to_lower` hands it
+every cached block at once (a sleep that keeps the prefix cache).
 
 Cost: allocation and freeing are O(blocks touched); the free queue is an
 OrderedDict (a C doubly linked list: O(1) pop-front, append, remove).
@@ -308,6 +309,26 @@ class BlockPool:
         # NOTE: _req_num_cached_blocks is left as is, so running requests do not
         # re-register blocks computed before the reset.
         return self._index.clear()
+
+    def spill_cached_to_lower(self) -> int:
+        """Hand every cached block to the lower tier (`evicted`), then forget
+        them here as `reset_prefix_cache` does: the device KV is about to be
+        freed (sleep that keeps the prefix cache). The lower tier keeps what
+        it has room for. Free blocks go in eviction order, blocks still in
+        use after them, so when the lower tier is full the blocks it would
+        keep anyway (request heads, recently used) survive. Returns the
+        number of blocks handed down. O(num_blocks): an admin operation."""
+        if self._lower is None:
+            raise RuntimeError("no lower KV tier to spill the prefix cache to")
+        in_use = (b for b in range(self.num_blocks) if self._ref_cnt[b] > 0)
+        num = 0
+        for block_id in (*self._free, *in_use):
+            block_hash = self._hash[block_id]
+            if block_hash is not None:
+                self._lower.evicted(BlockId(block_id), block_hash)
+                num += 1
+        self.reset_prefix_cache()
+        return num
 
     # -- allocation -----------------------------------------------------
 

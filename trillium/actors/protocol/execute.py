@@ -65,6 +65,11 @@ class ExecuteBatch:
     kv_save_host_slots: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
     kv_load_host_slots: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
     kv_load_block_ids: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
+    # Disk tier operations (kv_tiers/disk.py DiskOp), in order, before the host
+    # copies: op codes, host slots (-1: none), block hashes (CLEAR: the new directory).
+    kv_disk_ops: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int8))
+    kv_disk_host_slots: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
+    kv_disk_hashes: tuple[bytes, ...] = ()
 
 
 @attrs.frozen
@@ -100,6 +105,10 @@ class BatchResult:
     prompt_logprobs: tuple[PromptLogprobs, ...] = ()
     execute_time_s: float = 0.0
     lora_swap_ins: int = 0  # adapters loaded into a device slot for this step
+    # Disk reads into host slots that completed since the last result (any step's).
+    kv_fetched_host_slots: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
+    kv_fetch_failed_host_slots: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
+    kv_host_load_s: float = 0.0  # time of this step's host -> device copies (0: none)
 
 
 @attrs.frozen

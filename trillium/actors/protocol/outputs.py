@@ -94,7 +94,7 @@ class FinishedRequestStats:
 
 @attrs.frozen
 class KvTierStats:
-    """One KV cache tier ("device", "host"): usage now and lifetime totals, in blocks."""
+    """One KV cache tier ("device", "host", "disk"): usage now and lifetime totals, in blocks."""
 
     tier: str
     usage: float  # fraction of the tier's blocks in use (device: held by requests)
@@ -125,6 +125,11 @@ class SchedulerStats:
     num_scheduled_tokens: int
     engine_state: str = "serving"  # scheduler/lifecycle.py EngineState value
     weight_version: str = "0"
+    # Swap preemption totals (0 under recompute): preemptions whose KV went to
+    # the host tier (the rest of num_preempted_total recompute), and re-admissions
+    # that loaded it back.
+    num_swapped_out_total: int = 0
+    num_swapped_in_total: int = 0
     # -- events since the previous SchedulerStats --
     finished: tuple[FinishedRequestStats, ...] = ()
     ttfts_s: tuple[float, ...] = ()  # api arrival -> first token, per request that got one
@@ -143,6 +148,10 @@ class SchedulerStats:
     kv_tiers: tuple[KvTierStats, ...] = ()  # fastest first
     kv_bytes_to_host_total: int = 0
     kv_bytes_to_device_total: int = 0
+    kv_bytes_to_disk_total: int = 0  # host evictions written to the disk tier
+    kv_bytes_from_disk_total: int = 0  # disk blocks read back into host memory
+    kv_disk_failed_reads_total: int = 0  # corrupt / truncated / foreign block files (recomputed)
+    kv_load_s: tuple[tuple[str, float], ...] = ()  # events: (tier, seconds) per load (host: a step's copies; disk: a request's wait)
 
 
 MESSAGES = (

@@ -79,11 +79,12 @@ Effect = ControlReply | ToExecutor | ToDetokenizer
 
 @attrs.define
 class _Job:
-    """Executor work of the lane holder: `prepare` runs when it is sent."""
+    """Executor work of the lane holder: `prepare` runs when it is sent and
+    returns the message to send (the built one, completed)."""
 
     message: Any
     done: Callable[[ControlReply], list[Effect]]
-    prepare: Callable[[], None] | None = None
+    prepare: Callable[[Any], Any] | None = None
     sent: bool = False
 
 
@@ -209,7 +210,7 @@ class EngineControl:
             effects += self._pump(now)
             if self._job is not None and not self._job.sent:
                 if self._job.prepare is not None:
-                    self._job.prepare()
+                    self._job.message = self._job.prepare(self._job.message)
                 self._job.sent = True
                 effects.append(ToExecutor(self._job.message))
                 return effects
@@ -340,14 +341,35 @@ class EngineControl:
         self._job = _Job(forwarded, partial(self._slept, msg, aborted), prepare=self._forget_kv)
         return []
 
-    def _forget_kv(self) -> None:
-        # The KV content is about to be freed: running requests recompute
-        # after the wake, and no prefix-cache entry may point into it.
+    def _forget_kv(self, forwarded: lc.Sleep) -> lc.Sleep:
+        """The KV content is about to be freed: running requests recompute
+        after the wake, and no device prefix-cache entry may point into it.
+        With --sleep-keep-prefix-cache a level-1 sleep first spills the cached
+        blocks to the host tier (kept); the copies travel in the Sleep and the
+        executor runs them before it frees the cache."""
         self.core.preempt_running()
-        self.core.reset_prefix_cache()
+        if not self._keeps_prefix_cache(forwarded.level):
+            # The disk tier stays: the weights that computed its blocks are unchanged.
+            self.core.reset_prefix_cache(keep_disk=True)
+            return forwarded
+        self.core.pool.spill_cached_to_lower()
+        # NOTE: loads left queued by a plan that ended empty are dropped: their
+        # device blocks are freed, and the host keeps what they would load.
+        # The disk operations go too (host evictions written out, reads of
+        # loading requests): the executor runs them first.
+        saves = self.core.host_tier.take_transfers()
+        return attrs.evolve(forwarded, keep_prefix_cache=True, kv_save_block_ids=saves.save_block_ids,
+                            kv_save_host_slots=saves.save_host_slots, kv_disk_ops=saves.disk_ops,
+                            kv_disk_host_slots=saves.disk_host_slots, kv_disk_hashes=saves.disk_hashes)
+
+    def _keeps_prefix_cache(self, level: int) -> bool:
+        return self.engine.sleep_keep_prefix_cache and level == 1 and self.core.host_tier is not None
 
     def _slept(self, msg: lc.Sleep, aborted: int, reply: ControlReply) -> list[Effect]:
         if not reply.ok:
+            if self._keeps_prefix_cache(msg.level):
+                # WHY: the kept host index may name slots the executor never wrote.
+                self.core.host_tier.reset()
             self.state = self._saved.pop(S.SLEEPING)
             self.core.set_admission(started_only=False)
             self.sleep_level = 0
@@ -394,7 +416,11 @@ class EngineControl:
             return [self._failed(msg, reply)]  # the executor kept the old weights
         self.weight_version = msg.weight_version or next_weight_version(self.weight_version)
         if msg.flush_cache:
-            self.core.reset_prefix_cache()
+            self.core.reset_prefix_cache(weight_version=self.weight_version)
+        else:
+            # WHY even unflushed: blocks computed by the new weights must not land in
+            # the files a restart (which loads the checkpoint again) would read.
+            self.core.reset_disk_tier(self.weight_version)
         if isinstance(msg, lc.UpdateWeightsFromDisk):
             self.model_path = msg.model_path
         return [self._finish(msg, f"weights updated (version {self.weight_version})", reply.data)]

@@ -12,8 +12,9 @@ plus outputs so far). A step hands out a token budget: running requests
 first, in order (a decode needs one token, a prefill chunk as many as the
 budget allows), then waiting requests in policy order, each starting after
 its prefix-cache hit. When a running request cannot get a block, running
-requests are preempted by recompute (blocks freed, progress reset, back to
-the front of the queue) until it can, possibly itself.
+requests are preempted (blocks freed, back to the front of the queue) until
+it can, possibly itself: by recompute (progress reset), or with
+`--preemption-mode swap` their KV waits in the host tier (preemption.py).
 
 One step is in flight at a time: `schedule()`, then `update_from_output()`
 with that step's result, then the next `schedule()`. Progress is counted
@@ -23,6 +24,14 @@ when its result comes back, so a cached block always holds computed KV.
 `policy.py` holds the waiting order, the preemption choice and n > 1 gating.
 A host KV tier (kv_tiers/host.py), when configured, sits under the pool:
 the copies it queues while a step is planned travel in that step's batch.
+A disk tier (kv_tiers/disk.py) sits under the host tier: a waiting request
+whose prefix continues on disk goes to LOADING (out of the queue, no device
+blocks) while the executor reads those blocks into host slots in the
+background; other requests keep stepping, and once its reads are back it is
+queued again at the front and its prefix hits in the host tier. A failed
+read only shortens the hit: those tokens are recomputed. While only loading
+requests are left, transfer-only batches (no requests) carry the disk
+operations and bring the completions back.
 
 Executor contract for an ExecuteBatch: apply `finished_request_ids` and
 `preempted_request_ids` first, then `new_requests` (replacing any state of a
@@ -39,12 +48,14 @@ from collections.abc import Callable
 import attrs
 
 from trillium.actors.kv_tiers.block_pool import BlockId, BlockPool
+from trillium.actors.kv_tiers.disk import DiskTier
 from trillium.actors.kv_tiers.host import NO_TRANSFERS, HostTier, tier_stats
 from trillium.actors.protocol.execute import BatchResult, ExecuteBatch, TokenLogprobs
 from trillium.actors.protocol.outputs import RequestDelta, SchedulerStats, TokenDeltas
 from trillium.actors.protocol.requests import AddRequest
 from trillium.actors.scheduler.metrics import StepEvents
 from trillium.actors.scheduler.policy import SiblingGate, make_policy
+from trillium.actors.scheduler.preemption import PREEMPTION_MODES, make_preemption
 from trillium.actors.scheduler.request import Request, RequestStatus
 from trillium.actors.scheduler.step_plan import StepPlan
 
@@ -66,6 +77,8 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # 0 = off; else cap a prefill's tokens per step
     max_loras: int = 0  # distinct LoRA adapters among running requests; 0 = LoRA off (lora_id must be 0)
+    # recompute | swap (preempted requests' KV waits in the host tier: needs one)
+    preemption_mode: str = attrs.field(default="recompute", validator=attrs.validators.in_(PREEMPTION_MODES))
 
     def __attrs_post_init__(self) -> None:
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
@@ -88,10 +101,15 @@ def build_scheduler(engine) -> "Scheduler":
         enable_prefix_caching=engine.enable_prefix_caching,
         policy=engine.scheduling_policy,
         max_loras=engine.max_loras if engine.enable_lora else 0,
+        preemption_mode=engine.preemption_mode,
     )
     host_tier = None
     if engine.num_host_blocks:
-        host_tier = HostTier(engine.num_host_blocks, engine.kv_eviction_policy, engine.kv_block_bytes)
+        disk = None
+        if engine.kv_disk_path:
+            disk = DiskTier(engine.kv_disk_path, engine.kv_disk_model_fingerprint, engine.num_disk_blocks,
+                            engine.kv_eviction_policy, engine.kv_block_bytes)
+        host_tier = HostTier(engine.num_host_blocks, engine.kv_eviction_policy, engine.kv_block_bytes, disk=disk)
     return Scheduler(config, host_tier=host_tier)
 
 
@@ -116,9 +134,13 @@ class Scheduler:
         self.pool = pool
         self.host_tier = host_tier
         self._policy = make_policy(config.policy)
+        self._preemption = make_preemption(config.preemption_mode, host_tier)
         self._siblings = SiblingGate()
         self._requests: dict[str, Request] = {}
         self._running: list[Request] = []
+        # Disk tier: requests waiting for their reads, and who each read is for.
+        self._loading: dict[str, Request] = {}
+        self._fetch_owner: dict[int, str] = {}
         self._arrival_seq = 0
         self._step_id = 0
         self._in_flight_step: int | None = None
@@ -197,7 +219,7 @@ class Scheduler:
         self._preempted_ids.extend(plan.preempted)
         if not plan.preempted:  # WHY: blocks are short; admitting now would thrash
             self._schedule_waiting(plan)
-        if not plan.requests:
+        if not plan.requests and not self._must_transfer():
             return None
         # NOTE: copies queued by a plan that ended empty stay queued for the next
         # batch; until then nothing writes the cache, so they stay valid.
@@ -213,6 +235,12 @@ class Scheduler:
         self._in_flight_step = self._step_id
         self._step_id += 1
         return batch
+
+    def _must_transfer(self) -> bool:
+        """Nothing to run, but disk reads are in flight or disk operations are
+        queued: a transfer-only batch carries them and fetches the completions."""
+        tier = self.host_tier
+        return tier is not None and tier.disk is not None and (tier.num_fetching > 0 or tier.disk.has_ops)
 
     def _num_new_tokens(self, request: Request, num_computed: int, budget: int) -> int:
         """Tokens to compute for a request this step; 0 if it must wait."""
@@ -249,16 +277,33 @@ class Scheduler:
             if victim is request:
                 return None
 
-    def _preempt(self, request: Request, plan: StepPlan) -> None:
+    def _preempt(self, request: Request, plan: StepPlan, *, may_swap: bool = True) -> None:
         plan.drop(request)
+        swapped = may_swap and self._preemption.swap_out(request, self.pool)  # reads its block table
         self.pool.free(request)
         self._running.remove(request)
-        request.num_computed_tokens = 0
+        if not swapped:
+            request.num_computed_tokens = 0
         request.num_preemptions += 1
         request.set_status(RequestStatus.PREEMPTED)
         self._policy.push_front([request])
         self._num_preempted_total += 1
         plan.preempted.append(request.request_id)
+
+    def _admit_swapped(self, request: Request, plan: StepPlan) -> bool:
+        """Re-admit a swapped-out request: fresh blocks for its KV and the new
+        tokens, its KV loaded back into them; no prefix-cache lookup."""
+        num = self._num_new_tokens(request, request.num_computed_tokens, plan.token_budget)
+        if num <= 0:
+            return False
+        new_blocks = self._preemption.swap_in(request, self.pool, num)
+        if new_blocks is None:
+            return False
+        request.set_status(RequestStatus.RUNNING)
+        self._running.append(request)
+        self._siblings.admitted(request)
+        plan.add(request, num, new_blocks, is_new=True)
+        return True
 
     def _schedule_waiting(self, plan: StepPlan) -> None:
         put_back: list[Request] = []
@@ -272,10 +317,73 @@ class Scheduler:
                 # adapters (or the base model) may go first, as vLLM does.
                 put_back.append(request)
                 continue
+            if self._start_loading(request):
+                continue  # out of the queue until its disk reads are back
             if not self._admit(request, plan):
                 put_back.append(request)
                 break  # WHY: strict order; a later, smaller request must not starve this one
         self._policy.push_front(put_back)
+
+    def _start_loading(self, request: Request) -> bool:
+        """If the request's prefix continues on disk past the device and host
+        hits, start reading those blocks into host slots and move it to
+        LOADING. Once per request: the second time it is admitted as is."""
+        tier = self.host_tier
+        if (tier is None or tier.disk is None or request.disk_fetched or not request.reads_prefix_cache
+                or self._preemption.is_swapped(request)):  # its KV waits in host slots already
+            return False
+        hit = self.pool.get_computed_blocks(request)
+        max_blocks = (request.num_tokens - 1) // self.config.block_size
+        rest = request.block_hashes[hit.num_computed_tokens // self.config.block_size : max_blocks]
+        num = tier.disk_hits(rest)
+        if not num:
+            return False
+        request.disk_fetched = True
+        first = len(hit.block_ids)
+        host_hits = request.block_hashes[first : first + len(hit.lower_slots)]
+        tier.pin(host_hits)  # WHY: in a small host tier its own fetches would evict them
+        request.pinned_hashes.extend(host_hits)
+        slots = tier.start_fetch(rest[:num])
+        if not slots:
+            self._unpin(request)
+            return False
+        for slot in slots:
+            self._fetch_owner[slot] = request.request_id
+        request.pending_fetches = len(slots)
+        request.loading_since = self.events.clock()
+        request.status_before_loading = request.status
+        request.set_status(RequestStatus.LOADING)
+        self._loading[request.request_id] = request
+        return True
+
+    def _fetches_done(self, result: BatchResult) -> None:
+        """Disk reads that came back: good blocks join the host tier; a request
+        whose reads are all back is queued again, at the front."""
+        done = [(int(s), True) for s in result.kv_fetched_host_slots]
+        done += [(int(s), False) for s in result.kv_fetch_failed_host_slots]
+        ready = []
+        for slot, ok in done:
+            request = self._loading.get(self._fetch_owner.pop(slot, ""))
+            # WHY pin: in a small host tier other fetches could evict it before its request runs.
+            block_hash = self.host_tier.fetch_done(slot, ok, pin=request is not None)
+            if request is None:
+                continue  # aborted or finished while loading
+            if ok and block_hash is not None:
+                request.pinned_hashes.append(block_hash)
+            request.pending_fetches -= 1
+            if request.pending_fetches == 0:
+                del self._loading[request.request_id]
+                request.set_status(request.status_before_loading)
+                self.events.kv_load("disk", self.events.clock() - request.loading_since)
+                ready.append(request)
+        if ready:
+            ready.sort(key=lambda r: r.arrival_seq)
+            self._policy.push_front(ready)
+
+    def _unpin(self, request: Request) -> None:
+        if request.pinned_hashes:
+            self.host_tier.unpin(request.pinned_hashes)
+            request.pinned_hashes = []
 
     def _lora_fits(self, request: Request) -> bool:
         """Admitting `request` keeps the running adapters within the device slots."""
@@ -285,6 +393,8 @@ class Scheduler:
         return request.lora_id in active or len(active) < self.config.max_loras
 
     def _admit(self, request: Request, plan: StepPlan) -> bool:
+        if self._preemption.is_swapped(request):
+            return self._admit_swapped(request, plan)
         hit = self.pool.get_computed_blocks(request)
         num = self._num_new_tokens(request, hit.num_computed_tokens, plan.token_budget)
         if num <= 0:
@@ -296,6 +406,7 @@ class Scheduler:
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = hit.num_computed_tokens
         request.set_status(RequestStatus.RUNNING)
+        self._unpin(request)  # its host hits are reserved (or it was a miss after all)
         self.events.scheduled(request.times)
         self._running.append(request)
         self._siblings.admitted(request)
@@ -311,8 +422,13 @@ class Scheduler:
             raise ValueError(f"result of step {result.step_id}, but step {self._in_flight_step} is in flight")
         self._in_flight_step = None
         now_s = self.events.clock()
-        self.events.step(self._last_num_scheduled_tokens, result.execute_time_s)
+        if result.request_ids:  # not a transfer-only batch
+            self.events.step(self._last_num_scheduled_tokens, result.execute_time_s)
         self.events.num_lora_swap_ins += result.lora_swap_ins
+        if result.kv_host_load_s:
+            self.events.kv_load("host", result.kv_host_load_s)
+        if len(result.kv_fetched_host_slots) or len(result.kv_fetch_failed_host_slots):
+            self._fetches_done(result)
         for chunk in result.prompt_logprobs:
             request = self._requests.get(chunk.request_id)
             if request is not None:
@@ -338,14 +454,18 @@ class Scheduler:
     def _finish(self, request: Request, status: RequestStatus) -> None:
         if request.status is RequestStatus.RUNNING:
             self._running.remove(request)
+        elif request.status is RequestStatus.LOADING:
+            del self._loading[request.request_id]  # its reads still land in the host tier
         else:
             self._policy.remove(request)
+        self._unpin(request)
         request.set_status(status)
         self.events.finished_request(request.times, status.finish_reason, request.num_prompt_tokens,
                                      request.num_output_tokens, request.num_preemptions)
         if self.on_finished is not None:
             self.on_finished(request)
         self.pool.free(request)
+        self._preemption.drop(request)
         self._siblings.finished(request)
         del self._requests[request.request_id]
         if request.known_to_executor:
@@ -376,7 +496,7 @@ class Scheduler:
     # -- views ------------------------------------------------------------
 
     def has_work(self) -> bool:
-        return bool(self._running) or len(self._policy) > 0
+        return bool(self._running) or len(self._policy) > 0 or bool(self._loading)
 
     @property
     def num_running(self) -> int:
@@ -384,7 +504,11 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self._policy)
+        return len(self._policy) + len(self._loading)
+
+    @property
+    def num_loading(self) -> int:
+        return len(self._loading)
 
     def get_request(self, request_id: str) -> Request | None:
         return self._requests.get(request_id)
@@ -393,15 +517,25 @@ class Scheduler:
         return tuple(self._running)
 
     def waiting_requests(self) -> tuple[Request, ...]:
-        return tuple(self._policy)
+        return (*self._policy, *self._loading.values())
 
-    def reset_prefix_cache(self) -> int:
-        """Forget every cached block, on the host tier too (its KV was computed
-        by the weights of the time). Returns the number of entries dropped."""
+    def reset_prefix_cache(self, *, keep_disk: bool = False, weight_version: str | None = None) -> int:
+        """Forget every cached block, on the host tier too, and the disk tier's
+        files unless `keep_disk` (a sleep: the weights that computed them are
+        unchanged). New weights (`weight_version`) also move the disk tier to
+        that version's directory. Returns the number of entries dropped."""
+        self._recompute_swapped()
         dropped = self.pool.reset_prefix_cache()
         if self.host_tier is not None:
             dropped += self.host_tier.reset()
+            if self.host_tier.disk is not None and not keep_disk:
+                dropped += self.host_tier.disk.reset(weight_version)
         return dropped
+
+    def reset_disk_tier(self, weight_version: str | None = None) -> int:
+        """Delete the disk tier's blocks (and move to `weight_version`'s directory)."""
+        tier = self.host_tier
+        return 0 if tier is None or tier.disk is None else tier.disk.reset(weight_version)
 
     # -- lifecycle hooks (driven by scheduler/control.py) ------------------
     # NOTE: freezing needs no hook: the actor simply stops calling schedule().
@@ -427,9 +561,23 @@ class Scheduler:
         Call only between steps. Returns the number preempted."""
         plan = StepPlan(token_budget=0)
         for request in reversed(list(self._running)):  # each goes to the front: keep order
-            self._preempt(request, plan)
+            self._preempt(request, plan, may_swap=False)
         self._preempted_ids.extend(plan.preempted)
+        self._recompute_swapped()
         return len(plan.preempted)
+
+    def _recompute_swapped(self) -> None:
+        """Swapped-out requests give up their host copies and recompute.
+
+        WHY on every prefix-cache reset and sleep, even when the weights stay:
+        the saves of a swap-out whose plan ended empty have not run yet, and
+        after a sleep they would read a freed (then reallocated) cache; after
+        new weights the copies are stale. Recompute is always correct, and
+        these are rare operations. Sleep never swaps out (`may_swap=False`)
+        for the same reason.
+        """
+        for request_id in self._preemption.drop_all():
+            self._requests[request_id].num_computed_tokens = 0
 
     def _lora_state(self) -> dict:
         """SchedulerStats' LoRA fields; nothing to scan when LoRA is off (every step calls stats)."""
@@ -447,8 +595,10 @@ class Scheduler:
         return SchedulerStats(
             step_id=self._step_id,
             num_running=len(self._running),
-            num_waiting=len(self._policy),
+            num_waiting=self.num_waiting,
             num_preempted_total=self._num_preempted_total,
+            num_swapped_out_total=self._preemption.num_swapped_out_total,
+            num_swapped_in_total=self._preemption.num_swapped_in_total,
             kv_usage=self.pool.usage,
             num_free_blocks=self.pool.num_free_blocks,
             prefix_cache_queries_total=self.pool.prefix_cache_query_tokens,

@@ -50,6 +50,10 @@ class StepEvents:
         self.step_tokens: list[int] = []
         self.step_durations_s: list[float] = []
         self.num_lora_swap_ins = 0
+        self.kv_loads_s: list[tuple[str, float]] = []
+
+    def kv_load(self, tier: str, seconds: float) -> None:
+        self.kv_loads_s.append((tier, seconds))
 
     def times(self, arrival_s: float) -> RequestTimes:
         return RequestTimes(arrival_s, self.clock())
@@ -94,7 +98,7 @@ class StepEvents:
             finished=tuple(self.finished), ttfts_s=tuple(self.ttfts_s), itls_s=tuple(self.itls_s),
             num_prompt_tokens=self.num_prompt_tokens, num_generation_tokens=self.num_generation_tokens,
             step_tokens=tuple(self.step_tokens), step_durations_s=tuple(self.step_durations_s),
-            num_lora_swap_ins=self.num_lora_swap_ins,
+            num_lora_swap_ins=self.num_lora_swap_ins, kv_load_s=tuple(self.kv_loads_s),
         )
         self._reset()
         return fields

@@ -8,6 +8,11 @@ which refuses a transition the table does not list.
     WAITING ──admit──> RUNNING ──preempt──> PREEMPTED ──admit──> RUNNING
        │                  │                     │
        └── abort/finish ──┴── EOS/stop/length ──┴──> FINISHED_*   (terminal)
+
+    WAITING / PREEMPTED ──disk hit──> LOADING ──reads done──> back (queued again)
+
+LOADING: the request's prefix is being read from the disk KV tier into host
+memory (kv_tiers/disk.py); it is out of the queue and holds no device block.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"  # back in the waiting queue, its blocks freed
+    LOADING = "loading"  # its prefix is being read from the disk tier; out of the queue
     FINISHED_STOPPED = "stop"  # EOS, a stop token id, or a stop string
     FINISHED_LENGTH = "length"  # max_tokens or max_model_len
     FINISHED_ABORTED = "abort"  # client gone, operator abort, rejected
@@ -48,9 +54,11 @@ S = RequestStatus
 TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
     # A stop string can end a preempted or waiting request: the detokenizer
     # saw its tokens before the preemption.
-    S.WAITING: frozenset({S.RUNNING, S.FINISHED_STOPPED, S.FINISHED_ABORTED}),
+    S.WAITING: frozenset({S.RUNNING, S.LOADING, S.FINISHED_STOPPED, S.FINISHED_ABORTED}),
     S.RUNNING: frozenset({S.PREEMPTED, *_FINISHED}),
-    S.PREEMPTED: frozenset({S.RUNNING, S.FINISHED_STOPPED, S.FINISHED_ABORTED}),
+    S.PREEMPTED: frozenset({S.RUNNING, S.LOADING, S.FINISHED_STOPPED, S.FINISHED_ABORTED}),
+    # Back to the status it came from once its reads are done.
+    S.LOADING: frozenset({S.WAITING, S.PREEMPTED, S.FINISHED_STOPPED, S.FINISHED_ABORTED}),
     S.FINISHED_STOPPED: frozenset(),
     S.FINISHED_LENGTH: frozenset(),
     S.FINISHED_ABORTED: frozenset(),
@@ -92,6 +100,13 @@ class Request:
         self.num_cached_tokens = -1  # prefix-cache hit at first admission; -1 before
         self.num_preemptions = 0
         self.known_to_executor = False  # sent as NewRequestData at least once
+        # Disk tier: a request goes through LOADING at most once (so a block evicted
+        # from the host again before it runs cannot send it back there forever).
+        self.disk_fetched = False
+        self.pending_fetches = 0
+        self.pinned_hashes: list[BlockHash] = []  # fetched into the host tier, kept there until it runs
+        self.loading_since = 0.0
+        self.status_before_loading = RequestStatus.WAITING
         self.delivered = False  # its first delta (with the DetokenizeSpec) went out
         self.stop_reason: int | str | None = None
         self.times = None  # scheduler/metrics.py RequestTimes, set by the core

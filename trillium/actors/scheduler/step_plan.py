@@ -93,4 +93,7 @@ class StepPlan:
             kv_save_host_slots=transfers.save_host_slots,
             kv_load_host_slots=transfers.load_host_slots,
             kv_load_block_ids=transfers.load_block_ids,
+            kv_disk_ops=transfers.disk_ops,
+            kv_disk_host_slots=transfers.disk_host_slots,
+            kv_disk_hashes=transfers.disk_hashes,
         )
