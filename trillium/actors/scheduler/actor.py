@@ -10,8 +10,10 @@ and ControlReply (api). With an OTLP endpoint configured it also exports
 the stage spans of detailed-traced requests (observability/actor_spans.py).
 
 Loop: give the executor its next work if it is free (a control job first,
-else a step, when the engine state allows stepping), then take every
-pending message; a BatchResult becomes token deltas. One message is out on
+else a step, when the engine state allows stepping), then send the token
+deltas and stats of the step that came back (after the next step is on
+its way: the executor idles until it arrives), then take every pending
+message; a BatchResult becomes token deltas. One message is out on
 the executor at a time: it runs them in order, so blocks freed by an abort
 during a step are only reused by a later step, and control work always
 falls between two steps.
@@ -78,10 +80,12 @@ class _Shell:
         self.to_detokenizer = to_detokenizer
         self.to_api = to_api
         self.step_in_flight = False
+        self._step_outputs: list = []  # TokenDeltas of returned steps, not sent yet
 
     async def loop(self) -> None:
         while True:
             await self._advance()
+            await self._send_step_outputs()
             message = await self._receive()
             if message is None:  # the profile's time is up
                 self.control.profile_expired(trio.current_time())
@@ -121,9 +125,22 @@ class _Shell:
         # gauges do not keep showing requests that are gone.
         await self.to_api.send(self.control.stats())
 
+    async def _send_step_outputs(self) -> None:
+        """The returned steps' deltas (detokenizer) and then the stats (api)."""
+        if not self._step_outputs:
+            return
+        outputs, self._step_outputs = self._step_outputs, []
+        for deltas in outputs:
+            if deltas.deltas:
+                await self.to_detokenizer.send(deltas)
+        await self.to_api.send(self.control.stats())
+
     async def _flush_deltas(self) -> None:
         pending = self.core.take_pending_deltas()
         if pending is not None:
+            # WHY the held step outputs first: a request's last token must reach the
+            # detokenizer before the abort / stop delta that ends it.
+            await self._send_step_outputs()
             await self.to_detokenizer.send(pending)
 
     async def _dispatch(self, message) -> bool:
@@ -132,9 +149,9 @@ class _Shell:
             if isinstance(message, BatchResult):
                 self.step_in_flight = False
                 deltas = self.core.update_from_output(message)
-                if deltas.deltas:
-                    await self.to_detokenizer.send(deltas)
-                await self.to_api.send(self.control.stats())
+                # WHY held back: the loop schedules the next step first (the executor
+                # idles until it arrives); the deltas and stats go out right after.
+                self._step_outputs.append(deltas)
             elif isinstance(message, AddRequest):
                 try:
                     self.core.add_request(message)
@@ -162,6 +179,7 @@ class _Shell:
             if isinstance(effect, ControlReply):
                 # Aborts first, so their final deltas are on their way; then
                 # stats, so the api sees the new state when the reply lands.
+                await self._send_step_outputs()
                 await self._flush_deltas()
                 await self.to_api.send(self.control.stats())
                 await self.to_api.send(effect)
