@@ -121,3 +121,15 @@ async def test_unexpected_errors_are_500_in_openai_shape(caplog):
         assert (error["type"], error["code"], error["param"]) == ("server_error", "internal_error", None)
         assert "exploded" not in error["message"]  # internals stay in the log
     assert any("unhandled error" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("extra", [{}, {"usage": None}])
+def test_chunk_events_encode_exactly_like_event(extra):
+    from trillium.data_plane.streaming import ChunkEvents, event
+
+    header = {"id": "cmpl-1", "object": "text_completion", "created": 7, "model": "m",
+              "system_fingerprint": None, "weight_version": "v\"2"}
+    chunk = ChunkEvents(header, extra)
+    for item in ({"index": 0, "text": "hé \"quoted\"\n", "logprobs": None, "finish_reason": None},
+                 {"index": 3, "delta": {}, "logprobs": {"content": [1.5]}, "finish_reason": "stop"}):
+        assert chunk(item) == event({**header, "choices": [item], **extra})

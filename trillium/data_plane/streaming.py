@@ -33,6 +33,20 @@ def event(obj) -> bytes:
     return b"data: " + dumps(obj).encode() + b"\n\n"
 
 
+class ChunkEvents:
+    """`event({**header, "choices": [choice], **extra})` for a stream's chunks,
+    byte for byte, with the constant header encoded once (every streamed
+    token pays for the rest)."""
+
+    def __init__(self, header: dict, extra: dict) -> None:
+        self._prefix = b"data: " + dumps(header)[:-1].encode() + b',"choices":['
+        tail = "," + dumps(extra)[1:-1] if extra else ""  # e.g. ,"usage":null
+        self._suffix = b"]" + tail.encode() + b"}\n\n"
+
+    def __call__(self, choice: dict) -> bytes:
+        return self._prefix + dumps(choice).encode() + self._suffix
+
+
 def error_event(error: ApiError) -> bytes:
     return event(error.body())
 

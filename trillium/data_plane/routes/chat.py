@@ -27,7 +27,7 @@ from trillium.data_plane.logprobs import chat_logprobs
 from trillium.data_plane.protocol import ChatCompletionRequest, parse_request
 from trillium.data_plane.sampling import chat_params, chat_renames, check_prompt
 from trillium.data_plane.state import WEIGHT_VERSION_HEADER, AppState, new_id
-from trillium.data_plane.streaming import DONE, error_event, event, json_response, sse_response, usage
+from trillium.data_plane.streaming import DONE, ChunkEvents, error_event, event, json_response, sse_response, usage
 from trillium.observability.tracing import sample_request
 
 
@@ -118,6 +118,7 @@ async def _respond(generation: Generation, chat: _Chat):
 async def _stream(state: AppState, generation: Generation, chat: _Chat):
     header = chat.header("chat.completion.chunk")
     extra = {"usage": None} if chat.include_usage else {}
+    chunk = ChunkEvents(header, extra)
     async with generation.feed(state.nursery) as feed:
         for choice in sorted(generation.choices, key=lambda c: c.index):
             first = {"index": choice.index, "delta": {"role": "assistant", "content": ""},
@@ -139,7 +140,7 @@ async def _stream(state: AppState, generation: Generation, chat: _Chat):
             }
             if delta.finished:
                 item["stop_reason"] = choice.stop_reason
-            yield event({**header, "choices": [item], **extra})
+            yield chunk(item)
         if not generation.finished:
             yield error_event(internal_error())
         elif chat.include_usage:

@@ -25,7 +25,15 @@ from trillium.data_plane.logprobs import CompletionLogprobs
 from trillium.data_plane.protocol import CompletionRequest, parse_request
 from trillium.data_plane.sampling import COMPLETION_RENAMES, check_prompt, completion_params
 from trillium.data_plane.state import WEIGHT_VERSION_HEADER, AppState, new_id
-from trillium.data_plane.streaming import DONE, error_event, event, json_response, sse_response, usage
+from trillium.data_plane.streaming import (
+    DONE,
+    ChunkEvents,
+    error_event,
+    event,
+    json_response,
+    sse_response,
+    usage,
+)
 from trillium.observability.tracing import sample_request
 
 
@@ -142,6 +150,7 @@ async def _respond(generation: Generation, completion: _Completion):
 
 async def _stream(state: AppState, generation: Generation, completion: _Completion):
     extra = {"usage": None} if completion.include_usage else {}
+    chunk = ChunkEvents(completion.header(), extra)
     async with generation.feed(state.nursery) as feed:
         async for choice, delta in feed:
             if choice.rejection:
@@ -159,7 +168,7 @@ async def _stream(state: AppState, generation: Generation, completion: _Completi
                 "finish_reason": choice.finish_reason if delta.finished else None,
                 "stop_reason": choice.stop_reason if delta.finished else None,
             }
-            yield event({**completion.header(), "choices": [item], **extra})
+            yield chunk(item)
         if not generation.finished:
             yield error_event(internal_error())
         elif completion.include_usage:
