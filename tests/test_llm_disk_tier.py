@@ -94,6 +94,10 @@ def test_config_checks_the_disk_tier(checkpoint, tmp_path):
         EngineConfig(model=path, kv_host_bytes="1MiB", kv_disk_path=str(tmp_path))
     with pytest.raises(ValueError, match="needs --kv-disk-path"):
         EngineConfig(model=path, kv_host_bytes="1MiB", kv_disk_bytes="1MiB")
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(ValueError, match="not a writable directory"):
+        EngineConfig(model=path, kv_host_bytes="1MiB", kv_disk_path=str(tmp_path / "a-file"),
+                     kv_disk_bytes="1MiB").resolve()
     config = EngineConfig(model=path, kv_host_bytes="1MiB", kv_disk_path=str(tmp_path), kv_disk_bytes="1MiB").resolve()
     assert config.num_disk_blocks == 2**20 // config.kv_block_bytes and len(config.kv_disk_model_fingerprint) == 32
     assert EngineConfig.from_bytes(config.to_bytes()) == config

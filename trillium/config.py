@@ -140,6 +140,12 @@ class EngineConfig:
             num_disk_blocks = self.num_disk_blocks or self.kv_disk_bytes // per_block
             if num_disk_blocks < 1:
                 raise ValueError(f"--kv-disk-bytes {self.kv_disk_bytes} holds no {per_block}-byte KV block")
+            try:  # WHY here: a clear error at start, not a warning per block later
+                os.makedirs(self.kv_disk_path, exist_ok=True)
+                if not os.access(self.kv_disk_path, os.W_OK | os.X_OK):
+                    raise PermissionError(f"no write access to {self.kv_disk_path}")
+            except OSError as exc:
+                raise ValueError(f"--kv-disk-path {self.kv_disk_path!r} is not a writable directory: {exc}") from exc
             disk = dict(num_disk_blocks=int(num_disk_blocks), kv_disk_model_fingerprint=model_fingerprint(
                 self.model, dtype=dtype, kv_cache_dtype=kv_dtype, block_size=self.block_size))
         return attrs.evolve(
