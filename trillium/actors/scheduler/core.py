@@ -47,7 +47,7 @@ from collections.abc import Callable
 
 import attrs
 
-from trillium.actors.kv_tiers.block_pool import BlockId, BlockPool
+from trillium.actors.kv_tiers.block_pool import BlockId, BlockPool, PrefixHit
 from trillium.actors.kv_tiers.disk import DiskTier
 from trillium.actors.kv_tiers.host import NO_TRANSFERS, HostTier, tier_stats
 from trillium.actors.protocol.execute import BatchResult, ExecuteBatch, TokenLogprobs
@@ -317,22 +317,25 @@ class Scheduler:
                 # adapters (or the base model) may go first, as vLLM does.
                 put_back.append(request)
                 continue
-            if self._start_loading(request):
-                continue  # out of the queue until its disk reads are back
-            if not self._admit(request, plan):
+            if self._preemption.is_swapped(request):
+                admitted = self._admit_swapped(request, plan)
+            else:
+                hit = self.pool.get_computed_blocks(request)  # one lookup serves both below
+                if self._start_loading(request, hit):
+                    continue  # out of the queue until its disk reads are back
+                admitted = self._admit(request, hit, plan)
+            if not admitted:
                 put_back.append(request)
                 break  # WHY: strict order; a later, smaller request must not starve this one
         self._policy.push_front(put_back)
 
-    def _start_loading(self, request: Request) -> bool:
-        """If the request's prefix continues on disk past the device and host
-        hits, start reading those blocks into host slots and move it to
+    def _start_loading(self, request: Request, hit: PrefixHit) -> bool:
+        """If the request's prefix continues on disk past its device and host
+        hits (`hit`), start reading those blocks into host slots and move it to
         LOADING. Once per request: the second time it is admitted as is."""
         tier = self.host_tier
-        if (tier is None or tier.disk is None or request.disk_fetched or not request.reads_prefix_cache
-                or self._preemption.is_swapped(request)):  # its KV waits in host slots already
+        if tier is None or tier.disk is None or request.disk_fetched or not request.reads_prefix_cache:
             return False
-        hit = self.pool.get_computed_blocks(request)
         max_blocks = (request.num_tokens - 1) // self.config.block_size
         rest = request.block_hashes[hit.num_computed_tokens // self.config.block_size : max_blocks]
         num = tier.disk_hits(rest)
@@ -392,10 +395,8 @@ class Scheduler:
         active = {r.lora_id for r in self._running if r.lora_id}
         return request.lora_id in active or len(active) < self.config.max_loras
 
-    def _admit(self, request: Request, plan: StepPlan) -> bool:
-        if self._preemption.is_swapped(request):
-            return self._admit_swapped(request, plan)
-        hit = self.pool.get_computed_blocks(request)
+    def _admit(self, request: Request, hit: PrefixHit, plan: StepPlan) -> bool:
+        """Admit a waiting request after its prefix-cache `hit`; False if it must wait."""
         num = self._num_new_tokens(request, hit.num_computed_tokens, plan.token_budget)
         if num <= 0:
             return False
