@@ -61,6 +61,10 @@ def _slot_view(tensor: torch.Tensor, slot: int) -> torch.Tensor:
     return tensor[slot].reshape(-1).view(torch.uint8)
 
 
+def _row_bytes(tensors: list[torch.Tensor], index: int) -> bytes:
+    return b"".join(_slot_view(t, index).cpu().numpy().tobytes() for t in tensors)
+
+
 def _index(values: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)).to(device)
 
@@ -105,11 +109,11 @@ class HostKvStore:
 
     def slot_bytes(self, slot: int) -> bytes:
         """One slot's content as bytes (a copy), every tensor in order."""
-        return b"".join(_slot_view(t, slot).numpy().tobytes() for t in self.host)
+        return _row_bytes(self.host, slot)
 
     def device_block_bytes(self, kv_caches, block_id: int) -> bytes:
         """One device block's content in `slot_bytes`' format (a copy)."""
-        return b"".join(_slot_view(t, block_id).cpu().numpy().tobytes() for t in self._device_tensors(kv_caches))
+        return _row_bytes(self._device_tensors(kv_caches), block_id)
 
     def write_slot(self, slot: int, payload) -> None:
         """Fill one slot from `slot_bytes`' format; ValueError on a size mismatch."""
