@@ -36,6 +36,16 @@ def check_segments(seg_starts: torch.Tensor, seg_lens: torch.Tensor, seg_slots: 
         assert t.dtype in (torch.int32, torch.int64), f"{name}: dtype {t.dtype}"
 
 
+def check_expand_shapes(y: torch.Tensor, b_stack: torch.Tensor, out: torch.Tensor, out_offset: int) -> None:
+    """Expand's shape checks, shared by the reference and the Triton launcher."""
+    _, out_features, rank = b_stack.shape
+    assert y.shape[1] == rank, f"y rank {y.shape[1]} != b_stack rank {rank}"
+    assert out.shape[0] == y.shape[0], f"out has {out.shape[0]} rows, y {y.shape[0]}"
+    assert 0 <= out_offset and out_offset + out_features <= out.shape[1], (
+        f"columns [{out_offset}, {out_offset + out_features}) outside out width {out.shape[1]}"
+    )
+
+
 def _segments(starts: list[int], lens: list[int], slots: list[int], num_tokens: int) -> list[tuple[int, int, int]]:
     """(start, len, slot) of each non-empty adapter segment, checked against T."""
     segments = []
@@ -122,12 +132,8 @@ def lora_expand(
 ) -> None:
     """out[:, out_offset : out_offset + out_features] += y @ b_stack[slot].T per segment (in place)."""
     assert y.dim() == 2 and b_stack.dim() == 3 and out.dim() == 2
-    num_slots, out_features, rank = b_stack.shape
-    assert y.shape[1] == rank, f"y rank {y.shape[1]} != b_stack rank {rank}"
-    assert out.shape[0] == y.shape[0], f"out has {out.shape[0]} rows, y {y.shape[0]}"
-    assert 0 <= out_offset and out_offset + out_features <= out.shape[1], (
-        f"columns [{out_offset}, {out_offset + out_features}) outside out width {out.shape[1]}"
-    )
+    check_expand_shapes(y, b_stack, out, out_offset)
+    num_slots, out_features, _ = b_stack.shape
     columns = out[:, out_offset : out_offset + out_features]
     for slot, rows in _row_groups(seg_starts, seg_lens, seg_slots, y.shape[0], y.device):
         assert slot < num_slots, f"slot {slot} >= {num_slots}"

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from trillium.kernels.lora_reference import check_segments
+from trillium.kernels.lora_reference import check_expand_shapes, check_segments
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -239,12 +239,8 @@ def lora_expand(
         f"unsupported expand inputs: y {tuple(y.shape)} {y.dtype} stride {y.stride()}, "
         f"b_stack {tuple(b_stack.shape)} {b_stack.dtype}, out {tuple(out.shape)} {out.dtype} stride {out.stride()}"
     )
+    check_expand_shapes(y, b_stack, out, out_offset)
     _, out_features, rank = b_stack.shape
-    assert y.shape[1] == rank, f"y rank {y.shape[1]} != b_stack rank {rank}"
-    assert out.shape[0] == y.shape[0], f"out has {out.shape[0]} rows, y {y.shape[0]}"
-    assert 0 <= out_offset and out_offset + out_features <= out.shape[1], (
-        f"columns [{out_offset}, {out_offset + out_features}) outside out width {out.shape[1]}"
-    )
     _check_devices(y, b_stack, out, seg_starts, seg_lens, seg_slots)
     num_tokens = y.shape[0]
     num_segs = seg_starts.shape[0]
