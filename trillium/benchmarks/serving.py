@@ -153,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = args.model_dir or os.path.join(tempfile.gettempdir(), "trillium-bench-model")
     if not os.path.exists(os.path.join(model_dir, "config.json")):
         build_checkpoint(model_dir, "bench", seed=0)
-    reqs = _workload_mixed(8192, args.seed)[: args.num_requests]
+
+    def workload(offset: int):
+        """Its own prompts per run: a repeated prompt would hit the prefix cache."""
+        return _workload_mixed(8192, args.seed + offset)[: args.num_requests]
+
     engine_args = dict(max_num_seqs=64, max_num_batched_tokens=1024, kv_cache_memory="1GiB")
 
     port = _free_port()
@@ -168,19 +172,17 @@ def main(argv: list[str] | None = None) -> int:
             llm.generate([{"prompt_token_ids": [5, 6, 7]}])
             _wait_healthy(base_url, server)
             # Warm-up: one whole unrecorded run each (the first big run of a process is slower).
-            warm_reqs = _workload_mixed(8192, args.seed + 1000)[: args.num_requests]
+            warm_reqs = workload(1000)
             _run_trillium(llm, warm_reqs)
             _drive(base_url, "bench", warm_reqs, None, args.seed)
             # WHY alternated: both sides see the same drift of a shared machine. The
             # idle side (the server, or the offline engine) waits on its queues.
-            # Each round its own prompts (seed + round): a repeated prompt would hit the prefix cache.
             for round_ in tqdm(range(args.rounds), desc="offline / full concurrency rounds"):
-                round_reqs = _workload_mixed(8192, args.seed + round_)[: args.num_requests]
+                round_reqs = workload(round_)
                 offline.append(_run_trillium(llm, round_reqs))
                 elapsed, timings = _drive(base_url, "bench", round_reqs, None, args.seed)
                 full.append(_summary("full concurrency", elapsed, timings))
-        rate_reqs = _workload_mixed(8192, args.seed + args.rounds)[: args.num_requests]
-        elapsed, timings = _drive(base_url, "bench", rate_reqs, args.rate, args.seed)
+        elapsed, timings = _drive(base_url, "bench", workload(args.rounds), args.rate, args.seed)
         rated = _summary(f"rate {args.rate}/s", elapsed, timings)
     finally:
         server.send_signal(signal.SIGTERM)
@@ -195,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     print("rounds (offline tok/s, full-concurrency tok/s, ratio): "
           + "; ".join(f"{o:.1f}, {f['tok_s']:.1f}, {r:.2f}" for o, f, r in zip(offline, full, ratios)))
     print(f"the round with the median ratio of {len(ratios)}; the rate run once, on its own prompts")
-    print(f"offline trillium.LLM: {offline_tok_s:.1f} output tok/s on the same {len(reqs)} requests")
+    print(f"offline trillium.LLM: {offline_tok_s:.1f} output tok/s on the same {len(warm_reqs)} requests")
     print(f"{'run':<18}{'req/s':>7}{'tok/s':>8}{'vs offline':>11}"
           f"{'TTFT ms mean/p50/p99':>24}{'ITL ms mean/p50/p99':>23}")
     for r in results:
