@@ -27,7 +27,7 @@ NUM_HOST_BLOCKS = 8
 
 
 def engine(path, disk_path, **extra) -> dict:
-    block_bytes = EngineConfig(model=str(path), num_blocks=NUM_DEVICE_BLOCKS).resolve().kv_block_bytes
+    block_bytes = EngineConfig.build(model=str(path), num_blocks=NUM_DEVICE_BLOCKS).resolve().kv_block_bytes
     return dict(num_blocks=NUM_DEVICE_BLOCKS, max_num_seqs=4, max_num_batched_tokens=64,
                 kv_host_bytes=f"{NUM_HOST_BLOCKS * block_bytes}B", kv_disk_path=str(disk_path),
                 kv_disk_bytes=f"{256 * block_bytes}B", **extra)
@@ -89,18 +89,18 @@ def test_block_files_survive_a_restart_and_corrupt_ones_are_recomputed(checkpoin
 def test_config_checks_the_disk_tier(checkpoint, tmp_path):
     path = str(checkpoint("llama"))
     with pytest.raises(ValueError, match="needs --kv-host-bytes"):
-        EngineConfig(model=path, kv_disk_path=str(tmp_path), kv_disk_bytes="1MiB")
+        EngineConfig.build(model=path, kv_disk_path=str(tmp_path), kv_disk_bytes="1MiB")
     with pytest.raises(ValueError, match="needs --kv-disk-bytes"):
-        EngineConfig(model=path, kv_host_bytes="1MiB", kv_disk_path=str(tmp_path))
+        EngineConfig.build(model=path, kv_host_bytes="1MiB", kv_disk_path=str(tmp_path))
     with pytest.raises(ValueError, match="needs --kv-disk-path"):
-        EngineConfig(model=path, kv_host_bytes="1MiB", kv_disk_bytes="1MiB")
+        EngineConfig.build(model=path, kv_host_bytes="1MiB", kv_disk_bytes="1MiB")
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(ValueError, match="not a writable directory"):
-        EngineConfig(model=path, kv_host_bytes="1MiB", kv_disk_path=str(tmp_path / "a-file"),
+        EngineConfig.build(model=path, kv_host_bytes="1MiB", kv_disk_path=str(tmp_path / "a-file"),
                      kv_disk_bytes="1MiB").resolve()
-    config = EngineConfig(model=path, kv_host_bytes="1MiB", kv_disk_path=str(tmp_path), kv_disk_bytes="1MiB").resolve()
-    assert config.num_disk_blocks == 2**20 // config.kv_block_bytes and len(config.kv_disk_model_fingerprint) == 32
+    config = EngineConfig.build(model=path, kv_host_bytes="1MiB", kv_disk_path=str(tmp_path), kv_disk_bytes="1MiB").resolve()
+    assert config.kv_tiers.num_disk_blocks == 2**20 // config.kv_block_bytes and len(config.kv_tiers.disk_model_fingerprint) == 32
     assert EngineConfig.from_bytes(config.to_bytes()) == config
-    other = EngineConfig(model=path, kv_host_bytes="1MiB", kv_disk_path=str(tmp_path), kv_disk_bytes="1MiB",
+    other = EngineConfig.build(model=path, kv_host_bytes="1MiB", kv_disk_path=str(tmp_path), kv_disk_bytes="1MiB",
                          block_size=32).resolve()
-    assert other.kv_disk_model_fingerprint != config.kv_disk_model_fingerprint
+    assert other.kv_tiers.disk_model_fingerprint != config.kv_tiers.disk_model_fingerprint

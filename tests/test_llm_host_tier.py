@@ -52,10 +52,10 @@ def baseline(checkpoint):
 @pytest.mark.parametrize("policy", ["lru", "arc"])
 def test_host_tier_hits_and_outputs_match_the_run_without_tiers(baseline, policy):
     path, vocab, expected = baseline
-    block_bytes = EngineConfig(model=str(path), num_blocks=NUM_DEVICE_BLOCKS).resolve().kv_block_bytes
+    block_bytes = EngineConfig.build(model=str(path), num_blocks=NUM_DEVICE_BLOCKS).resolve().kv_block_bytes
     with LLM(str(path), num_blocks=NUM_DEVICE_BLOCKS, max_num_seqs=4, max_num_batched_tokens=64,
              kv_host_bytes=f"{NUM_HOST_BLOCKS * block_bytes}B", kv_eviction_policy=policy) as llm:
-        assert llm.config.num_host_blocks == NUM_HOST_BLOCKS
+        assert llm.config.kv_tiers.num_host_blocks == NUM_HOST_BLOCKS
         seen = chat_turns(llm, vocab)
         stats = llm.get_stats()
     assert seen == expected
@@ -67,16 +67,16 @@ def test_host_tier_hits_and_outputs_match_the_run_without_tiers(baseline, policy
 
 def test_config_sizes_and_checks_the_host_tier(checkpoint):
     path = str(checkpoint("llama"))
-    config = EngineConfig(model=path, kv_host_bytes="1MiB", kv_cache_memory="1MiB").resolve()
-    assert config.kv_host_bytes == 2**20 and config.num_host_blocks == 2**20 // config.kv_block_bytes
-    assert EngineConfig(model=path).resolve().num_host_blocks == 0
+    config = EngineConfig.build(model=path, kv_host_bytes="1MiB", kv_cache_memory="1MiB").resolve()
+    assert config.kv_tiers.host_bytes == 2**20 and config.kv_tiers.num_host_blocks == 2**20 // config.kv_block_bytes
+    assert EngineConfig.build(model=path).resolve().kv_tiers.num_host_blocks == 0
     assert EngineConfig.from_bytes(config.to_bytes()) == config
     with pytest.raises(ValueError, match="prefix caching"):
-        EngineConfig(model=path, kv_host_bytes=2**20, enable_prefix_caching=False)
+        EngineConfig.build(model=path, kv_host_bytes=2**20, enable_prefix_caching=False)
     with pytest.raises(ValueError, match="kv-eviction-policy"):
-        EngineConfig(model=path, kv_host_bytes=2**20, kv_eviction_policy="mru")
+        EngineConfig.build(model=path, kv_host_bytes=2**20, kv_eviction_policy="mru")
     with pytest.raises(ValueError, match="holds no"):
-        EngineConfig(model=path, kv_host_bytes=100).resolve()
+        EngineConfig.build(model=path, kv_host_bytes=100).resolve()
 
 
 def test_cli_accepts_sizes_for_the_host_tier():

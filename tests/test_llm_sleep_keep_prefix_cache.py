@@ -89,15 +89,15 @@ def test_without_the_flag_or_at_level_2_the_wake_starts_cold(checkpoint, prompt,
 def test_the_flag_needs_a_host_tier(checkpoint):
     path = str(checkpoint("llama"))
     with pytest.raises(ValueError, match="sleep-keep-prefix-cache.*kv-host-bytes"):
-        EngineConfig(model=path, sleep_keep_prefix_cache=True)
-    assert EngineConfig(model=path, kv_host_bytes="1MiB", sleep_keep_prefix_cache=True).sleep_keep_prefix_cache
+        EngineConfig.build(model=path, sleep_keep_prefix_cache=True)
+    assert EngineConfig.build(model=path, kv_host_bytes="1MiB", sleep_keep_prefix_cache=True).sleep_keep_prefix_cache
 
 
 def test_a_kept_prefix_cache_spills_past_a_small_host_tier_to_disk(checkpoint, prompt, tmp_path):
     # Four host slots for two prompts' six cached blocks: the spill at the sleep
     # pushes two on to the disk tier (written before the saves reuse their slots).
     path = str(checkpoint("llama"))
-    block_bytes = EngineConfig(model=path, num_blocks=32).resolve().kv_block_bytes
+    block_bytes = EngineConfig.build(model=path, num_blocks=32).resolve().kv_block_bytes
     engine = {**ENGINE, "kv_host_bytes": f"{4 * block_bytes}B"}
     prompts = [prompt, [t + 1 for t in prompt]]
     with LLM(path, sleep_keep_prefix_cache=True, kv_disk_path=str(tmp_path), kv_disk_bytes="1MiB", **engine) as llm:

@@ -40,7 +40,7 @@ def setup(checkpoint):
     path = checkpoint("llama")
     expected, stats = run(path, num_blocks=256)
     assert stats.num_preempted_total == 0
-    block_bytes = EngineConfig(model=str(path), block_size=BLOCK_SIZE, num_blocks=2).resolve().kv_block_bytes
+    block_bytes = EngineConfig.build(model=str(path), block_size=BLOCK_SIZE, num_blocks=2).resolve().kv_block_bytes
     return path, expected, block_bytes
 
 
@@ -66,12 +66,12 @@ def test_a_host_tier_too_small_to_swap_falls_back_to_recompute(setup):
 
 
 def test_config_and_cli_check_the_preemption_mode():
-    assert EngineConfig(model="m").preemption_mode == "recompute"
+    assert EngineConfig.build(model="m").preemption_mode == "recompute"
     with pytest.raises(ValueError, match="needs --kv-host-bytes"):
-        EngineConfig(model="m", preemption_mode="swap")
+        EngineConfig.build(model="m", preemption_mode="swap")
     with pytest.raises(ValueError, match="--preemption-mode must be one of"):
-        EngineConfig(model="m", preemption_mode="migrate", kv_host_bytes="1MiB")
-    config = EngineConfig(model="m", preemption_mode="swap", kv_host_bytes="1MiB")
+        EngineConfig.build(model="m", preemption_mode="migrate", kv_host_bytes="1MiB")
+    config = EngineConfig.build(model="m", preemption_mode="swap", kv_host_bytes="1MiB")
     assert EngineConfig.from_bytes(config.to_bytes()) == config
 
     from trillium.cli import build_parser

@@ -127,8 +127,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     kwargs = _engine_kwargs(args)
     if args.collect_detailed_traces and not args.otlp_traces_endpoint:
         raise SystemExit("--collect-detailed-traces needs --otlp-traces-endpoint")
-    engine = EngineConfig(model=model, served_model_name=name, otlp_traces_endpoint=args.otlp_traces_endpoint,
-                          collect_detailed_traces=args.collect_detailed_traces, **kwargs)
+    engine = EngineConfig.build(model=model, served_model_name=name, otlp_traces_endpoint=args.otlp_traces_endpoint,
+                                collect_detailed_traces=args.collect_detailed_traces, **kwargs)
     weight_paths = None if args.allowed_weight_paths is None else split_path_list(args.allowed_weight_paths)
     lora_modules = tuple(_lora_module(value) for value in args.lora_modules or ())
     if lora_modules and not args.enable_lora:

@@ -41,6 +41,73 @@ def parse_memory(value: str | int | float, total_bytes: int | None = None) -> in
     return int(number * scale)
 
 
+# Flat engine arguments (CLI flags, LLM(**kwargs)) -> KvTierConfig fields.
+KV_TIER_ARGS = {
+    "kv_host_bytes": "host_bytes", "kv_eviction_policy": "eviction_policy", "num_host_blocks": "num_host_blocks",
+    "kv_disk_path": "disk_path", "kv_disk_bytes": "disk_bytes", "num_disk_blocks": "num_disk_blocks",
+}
+
+
+@attrs.frozen
+class KvTierConfig:
+    """The KV tiers under the device cache (actors/kv_tiers/manager.py).
+
+    Host tier (kv_tiers/host.py): prefix-cache blocks the device evicts spill
+    to host memory (pinned on CUDA) and load back on a hit; 0 bytes = off.
+    Needs prefix caching. Disk tier (kv_tiers/disk.py): host-tier evictions
+    spill to files under `disk_path` (one per block, content-hashed), up to
+    `disk_bytes`; they survive a restart of the same model. Needs the host tier.
+    """
+
+    host_bytes: int = attrs.field(default=0, converter=parse_memory)  # --kv-host-bytes
+    eviction_policy: str = "lru"  # --kv-eviction-policy lru | arc: which host block leaves first
+    num_host_blocks: int = 0  # resolved from host_bytes
+    disk_path: str = ""  # --kv-disk-path
+    disk_bytes: int = attrs.field(default=0, converter=parse_memory)  # --kv-disk-bytes
+    num_disk_blocks: int = 0  # resolved from disk_bytes
+    disk_model_fingerprint: str = ""  # resolved: which model's KV the files hold
+
+    @property
+    def has_host(self) -> bool:
+        return bool(self.host_bytes or self.num_host_blocks)
+
+    def check(self, enable_prefix_caching: bool) -> None:
+        from trillium.actors.kv_tiers.policies import POLICIES
+
+        if self.host_bytes < 0 or self.num_host_blocks < 0:
+            raise ValueError("--kv-host-bytes must be >= 0")
+        if self.has_host and not enable_prefix_caching:
+            raise ValueError("--kv-host-bytes needs prefix caching: the host tier is keyed by block hashes")
+        if self.disk_path and not self.has_host:
+            raise ValueError("--kv-disk-path needs --kv-host-bytes: disk blocks are read into the host tier")
+        if self.disk_path and not (self.disk_bytes > 0 or self.num_disk_blocks > 0):
+            raise ValueError("--kv-disk-path needs --kv-disk-bytes (how much disk the tier may use, e.g. 20GiB)")
+        if self.disk_bytes and not self.disk_path:
+            raise ValueError("--kv-disk-bytes needs --kv-disk-path")
+        if self.eviction_policy not in POLICIES:
+            raise ValueError(f"--kv-eviction-policy must be one of {sorted(POLICIES)}, got {self.eviction_policy!r}")
+
+    def resolve(self, per_block: int, fingerprint) -> "KvTierConfig":
+        """Block counts from the byte sizes (`per_block`: one KV block); the
+        disk directory checked now. `fingerprint()` names the model's KV."""
+        num_host_blocks = self.num_host_blocks or self.host_bytes // per_block
+        if self.host_bytes and num_host_blocks < 1:
+            raise ValueError(f"--kv-host-bytes {self.host_bytes} holds no {per_block}-byte KV block")
+        if not self.disk_path:
+            return attrs.evolve(self, num_host_blocks=int(num_host_blocks))
+        num_disk_blocks = self.num_disk_blocks or self.disk_bytes // per_block
+        if num_disk_blocks < 1:
+            raise ValueError(f"--kv-disk-bytes {self.disk_bytes} holds no {per_block}-byte KV block")
+        try:  # WHY here: a clear error at start, not a warning per block later
+            os.makedirs(self.disk_path, exist_ok=True)
+            if not os.access(self.disk_path, os.W_OK | os.X_OK):
+                raise PermissionError(f"no write access to {self.disk_path}")
+        except OSError as exc:
+            raise ValueError(f"--kv-disk-path {self.disk_path!r} is not a writable directory: {exc}") from exc
+        return attrs.evolve(self, num_host_blocks=int(num_host_blocks), num_disk_blocks=int(num_disk_blocks),
+                            disk_model_fingerprint=fingerprint())
+
+
 @attrs.frozen
 class EngineConfig:
     model: str
@@ -56,25 +123,15 @@ class EngineConfig:
     # fp8 halves the KV bytes per token of bf16: twice the tokens in the same kv_cache_memory.
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
-    # Host KV tier (actors/kv_tiers/host.py): prefix-cache blocks the device evicts spill to
-    # host memory (pinned on CUDA) and load back on a hit; 0 = off. Needs prefix caching.
-    kv_host_bytes: int = attrs.field(default=0, converter=parse_memory)
-    kv_eviction_policy: str = "lru"  # lru | arc: which host block leaves first
+    # The host and disk KV tiers under the device cache (KvTierConfig below); off by default.
+    kv_tiers: KvTierConfig = attrs.field(factory=lambda: KvTierConfig())
     # What a preempted request's KV becomes (actors/scheduler/preemption.py): recompute
     # (dropped; recomputed when re-admitted) | swap (copied to the host tier and back; needs it).
     preemption_mode: str = "recompute"
-    num_host_blocks: int = 0  # resolved from kv_host_bytes
     # Sleep level 1 keeps the prefix cache: the device's cached blocks spill to the host
     # tier before the KV cache is freed, and hit again after the wake. Needs the host tier.
     sleep_keep_prefix_cache: bool = False
     kv_block_bytes: int = 0  # resolved: one KV block across all layers
-    # Disk KV tier (actors/kv_tiers/disk.py): host-tier evictions spill to files under
-    # kv_disk_path (one per block, content-hashed), up to kv_disk_bytes; they survive a
-    # restart of the same model. Needs the host tier.
-    kv_disk_path: str = ""
-    kv_disk_bytes: int = attrs.field(default=0, converter=parse_memory)
-    num_disk_blocks: int = 0  # resolved from kv_disk_bytes
-    kv_disk_model_fingerprint: str = ""  # resolved: which model's KV the files hold
     scheduling_policy: str = "fcfs"  # fcfs | priority
     seed: int = 0
     served_model_name: str = ""
@@ -99,6 +156,15 @@ class EngineConfig:
         _check_preemption(self)
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype!r}: choose from {', '.join(KV_CACHE_DTYPES)}")
+
+    @classmethod
+    def build(cls, **args) -> "EngineConfig":
+        """From flat engine arguments (CLI flags, `LLM(**kwargs)`): the kv tier
+        ones (KV_TIER_ARGS, e.g. kv_host_bytes) go into `kv_tiers`."""
+        tiers = {field: args.pop(flat) for flat, field in KV_TIER_ARGS.items() if flat in args}
+        if tiers:
+            args["kv_tiers"] = KvTierConfig(**tiers)
+        return cls(**args)
 
     def to_bytes(self) -> bytes:
         return json.dumps(_converter.unstructure(self)).encode()
@@ -129,28 +195,16 @@ class EngineConfig:
                 f"--kv-cache-memory {self.kv_cache_memory} holds {num_blocks} blocks "
                 f"({per_block} bytes each); need at least 2"
             )
-        num_host_blocks = self.num_host_blocks or self.kv_host_bytes // per_block
-        if self.kv_host_bytes and num_host_blocks < 1:
-            raise ValueError(f"--kv-host-bytes {self.kv_host_bytes} holds no {per_block}-byte KV block")
         name = self.served_model_name or _default_served_name(self.model)
-        disk = {}
-        if self.kv_disk_path:
+
+        def fingerprint() -> str:
             from trillium.actors.kv_tiers.disk import model_fingerprint
 
-            num_disk_blocks = self.num_disk_blocks or self.kv_disk_bytes // per_block
-            if num_disk_blocks < 1:
-                raise ValueError(f"--kv-disk-bytes {self.kv_disk_bytes} holds no {per_block}-byte KV block")
-            try:  # WHY here: a clear error at start, not a warning per block later
-                os.makedirs(self.kv_disk_path, exist_ok=True)
-                if not os.access(self.kv_disk_path, os.W_OK | os.X_OK):
-                    raise PermissionError(f"no write access to {self.kv_disk_path}")
-            except OSError as exc:
-                raise ValueError(f"--kv-disk-path {self.kv_disk_path!r} is not a writable directory: {exc}") from exc
-            disk = dict(num_disk_blocks=int(num_disk_blocks), kv_disk_model_fingerprint=model_fingerprint(
-                self.model, dtype=dtype, kv_cache_dtype=kv_dtype, block_size=self.block_size))
+            return model_fingerprint(self.model, dtype=dtype, kv_cache_dtype=kv_dtype, block_size=self.block_size)
+
         return attrs.evolve(
             self, dtype=dtype, kv_cache_dtype=kv_dtype, max_model_len=max_len, num_blocks=int(num_blocks),
-            served_model_name=name, num_host_blocks=int(num_host_blocks), kv_block_bytes=per_block, **disk,
+            served_model_name=name, kv_tiers=self.kv_tiers.resolve(per_block, fingerprint), kv_block_bytes=per_block,
         )
 
     @property
@@ -159,21 +213,8 @@ class EngineConfig:
 
 
 def _check_host_tier(config: EngineConfig) -> None:
-    from trillium.actors.kv_tiers.policies import POLICIES
-
-    if config.kv_host_bytes < 0 or config.num_host_blocks < 0:
-        raise ValueError("--kv-host-bytes must be >= 0")
-    if (config.kv_host_bytes or config.num_host_blocks) and not config.enable_prefix_caching:
-        raise ValueError("--kv-host-bytes needs prefix caching: the host tier is keyed by block hashes")
-    if config.kv_disk_path and not (config.kv_host_bytes or config.num_host_blocks):
-        raise ValueError("--kv-disk-path needs --kv-host-bytes: disk blocks are read into the host tier")
-    if config.kv_disk_path and not (config.kv_disk_bytes > 0 or config.num_disk_blocks > 0):
-        raise ValueError("--kv-disk-path needs --kv-disk-bytes (how much disk the tier may use, e.g. 20GiB)")
-    if config.kv_disk_bytes and not config.kv_disk_path:
-        raise ValueError("--kv-disk-bytes needs --kv-disk-path")
-    if config.kv_eviction_policy not in POLICIES:
-        raise ValueError(f"--kv-eviction-policy must be one of {sorted(POLICIES)}, got {config.kv_eviction_policy!r}")
-    if config.sleep_keep_prefix_cache and not (config.kv_host_bytes or config.num_host_blocks):
+    config.kv_tiers.check(config.enable_prefix_caching)
+    if config.sleep_keep_prefix_cache and not config.kv_tiers.has_host:
         raise ValueError("--sleep-keep-prefix-cache keeps the prefix cache in the host KV tier: "
                          "it needs --kv-host-bytes")
 
@@ -183,7 +224,7 @@ def _check_preemption(config: EngineConfig) -> None:
 
     if config.preemption_mode not in PREEMPTION_MODES:
         raise ValueError(f"--preemption-mode must be one of {list(PREEMPTION_MODES)}, got {config.preemption_mode!r}")
-    if config.preemption_mode == "swap" and not (config.kv_host_bytes or config.num_host_blocks):
+    if config.preemption_mode == "swap" and not config.kv_tiers.has_host:
         raise ValueError("--preemption-mode swap keeps preempted requests' KV in the host KV tier: "
                          "it needs --kv-host-bytes")
 

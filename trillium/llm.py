@@ -49,7 +49,7 @@ class LLM:
         from trillium.models.tokenizer import load_tokenizer
         from trillium.observability.tracing import RequestTracing
 
-        self.config = EngineConfig(model=model, **engine_args).resolve()
+        self.config = EngineConfig.build(model=model, **engine_args).resolve()
         self.tokenizer = load_tokenizer(model)
         self.tracing = RequestTracing.from_config(self.config, "api")
         self._actor_config = ActorConfig(self.config, Addresses.inproc())

@@ -237,8 +237,8 @@ def test_fp8_kv_holds_twice_the_tokens_of_bf16_and_agrees_with_float32(checkpoin
     from trillium.config import EngineConfig
 
     path = str(checkpoint("llama"))
-    bf16 = EngineConfig(model=path, dtype="bfloat16", kv_cache_memory=KV_MEMORY).resolve()
-    fp32 = EngineConfig(model=path, kv_cache_memory=KV_MEMORY).resolve()
+    bf16 = EngineConfig.build(model=path, dtype="bfloat16", kv_cache_memory=KV_MEMORY).resolve()
+    fp32 = EngineConfig.build(model=path, kv_cache_memory=KV_MEMORY).resolve()
     assert (bf16.kv_cache_dtype, fp32.kv_cache_dtype) == ("bfloat16", "float32")  # auto: the model dtype
     greedy = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True)
     with LLM(path, kv_cache_memory=KV_MEMORY, num_threads=1) as llm:
@@ -264,11 +264,11 @@ def test_kv_cache_dtype_flag_reaches_the_config(checkpoint) -> None:
 
     path = str(checkpoint("llama"))
     args = build_parser().parse_args(["generate", "--model", path, "--kv-cache-dtype", "fp8", "hi"])
-    config = EngineConfig(model=path, **_engine_kwargs(args))
+    config = EngineConfig.build(model=path, **_engine_kwargs(args))
     assert config.kv_cache_dtype == "fp8" and config.resolve().kv_cache_dtype == "fp8_e4m3"
     assert EngineConfig.from_bytes(config.to_bytes()) == config
     with pytest.raises(ValueError, match="kv-cache-dtype"):
-        EngineConfig(model=path, kv_cache_dtype="int8")
+        EngineConfig.build(model=path, kv_cache_dtype="int8")
 
 
 def test_wake_reallocates_fp8_caches_uncalibrated(checkpoint) -> None:
@@ -276,7 +276,7 @@ def test_wake_reallocates_fp8_caches_uncalibrated(checkpoint) -> None:
     from trillium.actors.executor.memory import DeviceMemory
     from trillium.config import EngineConfig
 
-    config = EngineConfig(model=str(checkpoint("llama")), kv_cache_memory="1MiB", kv_cache_dtype="fp8_e5m2")
+    config = EngineConfig.build(model=str(checkpoint("llama")), kv_cache_memory="1MiB", kv_cache_dtype="fp8_e5m2")
     core = ExecutorCore(config.resolve())
     core.kv_caches[0].calibrate(torch.ones(1, 2, 16), torch.ones(1, 2, 16))
     kv_bytes = sum(c.nbytes for c in core.kv_caches)

@@ -7,15 +7,14 @@ import numpy as np
 import torch
 
 from trillium.actors.executor.host_kv import HostKvStore
-from trillium.actors.protocol.execute import CachedRequests, ExecuteBatch
+from trillium.actors.protocol.execute import KvTransfers
 
 
-def _batch(saves=(), loads=()) -> ExecuteBatch:
+def _batch(saves=(), loads=()) -> KvTransfers:
     arr = lambda values: np.asarray(values, dtype=np.int32)  # noqa: E731
-    return ExecuteBatch(
-        step_id=0, new_requests=(), cached=CachedRequests(), num_scheduled_tokens=arr([]),
-        kv_save_block_ids=arr([b for b, _ in saves]), kv_save_host_slots=arr([s for _, s in saves]),
-        kv_load_host_slots=arr([s for s, _ in loads]), kv_load_block_ids=arr([b for _, b in loads]),
+    return KvTransfers(
+        save_block_ids=arr([b for b, _ in saves]), save_host_slots=arr([s for _, s in saves]),
+        load_host_slots=arr([s for s, _ in loads]), load_block_ids=arr([b for _, b in loads]),
     )
 
 

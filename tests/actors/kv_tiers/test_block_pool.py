@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from trillium.actors.kv_tiers.block_pool import NO_HIT, BlockPool, hash_block_tokens
-from trillium.actors.kv_tiers.core import DeviceTier, longest_prefix
 
 
 class FakeRequest:
@@ -259,17 +258,13 @@ def test_usage_fraction():
     assert pool.usage == pytest.approx(0.3)
 
 
-def test_device_tier_matches_prefix_and_resets():
+def test_device_pool_matches_prefix_and_resets():
     pool = BlockPool(8, 4)
     a = FakeRequest("a", range(13))
     admit(pool, a)
-    tier = DeviceTier(pool)
-    assert tier.name == "device" and tier.num_total_blocks == 8
-    assert tier.num_free_blocks == pool.num_free_blocks
     probe = FakeRequest("p", list(range(8)) + [77, 78, 79, 80])
     pool.update_block_hashes(probe)
-    assert tier.match_prefix(probe.block_hashes) == 2
-    best, num = longest_prefix([tier], a.block_hashes)
-    assert best is tier and num == 3
-    assert tier.reset() == 3
-    assert longest_prefix([tier], a.block_hashes) == (None, 0)
+    assert pool.match_prefix(probe.block_hashes) == 2
+    assert pool.match_prefix(a.block_hashes) == 3
+    assert pool.reset_prefix_cache() == 3
+    assert pool.match_prefix(a.block_hashes) == 0

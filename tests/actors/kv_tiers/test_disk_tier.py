@@ -29,6 +29,7 @@ from trillium.actors.kv_tiers.disk import (
     version_directory,
 )
 from trillium.actors.kv_tiers.host import HostTier
+from trillium.actors.kv_tiers.manager import KvTierManager
 from trillium.actors.protocol.execute import BatchResult
 from trillium.actors.scheduler.core import Scheduler
 from trillium.actors.scheduler.request import RequestStatus
@@ -210,8 +211,8 @@ class DiskFakeExecutor(TieredFakeExecutor):
 
     def execute(self, batch):
         size = self.block_size
-        for op, slot, block_hash in zip(batch.kv_disk_ops.tolist(), batch.kv_disk_host_slots.tolist(),
-                                        batch.kv_disk_hashes):
+        for op, slot, block_hash in zip(batch.kv.disk_ops.tolist(), batch.kv.disk_host_slots.tolist(),
+                                        batch.kv.disk_hashes):
             if op == DiskOp.WRITE:
                 content = self.host[slot * size : (slot + 1) * size]
                 assert content[0] is not None, "wrote a slot that holds nothing"
@@ -241,7 +242,7 @@ class DiskHarness(Harness):
         super().__init__(**config)
         self.disk = DiskTier("/unused", "fp", num_disk_blocks, block_bytes=64, existing=())
         self.tier = HostTier(num_slots, block_bytes=64, disk=self.disk)
-        self.sched = Scheduler(self.sched.config, host_tier=self.tier)
+        self.sched = Scheduler(self.sched.config, kv_tiers=KvTierManager(self.tier, self.sched.config.block_size))
         self.sched.lora_ids.update({1, 2, 3})
         self.ex = DiskFakeExecutor(self.sched.config.num_blocks, self.sched.config.block_size, num_slots,
                                    random.Random(seed), corrupt)
@@ -293,7 +294,7 @@ def test_a_loading_request_waits_while_others_step_then_hits_the_host():
     request = sched.get_request("a2")
     assert request.status is RequestStatus.LOADING and sched.num_loading == 1 and sched.num_waiting == 1
     assert [n.request_id for n in batch.new_requests] == ["b"]
-    assert [DiskOp(c).name for c in batch.kv_disk_ops].count("READ") == 4
+    assert [DiskOp(c).name for c in batch.kv.disk_ops].count("READ") == 4
     harness.step()
     harness.step()  # b decodes on; a2 still loads
     assert request.status is RequestStatus.LOADING

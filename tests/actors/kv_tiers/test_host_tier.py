@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from trillium.actors.kv_tiers.block_pool import BlockPool, hash_block_tokens
-from trillium.actors.kv_tiers.core import DeviceTier, longest_prefix
 from trillium.actors.kv_tiers.host import HostTier
+from trillium.actors.kv_tiers.manager import KvTierManager
 from trillium.actors.scheduler.core import Scheduler
 
 # WHY: tests/ subdirectories are not packages; reuse the scheduler suite's fake executor.
@@ -66,7 +66,7 @@ def test_lookup_walks_the_leading_chain_and_load_needs_a_reserve():
     assert tier.num_hit_blocks == 2 and tier.num_loaded_blocks == 2
     assert tier.lookup([h(1)]) == (0,)  # loading keeps the host copy
     pool = BlockPool(4, 4, lower_tier=tier)
-    assert longest_prefix([DeviceTier(pool), tier], [h(1), h(2)]) == (tier, 2)  # a core.KvTier
+    assert pool.match_prefix([h(1), h(2)]) == 0 and tier.match_prefix([h(1), h(2)]) == 2
 
 
 @pytest.mark.parametrize("policy", ["lru", "arc"])
@@ -197,8 +197,8 @@ class TieredFakeExecutor(FakeExecutor):
 
     def execute(self, batch):
         size = self.block_size
-        saves = list(zip(batch.kv_save_block_ids.tolist(), batch.kv_save_host_slots.tolist()))
-        loads = list(zip(batch.kv_load_host_slots.tolist(), batch.kv_load_block_ids.tolist()))
+        saves = list(zip(batch.kv.save_block_ids.tolist(), batch.kv.save_host_slots.tolist()))
+        loads = list(zip(batch.kv.load_host_slots.tolist(), batch.kv.load_block_ids.tolist()))
         assert len({s for _, s in saves}) == len(saves) and len({b for _, b in loads}) == len(loads)
         for block, slot in saves:
             assert self.kv[block * size] is not None, "saved a block that was never computed"
@@ -212,7 +212,7 @@ class TieredHarness(Harness):
     def __init__(self, num_slots: int, policy: str = "lru", **config) -> None:
         super().__init__(**config)
         self.tier = HostTier(num_slots, policy, block_bytes=64)
-        self.sched = Scheduler(self.sched.config, host_tier=self.tier)
+        self.sched = Scheduler(self.sched.config, kv_tiers=KvTierManager(self.tier, self.sched.config.block_size))
         self.sched.lora_ids.update({1, 2, 3})
         self.ex = TieredFakeExecutor(self.sched.config.num_blocks, self.sched.config.block_size, num_slots)
 

@@ -15,6 +15,7 @@ import pytest
 
 from trillium.actors.kv_tiers.block_pool import BlockPool
 from trillium.actors.kv_tiers.host import HostTier
+from trillium.actors.kv_tiers.manager import KvTierManager
 from trillium.actors.protocol.lifecycle import Sleep, WakeUp
 from trillium.actors.scheduler.control import EngineControl
 from trillium.actors.scheduler.core import Scheduler, SchedulerConfig
@@ -99,8 +100,9 @@ class KeepHarness(Harness):
     def __init__(self, keep: bool) -> None:
         super().__init__()
         self.tier = HostTier(32)
-        self.core = Scheduler(SchedulerConfig(num_blocks=64, block_size=4, max_model_len=128), host_tier=self.tier)
-        engine = EngineConfig(model="/models/m", num_blocks=64, block_size=4, max_model_len=128,
+        self.core = Scheduler(SchedulerConfig(num_blocks=64, block_size=4, max_model_len=128),
+                              kv_tiers=KvTierManager(self.tier, 4))
+        engine = EngineConfig.build(model="/models/m", num_blocks=64, block_size=4, max_model_len=128,
                               num_host_blocks=32, sleep_keep_prefix_cache=keep)
         self.control = EngineControl(self.core, engine)
 
@@ -115,14 +117,14 @@ def test_sleep_spills_the_prefix_cache_only_at_level_1_with_the_flag(keep, level
     h.send(Sleep("s", level=level))
     sent = h.executor[-1]
     kept = keep and level == 1
-    assert sent.keep_prefix_cache is kept and len(sent.kv_save_block_ids) == (3 if kept else 0)
-    assert sorted(sent.kv_save_host_slots.tolist()) == ([0, 1, 2] if kept else [])
+    assert sent.keep_prefix_cache is kept and len(sent.kv.save_block_ids) == (3 if kept else 0)
+    assert sorted(sent.kv.save_host_slots.tolist()) == ([0, 1, 2] if kept else [])
     assert h.core.pool.num_cached_blocks == 0 and h.tier.num_used_blocks == (3 if kept else 0)
     h.answer(asleep=["kv_cache", "weights"])
     h.send(WakeUp("w"))
     h.answer(asleep=[])
     h.add("b", prompt=tuple(range(1, 14)))
-    assert len(h.batch.kv_load_block_ids) == (3 if kept else 0)
+    assert len(h.batch.kv.load_block_ids) == (3 if kept else 0)
     assert h.tier.num_hit_blocks == (3 if kept else 0)
 
 

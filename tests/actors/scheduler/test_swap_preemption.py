@@ -19,6 +19,7 @@ import attrs
 import pytest
 
 from trillium.actors.kv_tiers.host import HostTier
+from trillium.actors.kv_tiers.manager import KvTierManager
 from trillium.actors.scheduler.core import Scheduler, SchedulerConfig
 from trillium.actors.scheduler.request import RequestStatus
 
@@ -33,7 +34,7 @@ class SwapHarness(Harness):
         super().__init__(**config)
         self.tier = HostTier(num_slots, block_bytes=8)
         config = attrs.evolve(self.sched.config, preemption_mode=preemption_mode)
-        self.sched = Scheduler(config, host_tier=self.tier)
+        self.sched = Scheduler(config, kv_tiers=KvTierManager(self.tier, config.block_size))
         self.sched.lora_ids.update({1, 2, 3})
         self.ex = TieredFakeExecutor(config.num_blocks, config.block_size, num_slots)
 
@@ -65,14 +66,14 @@ def test_a_swapped_request_resumes_where_it_stopped():
     assert h.sched.get_request("b").num_computed_tokens == 6  # kept: its KV is on the host
     assert h.tier.num_swapped_blocks("b") == 2  # one full block, one partial
     # The saves ride in the step that preempted b: a writes into b's freed partial block.
-    assert second.kv_save_host_slots.tolist() == [0, 1]
-    assert second.kv_save_block_ids.tolist()[1] in h.sched.pool.block_ids("a")
+    assert second.kv.save_host_slots.tolist() == [0, 1]
+    assert second.kv.save_block_ids.tolist()[1] in h.sched.pool.block_ids("a")
     h.run()
     ((batch, new),) = h.resumed("b")
     assert new.num_computed_tokens == 6 and new.token_ids.tolist() == list(range(100, 106)) + h.tokens("b")[:1]
     assert len(new.block_ids) == 2  # its 6 computed tokens and the one it computes now
-    assert batch.kv_load_block_ids.tolist() == new.block_ids.tolist()
-    assert batch.kv_load_host_slots.tolist() == [0, 1]
+    assert batch.kv.load_block_ids.tolist() == new.block_ids.tolist()
+    assert batch.kv.load_host_slots.tolist() == [0, 1]
     assert h.scheduled(batch)["b"] == 1  # a decode, not a recompute
     for msg in (a, b):
         check(h, msg, 20)
@@ -125,7 +126,7 @@ def test_a_prefix_cache_reset_makes_swapped_requests_recompute():
     check(h, a, 20)
     check(h, b, 20)
     ((batch, new),) = h.resumed("b")
-    assert new.num_computed_tokens == 0 and len(batch.kv_load_block_ids) == 0
+    assert new.num_computed_tokens == 0 and len(batch.kv.load_block_ids) == 0
     assert h.sched.stats().num_swapped_in_total == 0
 
 

@@ -22,6 +22,7 @@ import attrs
 import numpy as np
 import torch
 
+from trillium.actors.executor.kv_stores import KvStores
 from trillium.actors.executor.sampler import SamplingState, compute_prompt_logprobs, sample
 from trillium.actors.protocol.execute import (
     BatchResult,
@@ -71,19 +72,8 @@ class ExecutorCore:
         self.kv_caches = allocate_kv_caches(
             self.model_config, config.num_blocks, config.block_size, self.kv_cache_dtype, self.device
         )
-        self.host_kv = None  # executor/host_kv.py: the host KV tier's memory, if configured
-        if config.num_host_blocks:
-            from trillium.actors.executor.host_kv import HostKvStore
-
-            self.host_kv = HostKvStore(self.kv_caches, config.num_blocks, config.num_host_blocks,
-                                       config.block_size, self.device)
-        self.disk_kv = None  # executor/disk_kv.py: the disk KV tier's files, if configured
-        if config.kv_disk_path:
-            from trillium.actors.executor.disk_kv import DiskKvStore
-            from trillium.actors.kv_tiers.disk import version_directory
-
-            self.disk_kv = DiskKvStore(self.host_kv, version_directory(
-                config.kv_disk_path, config.kv_disk_model_fingerprint, "0"))
+        # The host and disk KV tiers' memory and files (executor/kv_stores.py); empty when off.
+        self.kv_stores = KvStores.build(config, self.kv_caches, self.device)
         self.requests: dict[str, RequestState] = {}
         self.lora = None
         if config.enable_lora:
@@ -98,8 +88,7 @@ class ExecutorCore:
 
     def close(self) -> None:
         """Finish the disk tier's queued writes (a restart reads them)."""
-        if self.disk_kv is not None:
-            self.disk_kv.close()
+        self.kv_stores.close()
 
     # -- state updates -------------------------------------------------
 
@@ -152,11 +141,7 @@ class ExecutorCore:
     @torch.inference_mode()
     def execute(self, batch: ExecuteBatch) -> BatchResult:
         start = time.perf_counter()
-        if self.disk_kv is not None and len(batch.kv_disk_ops):  # first: WRITEs read slots saves reuse
-            self.disk_kv.apply(self.kv_caches, batch.kv_disk_ops, batch.kv_disk_host_slots, batch.kv_disk_hashes)
-        host_load_s = 0.0
-        if self.host_kv is not None:  # before anything writes the cache (see host_kv.py)
-            host_load_s = self.host_kv.apply(self.kv_caches, batch)
+        host_load_s = self.kv_stores.apply(self.kv_caches, batch.kv)  # before anything writes the cache
         states = self._apply_diffs(batch)
         if not states:
             return self._transfer_only(batch, start)
@@ -212,7 +197,7 @@ class ExecutorCore:
                 if rows_lp is not None and rows_lp[j] is not None:
                     logprobs[state.request_id] = rows_lp[j]
         prompt_results = tuple(self._prompt_logprobs(hidden, item) for item in prompt_lp)
-        fetched = self._fetch_completions()
+        fetched = self.kv_stores.completions()
         return BatchResult(
             step_id=batch.step_id,
             request_ids=tuple(s.request_id for s in states),
@@ -225,19 +210,13 @@ class ExecutorCore:
             **fetched,
         )
 
-    def _fetch_completions(self, wait_s: float = 0.0) -> dict:
-        if self.disk_kv is None or not self.disk_kv.num_in_flight:
-            return {}
-        good, failed = self.disk_kv.completions(wait_s)
-        return dict(kv_fetched_host_slots=good, kv_fetch_failed_host_slots=failed)
-
     def _transfer_only(self, batch: ExecuteBatch, start: float) -> BatchResult:
         """A batch with no requests: the scheduler only waits for disk reads
         (every runnable request is loading). Wait a little for one to finish,
         rather than spin through empty steps."""
         return BatchResult(
             step_id=batch.step_id, request_ids=(), sampled_token_ids=np.zeros(0, np.int32),
-            execute_time_s=time.perf_counter() - start, **self._fetch_completions(_TRANSFER_WAIT_S),
+            execute_time_s=time.perf_counter() - start, **self.kv_stores.completions(_TRANSFER_WAIT_S),
         )
 
     def _prompt_logprobs(self, hidden: torch.Tensor, item: tuple[RequestState, int, int]) -> PromptLogprobs:

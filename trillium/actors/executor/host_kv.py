@@ -4,18 +4,19 @@ Role: the executor side of the host tier (the scheduler's index is
 actors/kv_tiers/host.py). It owns `num_slots` host blocks for every per-block
 tensor of every layer's device cache (keys, values, and whatever else a
 cache layout keeps per block), same dtype, pinned on CUDA so the copies are
-plain DMA. A step's copies arrive in its `ExecuteBatch` and run at the very
-start of `ExecutorCore.execute`, before the forward writes anything:
+plain DMA. A step's copies arrive in its `ExecuteBatch` (`kv`, a
+KvTransfers) and run at the very start of `ExecutorCore.execute`, through
+kv_stores.py, before the forward writes anything:
 
-    saves   device block kv_save_block_ids[i]  -> host slot kv_save_host_slots[i]
-    loads   host slot kv_load_host_slots[j]    -> device block kv_load_block_ids[j]
+    saves   device block save_block_ids[i]  -> host slot save_host_slots[i]
+    loads   host slot load_host_slots[j]    -> device block load_block_ids[j]
 
 Saves first: a block the scheduler evicted (and handed to a request) this
 step still holds its old KV until the forward, and a slot saved and loaded
 in the same step arrives intact.
 
-NOTE: the copies are synchronous (the step waits for them). Asynchronous
-transfers with a "loading" request state are the next step of the tier.
+NOTE: the copies are synchronous (the step waits for them); only the disk
+tier's reads run in the background (disk_kv.py).
 The device caches are read from the core at each call, not kept: sleep and
 wake-up replace them.
 """
@@ -92,15 +93,15 @@ class HostKvStore:
             raise RuntimeError(f"device KV cache has {len(tensors)} block tensors, host tier {len(self.host)}")
         return tensors
 
-    def apply(self, kv_caches, batch) -> float:
-        """A step's copies: saves, then loads (see the module docstring).
-        Returns the seconds the loads took (0.0: none)."""
-        if len(batch.kv_save_block_ids):
-            self.save(kv_caches, batch.kv_save_block_ids, batch.kv_save_host_slots)
-        if not len(batch.kv_load_block_ids):
+    def apply(self, kv_caches, transfers) -> float:
+        """A step's copies (a KvTransfers): saves, then loads (see the module
+        docstring). Returns the seconds the loads took (0.0: none)."""
+        if len(transfers.save_block_ids):
+            self.save(kv_caches, transfers.save_block_ids, transfers.save_host_slots)
+        if not len(transfers.load_block_ids):
             return 0.0
         started = time.perf_counter()
-        self.load(kv_caches, batch.kv_load_host_slots, batch.kv_load_block_ids)
+        self.load(kv_caches, transfers.load_host_slots, transfers.load_block_ids)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # NOTE: only in steps that load: the latency metric needs it
         return time.perf_counter() - started

@@ -122,9 +122,7 @@ class ExecutorControl:
     async def _sleep(self, msg: Sleep) -> dict:
         def sleep() -> dict:
             self._release_shadow()
-            return self.memory.sleep(msg.level, keep_prefix_cache=msg.keep_prefix_cache,
-                                     save_block_ids=msg.kv_save_block_ids, save_host_slots=msg.kv_save_host_slots,
-                                     disk_ops=(msg.kv_disk_ops, msg.kv_disk_host_slots, msg.kv_disk_hashes))
+            return self.memory.sleep(msg.level, keep_prefix_cache=msg.keep_prefix_cache, kv=msg.kv)
 
         return await self.torch.run(sleep)
 

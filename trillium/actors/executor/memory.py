@@ -14,7 +14,7 @@ sets them again, models/kv_cache.py), and the weights go back to the device.
 
 Keeping the prefix cache (--sleep-keep-prefix-cache, level 1): the Sleep
 carries the scheduler's copies of the cached device blocks into the host KV
-tier (executor/host_kv.py), run first, before the cache is freed. The host
+tier (applied through executor/kv_stores.py), first, before the cache is freed. The host
 blocks were quantized with the fp8 scales of the time, so those are kept
 too: the wake gives each layer of the new cache its old scales, calibrated,
 instead of calibrating afresh. A weight update that flushes the cache while
@@ -34,9 +34,9 @@ import gc
 import logging
 import os
 
-import numpy as np
 import torch
 
+from trillium.actors.protocol.execute import NO_TRANSFERS, KvTransfers
 from trillium.actors.protocol.lifecycle import ControlError
 
 log = logging.getLogger(__name__)
@@ -98,18 +98,17 @@ class DeviceMemory:
     def num_missing_weights(self) -> int:
         return len(self._missing)
 
-    def sleep(self, level: int, *, keep_prefix_cache: bool = False,
-              save_block_ids: np.ndarray | None = None, save_host_slots: np.ndarray | None = None,
-              disk_ops: tuple | None = None) -> dict:
+    def sleep(self, level: int, *, keep_prefix_cache: bool = False, kv: KvTransfers = NO_TRANSFERS) -> dict:
         """Free the KV cache and the weights (see the module docstring). With
-        `keep_prefix_cache` first run the disk tier's `disk_ops` (ops, slots,
-        hashes), copy device blocks `save_block_ids` into host slots
-        `save_host_slots` and keep the fp8 scales for the wake."""
+        `keep_prefix_cache` first apply `kv` (the disk tier's queued
+        operations, then the spilled device blocks' saves into host slots:
+        kv_stores.py) and keep the fp8 scales for the wake."""
         if self.asleep:
             raise ControlError(409, f"already asleep (level {self.level})")
-        if disk_ops is not None and len(disk_ops[0]) and self.core.disk_kv is not None:
-            self.core.disk_kv.apply(self.core.kv_caches, *disk_ops)  # first: WRITEs read slots the saves reuse
-        num_saved = self._save_to_host(save_block_ids, save_host_slots) if keep_prefix_cache else 0
+        num_saved = 0
+        if keep_prefix_cache and not kv.empty:
+            self.core.kv_stores.apply(self.core.kv_caches, kv)
+            num_saved = len(kv.save_block_ids)
         self._kv_scales = [_kept_scales(cache) for cache in self.core.kv_caches] if keep_prefix_cache else []
         rss_before = resident_bytes()
         device_before = self._device_allocated()
@@ -183,14 +182,6 @@ class DeviceMemory:
         self._kv_scales = []
 
     # -- the kept prefix cache ---------------------------------------------
-
-    def _save_to_host(self, block_ids: np.ndarray | None, slots: np.ndarray | None) -> int:
-        if block_ids is None or not len(block_ids):
-            return 0
-        if self.core.host_kv is None:
-            raise RuntimeError("asked to save KV blocks to the host tier, but none is configured")
-        self.core.host_kv.save(self.core.kv_caches, block_ids, slots)
-        return len(block_ids)
 
     def _restore_kv_scales(self) -> None:
         """Give the fresh cache the scales its host blocks were written with

@@ -42,14 +42,14 @@ Pure synchronous code: no trio, no zmq, no torch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
+import attrs
 import numpy as np
 
-from trillium.actors.kv_tiers.block_pool import BlockHash, BlockId, BlockPool
+from trillium.actors.kv_tiers.block_pool import BlockHash, BlockId
 from trillium.actors.kv_tiers.disk import DiskTier
 from trillium.actors.kv_tiers.policies import make_policy
-from trillium.actors.protocol.outputs import KvTierStats
+from trillium.actors.protocol.execute import NO_TRANSFERS, KvTransfers
 
 HostSlot = int
 
@@ -58,31 +58,11 @@ def _int32(values) -> np.ndarray:
     return np.fromiter(values, dtype=np.int32)
 
 
-class KvTransfers(NamedTuple):
-    """One step's copies between the device cache, the host tier and the disk tier."""
-
-    save_block_ids: np.ndarray  # device blocks to copy ...
-    save_host_slots: np.ndarray  # ... into these host slots (after the disk ops)
-    load_host_slots: np.ndarray  # host slots to copy ...
-    load_block_ids: np.ndarray  # ... into these device blocks (then)
-    # Disk tier operations in order (kv_tiers/disk.py DiskOp), first of all.
-    disk_ops: np.ndarray = np.zeros(0, np.int8)
-    disk_host_slots: np.ndarray = np.zeros(0, np.int32)
-    disk_hashes: tuple[bytes, ...] = ()
-
-    @property
-    def empty(self) -> bool:
-        return not len(self.save_block_ids) and not len(self.load_block_ids) and not len(self.disk_ops)
-
-
-NO_TRANSFERS = KvTransfers(*(np.zeros(0, np.int32) for _ in range(4)))
-
-
 class HostTier:
     """`num_slots` host blocks keyed by block hash, with an eviction policy.
 
-    Implements `core.KvTier` (name, sizes, match_prefix, reset) and the
-    pool's `block_pool.LowerTier` hooks (evicted, lookup, reserve, load).
+    Implements the pool's `block_pool.LowerTier` hooks (evicted, lookup,
+    reserve, load); kv_tiers/manager.py drives the rest.
     """
 
     name = "host"
@@ -121,7 +101,7 @@ class HostTier:
         self.num_saved_blocks = 0
         self.num_loaded_blocks = 0
 
-    # -- views (core.KvTier) ------------------------------------------------
+    # -- views ---------------------------------------------------------------
 
     @property
     def num_used_blocks(self) -> int:
@@ -347,7 +327,8 @@ class HostTier:
         )
         if disk_ops is not None:
             # WHY first in the step: a WRITE reads a slot this step's saves may reuse.
-            transfers = transfers._replace(disk_ops=disk_ops[0], disk_host_slots=disk_ops[1], disk_hashes=disk_ops[2])
+            transfers = attrs.evolve(transfers, disk_ops=disk_ops[0], disk_host_slots=disk_ops[1],
+                                     disk_hashes=disk_ops[2])
         self.num_saved_blocks += len(self._saves)
         self.num_loaded_blocks += len(self._loads)
         self._saves.clear()
@@ -381,24 +362,3 @@ class HostTier:
         for key in skipped:
             self._policy.insert(key)
         return slot
-
-
-def tier_stats(pool: BlockPool, tier: HostTier) -> dict:
-    """The SchedulerStats fields of the device, host and (if any) disk tiers."""
-    tiers = (
-        KvTierStats("device", pool.usage, pool.num_blocks, pool.num_hit_blocks, pool.num_evicted_blocks),
-        KvTierStats("host", tier.usage, tier.num_total_blocks, tier.num_hit_blocks, tier.num_evicted_blocks),
-    )
-    disk = tier.disk
-    if disk is None:
-        return dict(kv_tiers=tiers, kv_bytes_to_host_total=tier.bytes_to_host,
-                    kv_bytes_to_device_total=tier.bytes_to_device)
-    return dict(
-        kv_tiers=(*tiers, KvTierStats("disk", disk.usage, disk.num_total_blocks, disk.num_hit_blocks,
-                                      disk.num_evicted_blocks)),
-        kv_bytes_to_host_total=tier.bytes_to_host,
-        kv_bytes_to_device_total=tier.bytes_to_device,
-        kv_bytes_to_disk_total=disk.bytes_written,
-        kv_bytes_from_disk_total=disk.bytes_read,
-        kv_disk_failed_reads_total=disk.num_failed_reads,
-    )

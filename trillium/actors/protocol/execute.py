@@ -42,6 +42,44 @@ class CachedRequests:
     new_block_offsets: np.ndarray = attrs.field(factory=lambda: np.zeros(1, np.int32))
 
 
+def _int32s() -> np.ndarray:
+    return np.zeros(0, np.int32)
+
+
+@attrs.frozen
+class KvTransfers:
+    """One step's copies between the device KV cache, the host tier and the
+    disk tier (kv_tiers/manager.py queues them; executor/kv_stores.py applies
+    them, in this order, before anything writes the cache):
+
+        1. disk ops      kv_tiers/disk.py DiskOp codes, in order, with their
+                         host slots (-1: none) and block hashes (CLEAR: the
+                         new directory). WHY first: a WRITE reads a host
+                         slot that this step's saves may reuse.
+        2. saves         device block save_block_ids[i] -> host slot save_host_slots[i]
+        3. loads         host slot load_host_slots[j] -> device block load_block_ids[j]
+
+    Travels inside `ExecuteBatch` (every step) and the forwarded `Sleep`
+    (--sleep-keep-prefix-cache: the spilled prefix cache; no loads).
+    """
+
+    save_block_ids: np.ndarray = attrs.field(factory=_int32s)
+    save_host_slots: np.ndarray = attrs.field(factory=_int32s)
+    load_host_slots: np.ndarray = attrs.field(factory=_int32s)
+    load_block_ids: np.ndarray = attrs.field(factory=_int32s)
+    disk_ops: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int8))
+    disk_host_slots: np.ndarray = attrs.field(factory=_int32s)
+    disk_hashes: tuple[bytes, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not len(self.save_block_ids) and not len(self.load_block_ids) and not len(self.disk_ops)
+
+
+NO_TRANSFERS = KvTransfers()
+"""No copies (treat as read-only: its arrays are shared)."""
+
+
 @attrs.frozen
 class ExecuteBatch:
     """Run one forward over the scheduled tokens and sample where due.
@@ -58,18 +96,7 @@ class ExecuteBatch:
     num_scheduled_tokens: np.ndarray  # int32 [num_new + num_cached]
     finished_request_ids: tuple[str, ...] = ()  # drop state
     preempted_request_ids: tuple[str, ...] = ()  # drop blocks, keep sampling state
-    # Host KV tier copies (kv_tiers/host.py), done first, before the forward:
-    # device block kv_save_block_ids[i] -> host slot kv_save_host_slots[i], then
-    # host slot kv_load_host_slots[j] -> device block kv_load_block_ids[j].
-    kv_save_block_ids: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
-    kv_save_host_slots: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
-    kv_load_host_slots: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
-    kv_load_block_ids: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
-    # Disk tier operations (kv_tiers/disk.py DiskOp), in order, before the host
-    # copies: op codes, host slots (-1: none), block hashes (CLEAR: the new directory).
-    kv_disk_ops: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int8))
-    kv_disk_host_slots: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
-    kv_disk_hashes: tuple[bytes, ...] = ()
+    kv: KvTransfers = attrs.field(factory=lambda: NO_TRANSFERS)  # KV tier copies, before the forward
 
 
 @attrs.frozen
@@ -120,6 +147,7 @@ class ExecutorFailed:
 
 
 MESSAGES = (
+    KvTransfers,
     NewRequestData,
     CachedRequests,
     ExecuteBatch,

@@ -24,26 +24,23 @@ from typing import Any
 import attrs
 import numpy as np
 
+from trillium.actors.protocol.execute import NO_TRANSFERS, KvTransfers
+
 
 @attrs.frozen
 class Sleep:
     """The fields after `mode` are the scheduler's, on the forwarded command only
     (--sleep-keep-prefix-cache, level 1): the prefix cache survives in the
-    host KV tier. Before freeing the KV cache the executor runs the disk
-    tier's queued operations (kv_disk_*, as in ExecuteBatch: a full host
-    spills to disk), then copies device block kv_save_block_ids[i] -> host
-    slot kv_save_host_slots[i], and it keeps the fp8 KV scales for the wake
-    (the host blocks were written with them)."""
+    host KV tier. Before freeing the KV cache the executor applies `kv` (the
+    disk tier's queued operations, then the saves of the spilled device
+    blocks into host slots; execute.KvTransfers), and it keeps the fp8 KV
+    scales for the wake (the host blocks were written with them)."""
 
     command_id: str
     level: int  # 1: weights to host memory + KV freed; 2: weights and KV freed
     mode: str = "abort"  # what happens to requests in flight: abort | wait | keep
     keep_prefix_cache: bool = False
-    kv_save_block_ids: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
-    kv_save_host_slots: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
-    kv_disk_ops: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int8))
-    kv_disk_host_slots: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
-    kv_disk_hashes: tuple[bytes, ...] = ()
+    kv: KvTransfers = attrs.field(factory=lambda: NO_TRANSFERS)
 
 
 @attrs.frozen

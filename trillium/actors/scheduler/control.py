@@ -154,10 +154,10 @@ class EngineControl:
             "is_sleeping": self.sleep_level > 0,
             "sleep_level": self.sleep_level,
             "asleep": list(self.asleep),
-            "kv_usage": core.pool.usage,
+            "kv_usage": core.kv_usage,
             "num_running": core.num_running,
             "num_waiting": core.num_waiting,
-            "num_free_blocks": core.pool.num_free_blocks,
+            "num_free_blocks": core.num_free_blocks,
             "num_blocks": engine.num_blocks,
             "block_size": engine.block_size,
             "max_model_len": engine.max_model_len,
@@ -352,24 +352,17 @@ class EngineControl:
             # The disk tier stays: the weights that computed its blocks are unchanged.
             self.core.reset_prefix_cache(keep_disk=True)
             return forwarded
-        self.core.pool.spill_cached_to_lower()
-        # NOTE: loads left queued by a plan that ended empty are dropped: their
-        # device blocks are freed, and the host keeps what they would load.
         # The disk operations go too (host evictions written out, reads of
         # loading requests): the executor runs them first.
-        saves = self.core.host_tier.take_transfers()
-        return attrs.evolve(forwarded, keep_prefix_cache=True, kv_save_block_ids=saves.save_block_ids,
-                            kv_save_host_slots=saves.save_host_slots, kv_disk_ops=saves.disk_ops,
-                            kv_disk_host_slots=saves.disk_host_slots, kv_disk_hashes=saves.disk_hashes)
+        return attrs.evolve(forwarded, keep_prefix_cache=True, kv=self.core.spill_prefix_cache())
 
     def _keeps_prefix_cache(self, level: int) -> bool:
-        return self.engine.sleep_keep_prefix_cache and level == 1 and self.core.host_tier is not None
+        return self.engine.sleep_keep_prefix_cache and level == 1 and self.core.can_keep_prefix_cache
 
     def _slept(self, msg: lc.Sleep, aborted: int, reply: ControlReply) -> list[Effect]:
         if not reply.ok:
             if self._keeps_prefix_cache(msg.level):
-                # WHY: the kept host index may name slots the executor never wrote.
-                self.core.host_tier.reset()
+                self.core.drop_kept_prefix_cache()
             self.state = self._saved.pop(S.SLEEPING)
             self.core.set_admission(started_only=False)
             self.sleep_level = 0

@@ -22,14 +22,12 @@ when a step is scheduled; blocks are registered in the prefix cache only
 when its result comes back, so a cached block always holds computed KV.
 `step_plan.py` turns a step's choices into the ExecuteBatch message;
 `policy.py` holds the waiting order, the preemption choice and n > 1 gating.
-A host KV tier (kv_tiers/host.py), when configured, sits under the pool:
-the copies it queues while a step is planned travel in that step's batch.
-A disk tier (kv_tiers/disk.py) sits under the host tier: a waiting request
-whose prefix continues on disk goes to LOADING (out of the queue, no device
-blocks) while the executor reads those blocks into host slots in the
-background; other requests keep stepping, and once its reads are back it is
-queued again at the front and its prefix hits in the host tier. A failed
-read only shortens the hit: those tokens are recomputed. While only loading
+The KV tiers under the pool (host memory, disk) are one component, the
+`KvTierManager` (kv_tiers/manager.py; a null object when none is
+configured): the copies it queues while a step is planned travel in that
+step's batch, and a waiting request whose prefix continues on disk goes to
+LOADING (out of the queue, no device blocks) until the manager hands it
+back, its blocks read into the host tier meanwhile. While only loading
 requests are left, transfer-only batches (no requests) carry the disk
 operations and bring the completions back.
 
@@ -45,49 +43,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import attrs
-
 from trillium.actors.kv_tiers.block_pool import BlockId, BlockPool, PrefixHit
-from trillium.actors.kv_tiers.disk import DiskTier
-from trillium.actors.kv_tiers.host import NO_TRANSFERS, HostTier, tier_stats
-from trillium.actors.protocol.execute import BatchResult, ExecuteBatch, TokenLogprobs
+from trillium.actors.kv_tiers.manager import NO_KV_TIERS, KvTiers, build_kv_tiers
+from trillium.actors.protocol.execute import BatchResult, ExecuteBatch, KvTransfers
 from trillium.actors.protocol.outputs import RequestDelta, SchedulerStats, TokenDeltas
 from trillium.actors.protocol.requests import AddRequest
+from trillium.actors.scheduler.config import SchedulerConfig
 from trillium.actors.scheduler.metrics import StepEvents
 from trillium.actors.scheduler.policy import SiblingGate, make_policy
-from trillium.actors.scheduler.preemption import PREEMPTION_MODES, make_preemption
+from trillium.actors.scheduler.preemption import make_preemption
 from trillium.actors.scheduler.request import Request, RequestStatus
 from trillium.actors.scheduler.step_plan import StepPlan
-
-
-def _positive(instance, attribute, value) -> None:
-    if value < 1:
-        raise ValueError(f"{attribute.name} must be >= 1, got {value}")
-
-
-@attrs.frozen
-class SchedulerConfig:
-    num_blocks: int = attrs.field(validator=_positive)
-    block_size: int = attrs.field(default=16, validator=_positive)
-    max_num_seqs: int = attrs.field(default=256, validator=_positive)
-    max_num_batched_tokens: int = attrs.field(default=8192, validator=_positive)
-    max_model_len: int = attrs.field(default=4096, validator=_positive)
-    enable_prefix_caching: bool = True
-    policy: str = attrs.field(default="fcfs", validator=attrs.validators.in_(("fcfs", "priority")))
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0  # 0 = off; else cap a prefill's tokens per step
-    max_loras: int = 0  # distinct LoRA adapters among running requests; 0 = LoRA off (lora_id must be 0)
-    # recompute | swap (preempted requests' KV waits in the host tier: needs one)
-    preemption_mode: str = attrs.field(default="recompute", validator=attrs.validators.in_(PREEMPTION_MODES))
-
-    def __attrs_post_init__(self) -> None:
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                "without chunked prefill max_num_batched_tokens "
-                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
-            )
-        if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
-            raise ValueError("long_prefill_token_threshold splits prompts: it needs chunked prefill")
 
 
 def build_scheduler(engine) -> "Scheduler":
@@ -103,44 +69,35 @@ def build_scheduler(engine) -> "Scheduler":
         max_loras=engine.max_loras if engine.enable_lora else 0,
         preemption_mode=engine.preemption_mode,
     )
-    host_tier = None
-    if engine.num_host_blocks:
-        disk = None
-        if engine.kv_disk_path:
-            disk = DiskTier(engine.kv_disk_path, engine.kv_disk_model_fingerprint, engine.num_disk_blocks,
-                            engine.kv_eviction_policy, engine.kv_block_bytes)
-        host_tier = HostTier(engine.num_host_blocks, engine.kv_eviction_policy, engine.kv_block_bytes, disk=disk)
-    return Scheduler(config, host_tier=host_tier)
+    return Scheduler(config, kv_tiers=build_kv_tiers(engine))
 
 
 class Scheduler:
     """Owns the requests and the device block pool; one step at a time.
 
-    `pool` may be passed in (tests, a tier manager sharing it); by default
-    it is built from the config, over `host_tier` when one is given (a
-    pool passed in must already have it as its lower tier).
+    `kv_tiers` is the KV tier manager (kv_tiers/manager.py; NO_KV_TIERS: no
+    tier under the device cache). `pool` may be passed in (tests); by default
+    it is built from the config, over the tiers' host tier (a pool passed in
+    must already have it as its lower tier).
     """
 
     def __init__(self, config: SchedulerConfig, pool: BlockPool | None = None,
-                 events: StepEvents | None = None, host_tier: HostTier | None = None) -> None:
+                 events: StepEvents | None = None, kv_tiers: KvTiers = NO_KV_TIERS) -> None:
         if pool is None:
             pool = BlockPool(
                 config.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching,
-                lower_tier=host_tier,
+                lower_tier=kv_tiers.lower_tier,
             )
         if pool.block_size != config.block_size:
             raise ValueError(f"pool block_size {pool.block_size} != config block_size {config.block_size}")
         self.config = config
         self.pool = pool
-        self.host_tier = host_tier
+        self.kv_tiers = kv_tiers
         self._policy = make_policy(config.policy)
-        self._preemption = make_preemption(config.preemption_mode, host_tier)
+        self._preemption = make_preemption(config.preemption_mode, kv_tiers.host)
         self._siblings = SiblingGate()
         self._requests: dict[str, Request] = {}
         self._running: list[Request] = []
-        # Disk tier: requests waiting for their reads, and who each read is for.
-        self._loading: dict[str, Request] = {}
-        self._fetch_owner: dict[int, str] = {}
         self._arrival_seq = 0
         self._step_id = 0
         self._in_flight_step: int | None = None
@@ -206,7 +163,7 @@ class Scheduler:
             request = self._requests.get(rid)
             if request is not None:
                 self._finish(request, status)
-                self._pending_deltas.append(self._delta(request, (), status, None))
+                self._pending_deltas.append(request.delta((), status, None))
 
     # -- one step -------------------------------------------------------
 
@@ -219,11 +176,11 @@ class Scheduler:
         self._preempted_ids.extend(plan.preempted)
         if not plan.preempted:  # WHY: blocks are short; admitting now would thrash
             self._schedule_waiting(plan)
-        if not plan.requests and not self._must_transfer():
+        if not plan.requests and not self.kv_tiers.must_transfer():
             return None
         # NOTE: copies queued by a plan that ended empty stay queued for the next
         # batch; until then nothing writes the cache, so they stay valid.
-        transfers = NO_TRANSFERS if self.host_tier is None else self.host_tier.take_transfers()
+        transfers = self.kv_tiers.take_transfers()
         batch = plan.to_batch(self._step_id, self.pool, tuple(self._finished_ids), tuple(self._preempted_ids),
                               transfers)
         self._finished_ids, self._preempted_ids = [], []
@@ -235,12 +192,6 @@ class Scheduler:
         self._in_flight_step = self._step_id
         self._step_id += 1
         return batch
-
-    def _must_transfer(self) -> bool:
-        """Nothing to run, but disk reads are in flight or disk operations are
-        queued: a transfer-only batch carries them and fetches the completions."""
-        tier = self.host_tier
-        return tier is not None and tier.disk is not None and (tier.num_fetching > 0 or tier.disk.has_ops)
 
     def _num_new_tokens(self, request: Request, num_computed: int, budget: int) -> int:
         """Tokens to compute for a request this step; 0 if it must wait."""
@@ -321,72 +272,13 @@ class Scheduler:
                 admitted = self._admit_swapped(request, plan)
             else:
                 hit = self.pool.get_computed_blocks(request)  # one lookup serves both below
-                if self._start_loading(request, hit):
-                    continue  # out of the queue until its disk reads are back
+                if self.kv_tiers.start_loading(request, hit, self.events.clock()):
+                    continue  # LOADING: out of the queue until its disk reads are back
                 admitted = self._admit(request, hit, plan)
             if not admitted:
                 put_back.append(request)
                 break  # WHY: strict order; a later, smaller request must not starve this one
         self._policy.push_front(put_back)
-
-    def _start_loading(self, request: Request, hit: PrefixHit) -> bool:
-        """If the request's prefix continues on disk past its device and host
-        hits (`hit`), start reading those blocks into host slots and move it to
-        LOADING. Once per request: the second time it is admitted as is."""
-        tier = self.host_tier
-        if tier is None or tier.disk is None or request.disk_fetched or not request.reads_prefix_cache:
-            return False
-        max_blocks = (request.num_tokens - 1) // self.config.block_size
-        rest = request.block_hashes[hit.num_computed_tokens // self.config.block_size : max_blocks]
-        num = tier.disk_hits(rest)
-        if not num:
-            return False
-        request.disk_fetched = True
-        first = len(hit.block_ids)
-        host_hits = request.block_hashes[first : first + len(hit.lower_slots)]
-        tier.pin(host_hits)  # WHY: in a small host tier its own fetches would evict them
-        request.pinned_hashes.extend(host_hits)
-        slots = tier.start_fetch(rest[:num])
-        if not slots:
-            self._unpin(request)
-            return False
-        for slot in slots:
-            self._fetch_owner[slot] = request.request_id
-        request.pending_fetches = len(slots)
-        request.loading_since = self.events.clock()
-        request.status_before_loading = request.status
-        request.set_status(RequestStatus.LOADING)
-        self._loading[request.request_id] = request
-        return True
-
-    def _fetches_done(self, result: BatchResult) -> None:
-        """Disk reads that came back: good blocks join the host tier; a request
-        whose reads are all back is queued again, at the front."""
-        done = [(int(s), True) for s in result.kv_fetched_host_slots]
-        done += [(int(s), False) for s in result.kv_fetch_failed_host_slots]
-        ready = []
-        for slot, ok in done:
-            request = self._loading.get(self._fetch_owner.pop(slot, ""))
-            # WHY pin: in a small host tier other fetches could evict it before its request runs.
-            block_hash = self.host_tier.fetch_done(slot, ok, pin=request is not None)
-            if request is None:
-                continue  # aborted or finished while loading
-            if ok and block_hash is not None:
-                request.pinned_hashes.append(block_hash)
-            request.pending_fetches -= 1
-            if request.pending_fetches == 0:
-                del self._loading[request.request_id]
-                request.set_status(request.status_before_loading)
-                self.events.kv_load("disk", self.events.clock() - request.loading_since)
-                ready.append(request)
-        if ready:
-            ready.sort(key=lambda r: r.arrival_seq)
-            self._policy.push_front(ready)
-
-    def _unpin(self, request: Request) -> None:
-        if request.pinned_hashes:
-            self.host_tier.unpin(request.pinned_hashes)
-            request.pinned_hashes = []
 
     def _lora_fits(self, request: Request) -> bool:
         """Admitting `request` keeps the running adapters within the device slots."""
@@ -407,7 +299,7 @@ class Scheduler:
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = hit.num_computed_tokens
         request.set_status(RequestStatus.RUNNING)
-        self._unpin(request)  # its host hits are reserved (or it was a miss after all)
+        self.kv_tiers.admitted(request)
         self.events.scheduled(request.times)
         self._running.append(request)
         self._siblings.admitted(request)
@@ -426,10 +318,9 @@ class Scheduler:
         if result.request_ids:  # not a transfer-only batch
             self.events.step(self._last_num_scheduled_tokens, result.execute_time_s)
         self.events.num_lora_swap_ins += result.lora_swap_ins
-        if result.kv_host_load_s:
-            self.events.kv_load("host", result.kv_host_load_s)
-        if len(result.kv_fetched_host_slots) or len(result.kv_fetch_failed_host_slots):
-            self._fetches_done(result)
+        ready = self.kv_tiers.step_done(result, now_s, self.events)
+        if ready:  # their disk reads are back: queued again, at the front
+            self._policy.push_front(ready)
         for chunk in result.prompt_logprobs:
             request = self._requests.get(chunk.request_id)
             if request is not None:
@@ -447,7 +338,7 @@ class Scheduler:
                 continue  # a prefill chunk short of the prompt's end
             self.events.token(request.times, request.num_prompt_tokens, now_s)
             status = request.check_stop(token, self.config.max_model_len)
-            deltas.append(self._delta(request, (token,), status, result.logprobs.get(rid)))
+            deltas.append(request.delta((token,), status, result.logprobs.get(rid)))
             if status is not None:
                 self._finish(request, status)
         return TokenDeltas(step_id=result.step_id, deltas=tuple(deltas))
@@ -455,11 +346,9 @@ class Scheduler:
     def _finish(self, request: Request, status: RequestStatus) -> None:
         if request.status is RequestStatus.RUNNING:
             self._running.remove(request)
-        elif request.status is RequestStatus.LOADING:
-            del self._loading[request.request_id]  # its reads still land in the host tier
-        else:
+        elif request.status is not RequestStatus.LOADING:  # a loading one is the tiers' (dropped below)
             self._policy.remove(request)
-        self._unpin(request)
+        self.kv_tiers.dropped(request)
         request.set_status(status)
         self.events.finished_request(request.times, status.finish_reason, request.num_prompt_tokens,
                                      request.num_output_tokens, request.num_preemptions)
@@ -472,32 +361,10 @@ class Scheduler:
         if request.known_to_executor:
             self._finished_ids.append(request.request_id)
 
-    def _delta(
-        self,
-        request: Request,
-        tokens: tuple[int, ...],
-        status: RequestStatus | None,
-        logprobs: TokenLogprobs | None,
-    ) -> RequestDelta:
-        first = not request.delivered
-        request.delivered = True
-        return RequestDelta(
-            request_id=request.request_id,
-            new_token_ids=tokens,
-            finish_reason=None if status is None else status.finish_reason,
-            stop_reason=None if status is None else request.stop_reason,
-            logprobs=() if logprobs is None else (logprobs,),
-            prompt_logprobs=request.take_prompt_logprobs() if first else None,
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_cached_tokens=max(0, request.num_cached_tokens),
-            spec=request.detokenize_spec() if first else None,
-            queue_time_s=request.times.queue_time_s() if first and request.times is not None else None,
-        )
-
     # -- views ------------------------------------------------------------
 
     def has_work(self) -> bool:
-        return bool(self._running) or len(self._policy) > 0 or bool(self._loading)
+        return bool(self._running) or len(self._policy) > 0 or self.kv_tiers.num_loading > 0
 
     @property
     def num_running(self) -> int:
@@ -505,11 +372,19 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self._policy) + len(self._loading)
+        return len(self._policy) + self.kv_tiers.num_loading
 
     @property
     def num_loading(self) -> int:
-        return len(self._loading)
+        return self.kv_tiers.num_loading
+
+    @property
+    def kv_usage(self) -> float:
+        return self.pool.usage
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
 
     def get_request(self, request_id: str) -> Request | None:
         return self._requests.get(request_id)
@@ -518,7 +393,7 @@ class Scheduler:
         return tuple(self._running)
 
     def waiting_requests(self) -> tuple[Request, ...]:
-        return (*self._policy, *self._loading.values())
+        return (*self._policy, *self.kv_tiers.loading_requests())
 
     def reset_prefix_cache(self, *, keep_disk: bool = False, weight_version: str | None = None) -> int:
         """Forget every cached block, on the host tier too, and the disk tier's
@@ -527,16 +402,31 @@ class Scheduler:
         that version's directory. Returns the number of entries dropped."""
         self._recompute_swapped()
         dropped = self.pool.reset_prefix_cache()
-        if self.host_tier is not None:
-            dropped += self.host_tier.reset()
-            if self.host_tier.disk is not None and not keep_disk:
-                dropped += self.host_tier.disk.reset(weight_version)
-        return dropped
+        return dropped + self.kv_tiers.reset(keep_disk=keep_disk, weight_version=weight_version)
 
     def reset_disk_tier(self, weight_version: str | None = None) -> int:
         """Delete the disk tier's blocks (and move to `weight_version`'s directory)."""
-        tier = self.host_tier
-        return 0 if tier is None or tier.disk is None else tier.disk.reset(weight_version)
+        return self.kv_tiers.reset_disk(weight_version)
+
+    @property
+    def can_keep_prefix_cache(self) -> bool:
+        """A sleep can keep the prefix cache: there is a host tier to spill it to."""
+        return self.kv_tiers.host is not None
+
+    def spill_prefix_cache(self) -> KvTransfers:
+        """Sleep with --sleep-keep-prefix-cache: every cached device block is
+        handed to the host tier; returns the copies (and the disk operations
+        queued before them) for the executor to run before it frees the cache.
+
+        NOTE: loads left queued by a plan that ended empty are dropped: their
+        device blocks are freed, and the host keeps what they would load.
+        """
+        self.pool.spill_cached_to_lower()
+        return self.kv_tiers.take_transfers()
+
+    def drop_kept_prefix_cache(self) -> None:
+        """The sleep failed: the kept host index may name slots the executor never wrote."""
+        self.kv_tiers.reset_host()
 
     # -- lifecycle hooks (driven by scheduler/control.py) ------------------
     # NOTE: freezing needs no hook: the actor simply stops calling schedule().
@@ -609,6 +499,6 @@ class Scheduler:
             weight_version=weight_version,
             mailbox_depth=mailbox_depth,
             **self._lora_state(),
-            **({} if self.host_tier is None else tier_stats(self.pool, self.host_tier)),
+            **self.kv_tiers.stats(self.pool),
             **self.events.take(),
         )

@@ -13,6 +13,7 @@ which refuses a transition the table does not list.
 
 LOADING: the request's prefix is being read from the disk KV tier into host
 memory (kv_tiers/disk.py); it is out of the queue and holds no device block.
+The KV tier manager (kv_tiers/manager.py) keeps its loading bookkeeping.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 
 from trillium.actors.kv_tiers.block_pool import BlockHash
 from trillium.actors.protocol.execute import PromptLogprobs, TokenLogprobs
-from trillium.actors.protocol.outputs import DetokenizeSpec
+from trillium.actors.protocol.outputs import DetokenizeSpec, RequestDelta
 from trillium.actors.protocol.requests import AddRequest
 
 
@@ -100,13 +101,6 @@ class Request:
         self.num_cached_tokens = -1  # prefix-cache hit at first admission; -1 before
         self.num_preemptions = 0
         self.known_to_executor = False  # sent as NewRequestData at least once
-        # Disk tier: a request goes through LOADING at most once (so a block evicted
-        # from the host again before it runs cannot send it back there forever).
-        self.disk_fetched = False
-        self.pending_fetches = 0
-        self.pinned_hashes: list[BlockHash] = []  # fetched into the host tier, kept there until it runs
-        self.loading_since = 0.0
-        self.status_before_loading = RequestStatus.WAITING
         self.delivered = False  # its first delta (with the DetokenizeSpec) went out
         self.stop_reason: int | str | None = None
         self.times = None  # scheduler/metrics.py RequestTimes, set by the core
@@ -205,3 +199,22 @@ class Request:
         out = PromptLogprobs(self.request_id, self._prompt_logprobs_start, tuple(self._prompt_logprobs))
         self._prompt_logprobs = []
         return out
+
+    def delta(self, tokens: tuple[int, ...], status: RequestStatus | None,
+              logprobs: TokenLogprobs | None) -> RequestDelta:
+        """The scheduler's output for this request now: its new tokens, and
+        on the first delta the DetokenizeSpec, prompt logprobs and queue time."""
+        first = not self.delivered
+        self.delivered = True
+        return RequestDelta(
+            request_id=self.request_id,
+            new_token_ids=tokens,
+            finish_reason=None if status is None else status.finish_reason,
+            stop_reason=None if status is None else self.stop_reason,
+            logprobs=() if logprobs is None else (logprobs,),
+            prompt_logprobs=self.take_prompt_logprobs() if first else None,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_cached_tokens=max(0, self.num_cached_tokens),
+            spec=self.detokenize_spec() if first else None,
+            queue_time_s=self.times.queue_time_s() if first and self.times is not None else None,
+        )

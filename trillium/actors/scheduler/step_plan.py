@@ -17,8 +17,7 @@ import attrs
 import numpy as np
 
 from trillium.actors.kv_tiers.block_pool import BlockId, BlockPool
-from trillium.actors.kv_tiers.host import NO_TRANSFERS, KvTransfers
-from trillium.actors.protocol.execute import CachedRequests, ExecuteBatch, NewRequestData
+from trillium.actors.protocol.execute import NO_TRANSFERS, CachedRequests, ExecuteBatch, KvTransfers, NewRequestData
 from trillium.actors.scheduler.request import Request
 
 
@@ -89,11 +88,5 @@ class StepPlan:
             num_scheduled_tokens=np.asarray([self.num_tokens[r.request_id] for r in self.requests], dtype=np.int32),
             finished_request_ids=finished_request_ids,
             preempted_request_ids=preempted_request_ids,
-            kv_save_block_ids=transfers.save_block_ids,
-            kv_save_host_slots=transfers.save_host_slots,
-            kv_load_host_slots=transfers.load_host_slots,
-            kv_load_block_ids=transfers.load_block_ids,
-            kv_disk_ops=transfers.disk_ops,
-            kv_disk_host_slots=transfers.disk_host_slots,
-            kv_disk_hashes=transfers.disk_hashes,
+            kv=transfers,
         )

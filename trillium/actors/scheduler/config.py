@@ -1,0 +1,40 @@
+"""The scheduler core's configuration (built from an EngineConfig by
+`core.build_scheduler`): batch limits, chunked prefill, prefix caching, the
+waiting-queue policy, LoRA slots and the preemption mode. Frozen; checked
+when built."""
+
+from __future__ import annotations
+
+import attrs
+
+from trillium.actors.scheduler.preemption import PREEMPTION_MODES
+
+
+def _positive(instance, attribute, value) -> None:
+    if value < 1:
+        raise ValueError(f"{attribute.name} must be >= 1, got {value}")
+
+
+@attrs.frozen
+class SchedulerConfig:
+    num_blocks: int = attrs.field(validator=_positive)
+    block_size: int = attrs.field(default=16, validator=_positive)
+    max_num_seqs: int = attrs.field(default=256, validator=_positive)
+    max_num_batched_tokens: int = attrs.field(default=8192, validator=_positive)
+    max_model_len: int = attrs.field(default=4096, validator=_positive)
+    enable_prefix_caching: bool = True
+    policy: str = attrs.field(default="fcfs", validator=attrs.validators.in_(("fcfs", "priority")))
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0  # 0 = off; else cap a prefill's tokens per step
+    max_loras: int = 0  # distinct LoRA adapters among running requests; 0 = LoRA off (lora_id must be 0)
+    # recompute | swap (preempted requests' KV waits in the host tier: needs one)
+    preemption_mode: str = attrs.field(default="recompute", validator=attrs.validators.in_(PREEMPTION_MODES))
+
+    def __attrs_post_init__(self) -> None:
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                "without chunked prefill max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
+            )
+        if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
+            raise ValueError("long_prefill_token_threshold splits prompts: it needs chunked prefill")
