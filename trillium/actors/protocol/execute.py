@@ -88,6 +88,13 @@ class ExecuteBatch:
     `num_scheduled_tokens[i]` tokens of request i are computed, starting at
     its num_computed_tokens. A request is sampled when its scheduled tokens
     reach the end of its known tokens.
+
+    Executor contract: apply `kv` first (KvTransfers, before anything writes
+    the cache), then `finished_request_ids` and `preempted_request_ids`, then
+    `new_requests` (replacing any state of a resumed request but its sampling
+    state), then `cached`. Request i is sampled iff num_computed_tokens +
+    num_scheduled_tokens == its number of known tokens (NewRequestData.token_ids
+    plus every token the executor sampled for it since).
     """
 
     step_id: int

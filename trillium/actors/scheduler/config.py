@@ -38,3 +38,14 @@ class SchedulerConfig:
             )
         if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
             raise ValueError("long_prefill_token_threshold splits prompts: it needs chunked prefill")
+
+    def num_new_tokens(self, num_tokens: int, num_computed: int, budget: int) -> int:
+        """Tokens to compute for a request this step (it knows `num_tokens`, has
+        `num_computed`); 0 if it must wait for a bigger budget."""
+        num = num_tokens - num_computed
+        threshold = self.long_prefill_token_threshold
+        if 0 < threshold < num:
+            num = threshold
+        if num > budget:
+            return budget if self.enable_chunked_prefill else 0
+        return num

@@ -22,32 +22,24 @@ when a step is scheduled; blocks are registered in the prefix cache only
 when its result comes back, so a cached block always holds computed KV.
 `step_plan.py` turns a step's choices into the ExecuteBatch message;
 `policy.py` holds the waiting order, the preemption choice and n > 1 gating.
-The KV tiers under the pool (host memory, disk) are one component, the
-`KvTierManager` (kv_tiers/manager.py; a null object when none is
-configured): the copies it queues while a step is planned travel in that
-step's batch, and a waiting request whose prefix continues on disk goes to
-LOADING (out of the queue, no device blocks) until the manager hands it
-back, its blocks read into the host tier meanwhile. While only loading
-requests are left, transfer-only batches (no requests) carry the disk
-operations and bring the completions back.
-
-Executor contract for an ExecuteBatch: apply `finished_request_ids` and
-`preempted_request_ids` first, then `new_requests` (replacing any state of a
-resumed request but its sampling state), then `cached`. Request i computes
-`num_scheduled_tokens[i]` tokens from its num_computed_tokens, and is sampled
-iff num_computed_tokens + num_scheduled_tokens == its number of known tokens
-(NewRequestData.token_ids plus every token the executor sampled for it since).
+The KV tiers under the pool (host memory, disk) are one component,
+`KvTierManager` (kv_tiers/manager.py; NO_KV_TIERS when off): its queued
+copies travel in each step's batch, and it holds requests in LOADING while
+their prefix is read from disk. Admission of waiting requests is
+admission.py. The executor's side of a batch is documented on
+protocol/execute.py `ExecuteBatch`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from trillium.actors.kv_tiers.block_pool import BlockId, BlockPool, PrefixHit
+from trillium.actors.kv_tiers.block_pool import BlockId, BlockPool
 from trillium.actors.kv_tiers.manager import NO_KV_TIERS, KvTiers, build_kv_tiers
 from trillium.actors.protocol.execute import BatchResult, ExecuteBatch, KvTransfers
 from trillium.actors.protocol.outputs import RequestDelta, SchedulerStats, TokenDeltas
 from trillium.actors.protocol.requests import AddRequest
+from trillium.actors.scheduler.admission import Admission
 from trillium.actors.scheduler.config import SchedulerConfig
 from trillium.actors.scheduler.metrics import StepEvents
 from trillium.actors.scheduler.policy import SiblingGate, make_policy
@@ -75,10 +67,8 @@ def build_scheduler(engine) -> "Scheduler":
 class Scheduler:
     """Owns the requests and the device block pool; one step at a time.
 
-    `kv_tiers` is the KV tier manager (kv_tiers/manager.py; NO_KV_TIERS: no
-    tier under the device cache). `pool` may be passed in (tests); by default
-    it is built from the config, over the tiers' host tier (a pool passed in
-    must already have it as its lower tier).
+    `pool` may be passed in (tests); by default it is built from the config,
+    over the host tier of `kv_tiers` (a pool passed in must already have it).
     """
 
     def __init__(self, config: SchedulerConfig, pool: BlockPool | None = None,
@@ -93,9 +83,11 @@ class Scheduler:
         self.config = config
         self.pool = pool
         self.kv_tiers = kv_tiers
+        self.events = events or StepEvents()
         self._policy = make_policy(config.policy)
         self._preemption = make_preemption(config.preemption_mode, kv_tiers.host)
         self._siblings = SiblingGate()
+        self._admission = Admission(config, pool, self._policy, self._siblings, self._preemption, kv_tiers, self.events)
         self._requests: dict[str, Request] = {}
         self._running: list[Request] = []
         self._arrival_seq = 0
@@ -107,9 +99,6 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self._preempted_ids: list[str] = []
         self._pending_deltas: list[RequestDelta] = []
-        # Draining (scheduler/lifecycle.py): admit only requests that ran before.
-        self._admit_started_only = False
-        self.events = events or StepEvents()
         self.lora_ids: set[int] = set()  # LoRA adapters the executor has (control.py keeps it)
         # Called with every request as it finishes (final status set); the
         # actor sets it when tracing is configured (observability/actor_spans.py).
@@ -175,7 +164,7 @@ class Scheduler:
         self._schedule_running(plan)
         self._preempted_ids.extend(plan.preempted)
         if not plan.preempted:  # WHY: blocks are short; admitting now would thrash
-            self._schedule_waiting(plan)
+            self._admission.admit_waiting(plan, self._running)
         if not plan.requests and not self.kv_tiers.must_transfer():
             return None
         # NOTE: copies queued by a plan that ended empty stay queued for the next
@@ -193,23 +182,13 @@ class Scheduler:
         self._step_id += 1
         return batch
 
-    def _num_new_tokens(self, request: Request, num_computed: int, budget: int) -> int:
-        """Tokens to compute for a request this step; 0 if it must wait."""
-        num = request.num_tokens - num_computed
-        threshold = self.config.long_prefill_token_threshold
-        if 0 < threshold < num:
-            num = threshold
-        if num > budget:
-            return budget if self.config.enable_chunked_prefill else 0
-        return num
-
     def _schedule_running(self, plan: StepPlan) -> None:
         for request in list(self._running):
             if plan.token_budget <= 0:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num = self._num_new_tokens(request, request.num_computed_tokens, plan.token_budget)
+            num = self.config.num_new_tokens(request.num_tokens, request.num_computed_tokens, plan.token_budget)
             if num <= 0:
                 continue
             new_blocks = self._allocate_or_preempt(request, num, plan)
@@ -240,71 +219,6 @@ class Scheduler:
         self._policy.push_front([request])
         self._num_preempted_total += 1
         plan.preempted.append(request.request_id)
-
-    def _admit_swapped(self, request: Request, plan: StepPlan) -> bool:
-        """Re-admit a swapped-out request: fresh blocks for its KV and the new
-        tokens, its KV loaded back into them; no prefix-cache lookup."""
-        num = self._num_new_tokens(request, request.num_computed_tokens, plan.token_budget)
-        if num <= 0:
-            return False
-        new_blocks = self._preemption.swap_in(request, self.pool, num)
-        if new_blocks is None:
-            return False
-        request.set_status(RequestStatus.RUNNING)
-        self._running.append(request)
-        self._siblings.admitted(request)
-        plan.add(request, num, new_blocks, is_new=True)
-        return True
-
-    def _schedule_waiting(self, plan: StepPlan) -> None:
-        put_back: list[Request] = []
-        while len(self._policy) and len(self._running) < self.config.max_num_seqs and plan.token_budget > 0:
-            request = self._policy.pop()
-            if self._siblings.must_wait(request) or (self._admit_started_only and not request.known_to_executor):
-                put_back.append(request)
-                continue
-            if not self._lora_fits(request):
-                # WHY skip, not stop: its adapter needs a slot; requests for resident
-                # adapters (or the base model) may go first, as vLLM does.
-                put_back.append(request)
-                continue
-            if self._preemption.is_swapped(request):
-                admitted = self._admit_swapped(request, plan)
-            else:
-                hit = self.pool.get_computed_blocks(request)  # one lookup serves both below
-                if self.kv_tiers.start_loading(request, hit, self.events.clock()):
-                    continue  # LOADING: out of the queue until its disk reads are back
-                admitted = self._admit(request, hit, plan)
-            if not admitted:
-                put_back.append(request)
-                break  # WHY: strict order; a later, smaller request must not starve this one
-        self._policy.push_front(put_back)
-
-    def _lora_fits(self, request: Request) -> bool:
-        """Admitting `request` keeps the running adapters within the device slots."""
-        if not request.lora_id:
-            return True
-        active = {r.lora_id for r in self._running if r.lora_id}
-        return request.lora_id in active or len(active) < self.config.max_loras
-
-    def _admit(self, request: Request, hit: PrefixHit, plan: StepPlan) -> bool:
-        """Admit a waiting request after its prefix-cache `hit`; False if it must wait."""
-        num = self._num_new_tokens(request, hit.num_computed_tokens, plan.token_budget)
-        if num <= 0:
-            return False
-        new_blocks = self.pool.allocate_slots(request, num, hit)
-        if new_blocks is None:
-            return False
-        request.num_computed_tokens = hit.num_computed_tokens
-        if request.num_cached_tokens < 0:
-            request.num_cached_tokens = hit.num_computed_tokens
-        request.set_status(RequestStatus.RUNNING)
-        self.kv_tiers.admitted(request)
-        self.events.scheduled(request.times)
-        self._running.append(request)
-        self._siblings.admitted(request)
-        plan.add(request, num, new_blocks, is_new=True)
-        return True
 
     # -- results --------------------------------------------------------
 
@@ -434,7 +348,7 @@ class Scheduler:
     def set_admission(self, *, started_only: bool) -> None:
         """started_only: a drain. Requests that already ran (preempted ones
         included) are still admitted so they can finish; new ones wait."""
-        self._admit_started_only = started_only
+        self._admission.started_only = started_only
 
     def has_started_requests(self) -> bool:
         """Any request a drain must still wait for (running, or preempted)."""
@@ -470,16 +384,6 @@ class Scheduler:
         for request_id in self._preemption.drop_all():
             self._requests[request_id].num_computed_tokens = 0
 
-    def _lora_state(self) -> dict:
-        """SchedulerStats' LoRA fields; nothing to scan when LoRA is off (every step calls stats)."""
-        if not self.config.max_loras:
-            return {}
-        return dict(
-            running_lora_ids=tuple(sorted({r.lora_id for r in self._running if r.lora_id})),
-            waiting_lora_ids=tuple(sorted({r.lora_id for r in self._policy if r.lora_id})),
-            max_loras=self.config.max_loras,
-        )
-
     def stats(self, *, engine_state: str = "serving", weight_version: str = "0",
               mailbox_depth: int = 0) -> SchedulerStats:
         """The state now, and (drained) the request and step events since the last call."""
@@ -498,7 +402,7 @@ class Scheduler:
             engine_state=engine_state,
             weight_version=weight_version,
             mailbox_depth=mailbox_depth,
-            **self._lora_state(),
+            **self._admission.lora_state(self._running),
             **self.kv_tiers.stats(self.pool),
             **self.events.take(),
         )
