@@ -4,9 +4,15 @@ WHY: an actor loop needs both `await receive()` and a non-blocking drain
 (take every pending message before scheduling the next step). A reader task
 moves decoded messages from the ZeroMQ inbox into a memory channel, whose
 `receive_nowait` gives the drain; the channel bound gives back-pressure.
+
+Every engine actor (scheduler, executor, detokenizer) reads through one, so
+the deadline-aware receive (wake when a profile's time is up, with no
+message) is written once: `receive(deadline=...)`, on trio's clock.
 """
 
 from __future__ import annotations
+
+import math
 
 import trio
 
@@ -36,8 +42,11 @@ class Mailbox:
         """Decoded messages waiting to be received."""
         return self._receive.statistics().current_buffer_used
 
-    async def receive(self):
-        return await self._receive.receive()
+    async def receive(self, deadline: float = math.inf):
+        """The next message; None if `deadline` (trio's clock) passes first."""
+        with trio.move_on_at(deadline):
+            return await self._receive.receive()
+        return None
 
     def drain(self) -> list:
         messages = []

@@ -1,16 +1,16 @@
 """Engine lifecycle: the transition table and the pure EngineControl (no trio, no torch).
 
-The controller is driven the way the scheduler actor drives it: commands in,
-effects out, `executor_idle()` whenever no step or job is out, and a tiny
-fake executor that samples token 9 wherever a request is due.
+The controller is driven through the real SchedulerLoop, as the scheduler
+actor drives it: messages in, sends out, `before_wait()` whenever the actor
+would wait, and a tiny fake executor that samples token 9 wherever a
+request is due.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from trillium.actors.protocol.execute import BatchResult
+from trillium.actors.protocol.execute import ExecuteBatch
 from trillium.actors.protocol.lifecycle import (
     AbortRequests,
     ControlReply,
@@ -27,9 +27,7 @@ from trillium.actors.protocol.lifecycle import (
     UpdateWeightsFromDistributed,
     WakeUp,
 )
-from trillium.actors.protocol.requests import AddRequest
-from trillium.actors.scheduler.control import EngineControl, ToDetokenizer, ToExecutor
-from trillium.actors.scheduler.core import Scheduler, SchedulerConfig
+from trillium.actors.protocol.outputs import TokenDeltas
 from trillium.actors.scheduler.lifecycle import (
     RETURN,
     TRANSITIONS,
@@ -39,9 +37,10 @@ from trillium.actors.scheduler.lifecycle import (
     next_weight_version,
     not_allowed_message,
 )
-from trillium.config import EngineConfig
-from trillium.observability.profiling import LoopProfiler
+from trillium.actors.scheduler.loop import Peer
 from trillium.sampling_params import SamplingParams
+
+from support.scheduler_loop import PARAMS, add_request, build_loop, fake_result
 
 S = EngineState
 
@@ -93,63 +92,58 @@ def test_next_weight_version(previous, expected):
 
 # -- the controller ---------------------------------------------------------
 
-PARAMS = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
-
-
 class Harness:
-    """Plays the scheduler actor around an EngineControl, with a fake executor."""
+    """Drives the real SchedulerLoop (what the scheduler actor runs) around an
+    EngineControl, with a fake executor; records what the loop sends."""
 
     def __init__(self) -> None:
-        self.core = Scheduler(SchedulerConfig(num_blocks=64, block_size=4, max_model_len=128))
-        engine = EngineConfig(model="/models/m", num_blocks=64, block_size=4, max_model_len=128)
-        self.control = EngineControl(self.core, engine, LoopProfiler("scheduler"))
+        self.loop = build_loop()
+        self.core, self.control = self.loop.core, self.loop.control
         self.replies: dict[str, ControlReply] = {}
         self.executor: list = []  # lifecycle messages sent to the executor
-        self.detokenizer: list = []
+        self.detokenizer: list = []  # forwarded commands sent to the detokenizer
         self.batch = None  # the step in flight
         self.outstanding = False  # a lifecycle message is out on the executor
         self.now = 0.0
 
-    def apply(self, effects) -> None:
-        for effect in effects:
-            if isinstance(effect, ControlReply):
-                assert effect.command_id not in self.replies, "answered twice"
-                self.replies[effect.command_id] = effect
-            elif isinstance(effect, ToExecutor):
+    def apply(self, sends) -> None:
+        for send in sends:
+            message = send.message
+            if send.to is Peer.API:
+                if isinstance(message, ControlReply):
+                    assert message.command_id not in self.replies, "answered twice"
+                    self.replies[message.command_id] = message
+            elif send.to is Peer.EXECUTOR:
                 assert not self.outstanding and self.batch is None, "two messages out on the executor"
-                self.outstanding = True
-                self.executor.append(effect.message)
-            elif isinstance(effect, ToDetokenizer):
-                self.detokenizer.append(effect.message)
+                if isinstance(message, ExecuteBatch):
+                    self.batch = message
+                else:
+                    self.outstanding = True
+                    self.executor.append(message)
+            elif not isinstance(message, TokenDeltas):
+                self.detokenizer.append(message)
+
+    def deliver(self, message) -> None:
+        """One message into the loop, as the actor hands it over."""
+        self.apply(self.loop.handle(message, self.now))
 
     def send(self, command) -> ControlReply | None:
-        self.apply(self.control.command(command, self.now))
+        self.deliver(command)
         self.advance()
         return self.replies.get(command.command_id)
 
     def add(self, rid: str, prompt=(1, 2, 3, 4, 5), params=PARAMS) -> None:
-        msg = AddRequest(rid, np.asarray(prompt, np.int32), params, (), arrival_time=0.0)
-        self.core.add_request(msg)
+        self.deliver(add_request(rid, prompt, params))
         self.advance()
 
     def advance(self) -> None:
-        """The actor's _advance: a job first, else a step if allowed."""
-        if self.batch is not None or self.control.executor_busy:
-            return
-        self.apply(self.control.executor_idle(self.now))
-        if not self.control.executor_busy and self.control.may_step:
-            self.batch = self.core.schedule()
+        """The actor is about to wait: the loop hands out the executor's next work."""
+        self.apply(self.loop.before_wait(self.now))
+        assert (self.batch is not None) == self.loop.step_in_flight
 
     def finish_step(self) -> None:
         batch, self.batch = self.batch, None
-        ids = [n.request_id for n in batch.new_requests] + list(batch.cached.request_ids)
-        tokens = []
-        for rid in ids:
-            request = self.core.get_request(rid)
-            due = request is not None and request.num_computed_tokens >= request.num_tokens
-            tokens.append(9 if due else -1)
-        self.core.update_from_output(BatchResult(batch.step_id, tuple(ids), np.asarray(tokens, np.int32)))
-        self.core.take_pending_deltas()
+        self.deliver(fake_result(self.core, batch))
         self.advance()
 
     def run_steps(self, limit: int = 50) -> None:
@@ -163,7 +157,7 @@ class Harness:
         job = self.executor[-1]
         assert self.outstanding
         self.outstanding = False
-        self.apply(self.control.answer(ControlReply(job.command_id, status, "", data), self.now))
+        self.deliver(ControlReply(job.command_id, status, "", data))
         self.advance()
 
     @property
@@ -389,12 +383,12 @@ def test_profile_forwards_and_gathers_files(tmp_path):
     assert h.executor[-1].command_id == "p@executor"
     assert h.send(StartProfile("p2", profile_dir=str(tmp_path))) is None, "queued behind p"
     h.answer()
-    h.apply(h.control.answer(ControlReply("p@detokenizer", 200, "", {"files": []}), h.now))
+    h.deliver(ControlReply("p@detokenizer", 200, "", {"files": []}))
     h.advance()
     assert h.replies["p"].ok and h.replies["p2"].status == 409
     h.send(StopProfile("s"))
     h.answer(files=["/e.json"])
-    h.apply(h.control.answer(ControlReply("s@detokenizer", 200, "", {"files": ["/d.json"]}), h.now))
+    h.deliver(ControlReply("s@detokenizer", 200, "", {"files": ["/d.json"]}))
     files = h.replies["s"].data["files"]
     assert "/e.json" in files and "/d.json" in files
     assert any(f.endswith(".prof") for f in files) and all(f.startswith("/") for f in files)
@@ -406,7 +400,7 @@ def test_profile_expires_and_a_new_one_may_start(tmp_path):
     h.send(StartProfile("p", profile_dir=str(tmp_path), actors=("scheduler",), max_duration_s=5))
     assert h.replies["p"].ok and h.control.profile_deadline == 5
     h.now = 6.0
-    h.control.profile_expired(h.now)
+    h.loop.profile_expired(h.now)
     assert h.control.profile_deadline == float("inf")
     stopped = h.send(StopProfile("s"))
     assert stopped.ok and len(stopped.data["files"]) >= 1

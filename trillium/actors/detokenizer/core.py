@@ -1,4 +1,7 @@
-"""Incremental detokenization and stop strings for one request (pure core).
+"""Incremental detokenization and stop strings (the detokenizer's pure core).
+
+`DetokenizerRegistry` is what the actor calls: TokenDeltas in,
+RequestOutputs (and FinishRequest when a stop string ended requests) out.
 
 Role: the detokenizer actor (DESIGN.md §2, data flow step 5) keeps one
 `IncrementalDetokenizer` per running request. For each `RequestDelta` it calls
@@ -39,11 +42,17 @@ plain full decode, both shared with vLLM:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import attrs
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
+
+from trillium.actors.protocol.outputs import RequestDelta, RequestOutputDelta, RequestOutputs, TokenDeltas
+from trillium.actors.protocol.requests import FinishRequest
+
+log = logging.getLogger(__name__)
 
 # WHY 4..24: vLLM's choice. A few tokens of context fix decoders that look at
 # neighbours (leading-space stripping); more only costs decode time.
@@ -323,3 +332,77 @@ class IncrementalDetokenizer:
             if self._num_tail_chars:
                 self._emitted_tail = (self._emitted_tail + delta)[-self._num_tail_chars :]
         return delta
+
+
+class DetokenizerRegistry:
+    """Request id -> incremental detokenizer; the actor's whole state.
+
+    A request that a stop string finished may still receive tokens from a
+    step already in flight; those are dropped until its final delta."""
+
+    def __init__(self, tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._live: dict[str, IncrementalDetokenizer] = {}
+        self._stopped: set[str] = set()  # finished by a stop string, engine not yet told
+
+    def process(self, message: TokenDeltas) -> tuple[RequestOutputs, FinishRequest | None]:
+        outputs: list[RequestOutputDelta] = []
+        stopped: list[str] = []
+        for delta in message.deltas:
+            out = self._one(delta)
+            if out is None:
+                continue
+            outputs.append(out)
+            if out.finished and delta.finish_reason is None:
+                stopped.append(delta.request_id)
+        finish = FinishRequest(request_ids=tuple(stopped)) if stopped else None
+        return RequestOutputs(deltas=tuple(outputs)), finish
+
+    def _one(self, delta: RequestDelta) -> RequestOutputDelta | None:
+        rid = delta.request_id
+        detok = self._live.get(rid)
+        if detok is None:
+            if rid in self._stopped:
+                if delta.finish_reason is not None:
+                    self._stopped.discard(rid)
+                return None  # tokens past a stop string
+            if delta.spec is None:
+                # Rejected or aborted before its first token: no text to decode.
+                if delta.finish_reason is None:
+                    log.error("detokenizer: delta for unknown request %s", rid)
+                    return None
+                return RequestOutputDelta(
+                    request_id=rid, text="", new_token_ids=(), finished=True,
+                    finish_reason=delta.finish_reason, stop_reason=delta.stop_reason,
+                    num_prompt_tokens=delta.num_prompt_tokens,
+                )
+            spec = delta.spec
+            detok = IncrementalDetokenizer(
+                self._tokenizer, spec.prompt_token_ids,
+                skip_special_tokens=spec.skip_special_tokens, stop=spec.stop,
+                include_stop_str_in_output=spec.include_stop_str_in_output, min_tokens=spec.min_tokens,
+            )
+            self._live[rid] = detok
+        before = len(detok.token_ids)
+        # The scheduler itself finishes with "stop" only on EOS or a stop token id.
+        update = detok.update(list(delta.new_token_ids), stop_token_terminated=delta.finish_reason == "stop")
+        text = update.text_delta
+        finished, finish_reason, stop_reason = False, None, None
+        if update.finished:
+            finished, finish_reason, stop_reason = True, "stop", update.stop_reason
+        elif delta.finish_reason is not None:
+            text += detok.flush().text_delta
+            finished, finish_reason, stop_reason = True, delta.finish_reason, delta.stop_reason
+        token_ids = tuple(detok.token_ids[before:])
+        if finished:
+            del self._live[rid]
+            if delta.finish_reason is None:
+                self._stopped.add(rid)
+        return RequestOutputDelta(
+            request_id=rid, text=text, new_token_ids=token_ids, finished=finished,
+            finish_reason=finish_reason, stop_reason=stop_reason,
+            logprobs=delta.logprobs[: len(token_ids)] if delta.logprobs else (),
+            prompt_logprobs=delta.prompt_logprobs,
+            num_prompt_tokens=delta.num_prompt_tokens, num_cached_tokens=delta.num_cached_tokens,
+            queue_time_s=delta.queue_time_s,
+        )

@@ -13,7 +13,6 @@ neighbours) never block on torch.
 from __future__ import annotations
 
 import logging
-import math
 import traceback
 
 import trio
@@ -21,10 +20,11 @@ import trio
 from trillium.actors.engine import ActorConfig, engine_codec
 from trillium.actors.executor.core import ExecutorCore
 from trillium.actors.executor.lifecycle import ExecutorControl
+from trillium.actors.mailbox import Mailbox
 from trillium.actors.protocol.control import Shutdown
 from trillium.actors.protocol.execute import ExecuteBatch, ExecutorFailed
 from trillium.actors.torch_thread import TorchThread
-from trillium.actors.transport import Inbox, Outbox
+from trillium.actors.transport import Outbox
 
 log = logging.getLogger(__name__)
 
@@ -34,46 +34,44 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
     codec = engine_codec()
     torch_thread = TorchThread("trillium-executor")
     core = await torch_thread.run(ExecutorCore, cfg.engine)
-    inbox = Inbox.bind(cfg.addresses.executor, codec)
+    mailbox = Mailbox.bind(cfg.addresses.executor, codec)
     to_scheduler = Outbox.connect(cfg.addresses.scheduler, codec)
     control = ExecutorControl(core, torch_thread)
-    task_status.started()
     try:
-        while True:
-            message = await _receive(inbox, control)
-            if message is None:  # the profile's time is up
-                await control.expire_profile()
-                continue
-            if isinstance(message, Shutdown):
-                return
-            if isinstance(message, ExecutorControl.COMMANDS):
-                await to_scheduler.send(await control.handle(message))
-                continue
-            if not isinstance(message, ExecuteBatch):
-                log.error("executor: unexpected message %r", type(message).__name__)
-                continue
-            try:
-                result = await torch_thread.run(core.execute, message)
-            except Exception as exc:
-                log.exception("executor step %d failed", message.step_id)
-                await to_scheduler.send(
-                    ExecutorFailed(step_id=message.step_id, error="".join(traceback.format_exception_only(exc)).strip())
-                )
-                raise
-            await to_scheduler.send(result)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(mailbox.pump)
+            task_status.started()
+            await _serve(core, control, torch_thread, mailbox, to_scheduler)
+            nursery.cancel_scope.cancel()
     finally:
         await control.aclose()
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(core.close)  # the disk tier's queued writes
-        inbox.close()
         to_scheduler.close()
         torch_thread.close()
 
 
-async def _receive(inbox: Inbox, control: ExecutorControl):
-    deadline = control.profile_deadline
-    if deadline == math.inf:
-        return await inbox.receive()
-    with trio.move_on_at(deadline):
-        return await inbox.receive()
-    return None
+async def _serve(core: ExecutorCore, control: ExecutorControl, torch_thread: TorchThread, mailbox: Mailbox,
+                 to_scheduler: Outbox) -> None:
+    while True:
+        message = await mailbox.receive(deadline=control.profile_deadline)
+        if message is None:  # the profile's time is up
+            await control.expire_profile()
+            continue
+        if isinstance(message, Shutdown):
+            return
+        if isinstance(message, ExecutorControl.COMMANDS):
+            await to_scheduler.send(await control.handle(message))
+            continue
+        if not isinstance(message, ExecuteBatch):
+            log.error("executor: unexpected message %r", type(message).__name__)
+            continue
+        try:
+            result = await torch_thread.run(core.execute, message)
+        except Exception as exc:
+            log.exception("executor step %d failed", message.step_id)
+            await to_scheduler.send(
+                ExecutorFailed(step_id=message.step_id, error="".join(traceback.format_exception_only(exc)).strip())
+            )
+            raise
+        await to_scheduler.send(result)

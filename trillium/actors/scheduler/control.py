@@ -1,11 +1,11 @@
 """Control commands applied to the engine: the work behind each transition.
 
 `EngineControl` is pure and synchronous, like the scheduler core it drives.
-The actor hands it every lifecycle command (protocol/lifecycle.py) and every
-`ControlReply` from the executor or detokenizer, and carries out the effects
-it returns, in order:
+The scheduler loop (loop.py) hands it every lifecycle command
+(protocol/lifecycle.py) and every `ControlReply` from the executor or
+detokenizer, and carries out the effects it returns, in order:
 
-    ControlReply        -> api (the actor sends fresh SchedulerStats first)
+    ControlReply        -> api (the loop sends fresh SchedulerStats first)
     ToExecutor(message) -> executor
     ToDetokenizer(msg)  -> detokenizer
 
@@ -20,7 +20,7 @@ or Pause(abort | keep) during a drain cut the drain short instead of
 waiting for it.
 
 INVARIANT: the executor has at most one message outstanding. A job (the
-holder's executor work) is sent only from `executor_idle`, which the actor
+holder's executor work) is sent only from `executor_idle`, which the loop
 calls only when no step is in flight, and no step is scheduled while a job
 is pending (`may_step`). So sleep, wake and weight swaps run strictly
 between two steps: no forward ever sees mixed weights or freed memory.

@@ -277,6 +277,11 @@ class Scheduler:
 
     # -- views ------------------------------------------------------------
 
+    @property
+    def step_in_flight(self) -> bool:
+        """A batch was scheduled and its result has not come back yet."""
+        return self._in_flight_step is not None
+
     def has_work(self) -> bool:
         return bool(self._running) or len(self._policy) > 0 or self.kv_tiers.num_loading > 0
 

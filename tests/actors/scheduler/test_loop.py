@@ -1,0 +1,134 @@
+"""The scheduler loop's ordering rules, one test each (scheduler/loop.py).
+
+Driven as the actor drives it: `handle(message)` per message and
+`before_wait()` before each wait; each test checks the exact order of the
+sends that come out, so it fails if the order changes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from trillium.actors.protocol.control import Shutdown
+from trillium.actors.protocol.execute import ExecuteBatch, ExecutorFailed
+from trillium.actors.protocol.lifecycle import ControlReply, GetEngineInfo, Pause, Sleep
+from trillium.actors.protocol.outputs import SchedulerStats, TokenDeltas
+from trillium.actors.protocol.requests import AbortRequest, FinishRequest
+from trillium.actors.scheduler.loop import EngineStopped, Peer
+
+from support.scheduler_loop import add_request, build_loop, fake_result
+
+E, D, A = Peer.EXECUTOR, Peer.DETOKENIZER, Peer.API
+
+
+def shape(sends) -> list[tuple[Peer, type]]:
+    return [(send.to, type(send.message)) for send in sends]
+
+
+def started(*rids):
+    """A loop with `rids` added and their first step out on the executor."""
+    loop = build_loop()
+    for rid in rids:
+        assert loop.handle(add_request(rid), 0.0) == []
+    sends = loop.before_wait(0.0)
+    assert shape(sends) == [(E, ExecuteBatch)]
+    return loop, sends[0].message
+
+
+def test_the_next_batch_goes_out_before_the_last_steps_deltas_and_stats():
+    loop, batch = started("a")
+    assert loop.handle(fake_result(loop.core, batch), 0.0) == [], "held back until the next step is out"
+    sends = loop.before_wait(0.0)
+    assert shape(sends) == [(E, ExecuteBatch), (D, TokenDeltas), (A, SchedulerStats)]
+    assert sends[0].message.step_id == batch.step_id + 1
+    assert sends[1].message.step_id == batch.step_id
+    assert sends[1].message.deltas[0].new_token_ids == (9,)
+
+
+@pytest.mark.parametrize("ending, reason", [(AbortRequest, "abort"), (FinishRequest, "stop")])
+def test_held_step_tokens_reach_the_detokenizer_before_the_delta_that_ends_the_request(ending, reason):
+    loop, batch = started("a")
+    loop.handle(fake_result(loop.core, batch), 0.0)
+    assert loop.handle(ending(request_ids=("a",)), 0.0) == []
+    sends = loop.before_wait(0.0)
+    assert shape(sends) == [(D, TokenDeltas), (A, SchedulerStats), (D, TokenDeltas), (A, SchedulerStats)]
+    step, ended = sends[0].message.deltas[0], sends[2].message.deltas[0]
+    assert step.new_token_ids == (9,) and step.finish_reason is None
+    assert ended.request_id == "a" and ended.new_token_ids == () and ended.finish_reason == reason
+
+
+def test_before_a_control_reply_held_outputs_then_pending_deltas_then_fresh_stats():
+    loop, batch = started("a", "b")
+    loop.handle(fake_result(loop.core, batch), 0.0)
+    loop.handle(AbortRequest(request_ids=("b",)), 0.0)
+    sends = loop.handle(GetEngineInfo("i"), 0.0)
+    assert shape(sends) == [
+        (D, TokenDeltas), (A, SchedulerStats), (D, TokenDeltas), (A, SchedulerStats), (A, ControlReply),
+    ]
+    assert sends[0].message.step_id == batch.step_id and len(sends[0].message.deltas) == 2
+    assert sends[2].message.deltas[0].request_id == "b" and sends[2].message.deltas[0].finish_reason == "abort"
+    assert sends[3].message.num_running == 1, "stats taken after the abort"
+    assert sends[4].message.command_id == "i"
+    assert loop.before_wait(0.0)[0].to is E, "nothing left to send before the next step"
+
+
+def test_a_reply_from_the_executor_idle_hook_also_comes_after_fresh_stats():
+    loop, batch = started("a")
+    assert loop.handle(Pause("p", mode="keep"), 0.0) == [], "answers once the step in flight is done"
+    loop.handle(fake_result(loop.core, batch), 0.0)
+    sends = loop.before_wait(0.0)
+    # The held step's outputs, fresh stats and the reply; then, paused, the idle stats.
+    assert shape(sends) == [(D, TokenDeltas), (A, SchedulerStats), (A, SchedulerStats), (A, ControlReply),
+                            (A, SchedulerStats)]
+    assert sends[2].message.engine_state == "paused"
+    assert sends[3].message.command_id == "p"
+
+
+def test_going_idle_sends_stats():
+    loop = build_loop()
+    sends = loop.before_wait(0.0)
+    assert shape(sends) == [(A, SchedulerStats)]
+    loop, batch = started("a")
+    assert loop.before_wait(0.0) == [], "a step is in flight: not idle, nothing to send"
+    loop.handle(AbortRequest(request_ids=("a",)), 0.0)
+    loop.handle(fake_result(loop.core, batch), 0.0)
+    sends = loop.before_wait(0.0)
+    # The step's (empty) outputs: stats only; the abort delta; then idle: stats.
+    assert shape(sends) == [(A, SchedulerStats), (D, TokenDeltas), (A, SchedulerStats)]
+    assert sends[1].message.deltas[0].finish_reason == "abort"
+    assert sends[2].message.num_running == 0, "the idle stats show the request gone"
+
+
+def test_a_control_job_goes_to_the_executor_instead_of_a_step():
+    loop = build_loop()
+    loop.handle(add_request("a"), 0.0)
+    loop.handle(Sleep("s", level=1, mode="keep"), 0.0)
+    sends = loop.before_wait(0.0)
+    assert shape(sends) == [(E, Sleep)] and not loop.step_in_flight
+    assert loop.before_wait(0.0) == [], "the job is out: nothing else goes to the executor"
+
+
+def test_step_in_flight_is_the_cores():
+    loop, batch = started("a")
+    assert loop.step_in_flight and loop.core.step_in_flight
+    loop.handle(fake_result(loop.core, batch), 0.0)
+    assert not loop.step_in_flight and not loop.core.step_in_flight
+
+
+def test_the_mailbox_depth_is_reported_in_stats():
+    loop = build_loop()
+    loop.mailbox_drained(3)
+    assert loop.before_wait(0.0)[0].message.mailbox_depth == 3
+
+
+def test_executor_failed_raises():
+    loop, batch = started("a")
+    with pytest.raises(EngineStopped, match="step 0: boom"):
+        loop.handle(ExecutorFailed(step_id=batch.step_id, error="boom"), 0.0)
+
+
+def test_shutdown_stops_the_loop_and_sends_nothing():
+    loop = build_loop()
+    assert not loop.stopped
+    assert loop.handle(Shutdown(), 0.0) == []
+    assert loop.stopped

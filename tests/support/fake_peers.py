@@ -1,0 +1,81 @@
+"""Fake peers for running one engine actor alone over inproc://.
+
+`run_alone(run, config, actor)` starts the actor's real `run` in a nursery
+and yields a `FakePeers`: the inboxes of every other actor (scheduler,
+executor, detokenizer, api) bound with the real transport and the engine
+codec, and an Outbox to the actor under test. The test plays those peers:
+it sends what they would send and reads what the actor sends them.
+
+`inproc_config(engine)` is an ActorConfig with fresh inproc:// addresses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import trio
+
+from trillium.actors.engine import ActorConfig, Addresses, engine_codec
+from trillium.actors.transport import Inbox, Outbox
+from trillium.config import EngineConfig
+
+ACTORS = ("scheduler", "executor", "detokenizer", "api")
+
+
+def inproc_config(engine: EngineConfig) -> ActorConfig:
+    return ActorConfig(engine, Addresses.inproc())
+
+
+class FakePeers:
+    def __init__(self, addresses: Addresses, actor: str) -> None:
+        codec = engine_codec()
+        self.actor = actor
+        self.inboxes = {name: Inbox.bind(getattr(addresses, name), codec) for name in ACTORS if name != actor}
+        self.to_actor = Outbox.connect(getattr(addresses, actor), codec)
+
+    async def send(self, *messages) -> None:
+        """Into the actor's inbox, in order (as one peer would send them)."""
+        for message in messages:
+            await self.to_actor.send(message)
+
+    async def receive(self, peer: str, timeout_s: float = 30.0):
+        """The next message the actor sent to `peer`."""
+        with trio.fail_after(timeout_s):
+            return await self.inboxes[peer].receive()
+
+    async def receive_type(self, peer: str, message_type, timeout_s: float = 30.0):
+        """The next message of `message_type` sent to `peer`; returns (it, the others before it)."""
+        skipped = []
+        with trio.fail_after(timeout_s):
+            while True:
+                message = await self.inboxes[peer].receive()
+                if isinstance(message, message_type):
+                    return message, skipped
+                skipped.append(message)
+
+    def pending(self, peer: str) -> list:
+        """What the actor has sent to `peer` and the test has not read yet."""
+        messages = []
+        while True:
+            try:
+                messages.append(self.inboxes[peer].receive_nowait())
+            except trio.WouldBlock:
+                return messages
+
+    def close(self) -> None:
+        self.to_actor.close()
+        for inbox in self.inboxes.values():
+            inbox.close()
+
+
+@contextlib.asynccontextmanager
+async def run_alone(run, config: ActorConfig, actor: str):
+    """Run `actor`'s `run(config_bytes)` in a nursery, peers faked; cancelled on exit."""
+    peers = FakePeers(config.addresses, actor)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(run, config.to_bytes())
+            yield peers
+            nursery.cancel_scope.cancel()
+    finally:
+        peers.close()
