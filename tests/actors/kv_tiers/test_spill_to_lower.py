@@ -19,6 +19,7 @@ from trillium.actors.kv_tiers.manager import KvTierManager
 from trillium.actors.protocol.lifecycle import Sleep, WakeUp
 from trillium.actors.scheduler.control import EngineControl
 from trillium.actors.scheduler.core import Scheduler, SchedulerConfig
+from trillium.actors.scheduler.loop import SchedulerLoop
 from trillium.config import EngineConfig
 
 # WHY: tests/ subdirectories are not packages; reuse the pool suite's helpers
@@ -103,8 +104,9 @@ class KeepHarness(Harness):
         self.core = Scheduler(SchedulerConfig(num_blocks=64, block_size=4, max_model_len=128),
                               kv_tiers=KvTierManager(self.tier, 4))
         engine = EngineConfig.build(model="/models/m", num_blocks=64, block_size=4, max_model_len=128,
-                              num_host_blocks=32, sleep_keep_prefix_cache=keep)
+                                    num_host_blocks=32, sleep_keep_prefix_cache=keep)
         self.control = EngineControl(self.core, engine)
+        self.loop = SchedulerLoop(self.core, self.control)
 
 
 @pytest.mark.parametrize("keep", [True, False])
