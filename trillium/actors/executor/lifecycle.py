@@ -28,7 +28,7 @@ import torch
 import trio
 
 from trillium.actors.executor import weight_sync, weights
-from trillium.actors.executor.memory import WEIGHTS, DeviceMemory
+from trillium.actors.executor.memory import DeviceMemory
 from trillium.actors.executor.profiling import TorchProfiler
 from trillium.actors.protocol.lifecycle import (
     ControlError,
@@ -45,6 +45,7 @@ from trillium.actors.protocol.lifecycle import (
     UnloadLoRAAdapter,
     WakeUp,
 )
+from trillium.actors.protocol.vocabulary import WakeTag
 from trillium.actors.torch_thread import TorchThread
 from trillium.observability.profiling import NotProfiling
 
@@ -209,7 +210,7 @@ class ExecutorControl:
         return {
             "num_tensors": len(named),
             "num_weights_missing": self.memory.num_missing_weights,
-            "weights_asleep": WEIGHTS in self.memory.asleep,
+            "weights_asleep": WakeTag.WEIGHTS in self.memory.asleep,
         }
 
     # -- update group ---------------------------------------------------------

@@ -87,8 +87,8 @@ class _Shell:
             await self._advance()
             await self._send_step_outputs()
             message = await self._receive()
-            if message is None:  # the profile's time is up
-                self.control.profile_expired(trio.current_time())
+            if message is None:  # a profile's or an update drain's time is up
+                self.control.deadline_passed(trio.current_time())
                 continue
             if not await self._dispatch(message):
                 return
@@ -99,7 +99,7 @@ class _Shell:
                     return
 
     async def _receive(self):
-        deadline = self.profiler.deadline
+        deadline = self.control.deadline
         if deadline == math.inf:
             return await self.mailbox.receive()
         with trio.move_on_at(deadline):

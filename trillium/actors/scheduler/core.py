@@ -53,6 +53,7 @@ from trillium.actors.kv_tiers.host import NO_TRANSFERS, HostTier, tier_stats
 from trillium.actors.protocol.execute import BatchResult, ExecuteBatch, TokenLogprobs
 from trillium.actors.protocol.outputs import RequestDelta, SchedulerStats, TokenDeltas
 from trillium.actors.protocol.requests import AddRequest
+from trillium.actors.protocol.vocabulary import EngineState
 from trillium.actors.scheduler.metrics import StepEvents
 from trillium.actors.scheduler.policy import SiblingGate, make_policy
 from trillium.actors.scheduler.preemption import PREEMPTION_MODES, make_preemption
@@ -590,7 +591,7 @@ class Scheduler:
             max_loras=self.config.max_loras,
         )
 
-    def stats(self, *, engine_state: str = "serving", weight_version: str = "0",
+    def stats(self, *, engine_state: EngineState = EngineState.SERVING, weight_version: str = "0",
               mailbox_depth: int = 0) -> SchedulerStats:
         """The state now, and (drained) the request and step events since the last call."""
         return SchedulerStats(
