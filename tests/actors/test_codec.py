@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 import pickle
 from typing import Optional
 
@@ -324,3 +325,39 @@ def test_never_uses_pickle(monkeypatch):
     decoded = codec.decode(codec.encode(message))
     assert same_tensor(decoded.token_ids, message.token_ids)
     assert codec.decode(codec.encode(make_add_request())) == make_add_request()
+
+
+def test_lifecycle_words_travel_as_their_values_and_come_back_as_enums():
+    from trillium.actors.protocol import ALL_MESSAGE_TYPES
+    from trillium.actors.protocol.lifecycle import ControlReply, Pause, Sleep, WakeUp
+    from trillium.actors.protocol.outputs import SchedulerStats
+    from trillium.actors.protocol.vocabulary import EngineState, PauseMode, WakeTag
+
+    codec = Codec(ALL_MESSAGE_TYPES)
+    stats = SchedulerStats(1, 0, 0, 0, 0.0, 10, 0, 0, 0, engine_state=EngineState.DRAINING)
+    frames = codec.encode(stats)
+    _, payload = msgpack.unpackb(frames[0], raw=False)
+    assert type(payload["engine_state"]) is str and payload["engine_state"] == "draining"
+    assert codec.decode(frames).engine_state is EngineState.DRAINING
+
+    for message, field, expected in [
+        (Pause("p", mode=PauseMode.KEEP), "mode", PauseMode.KEEP),
+        (Sleep("s", 1, mode=PauseMode.WAIT), "mode", PauseMode.WAIT),
+        (WakeUp("w"), "tags", (WakeTag.WEIGHTS, WakeTag.KV_CACHE)),
+        # a plain string (what an HTTP body or a test holds) comes back as the member
+        (Pause("p", mode="wait"), "mode", PauseMode.WAIT),
+        (WakeUp("w", tags=("kv_cache",)), "tags", (WakeTag.KV_CACHE,)),
+    ]:
+        value = getattr(codec.decode(codec.encode(message)), field)
+        values, expected_values = (value, expected) if field == "tags" else ((value,), (expected,))
+        assert values == expected_values
+        assert [type(v) for v in values] == [type(e) for e in expected_values], "members, not plain strings"
+
+    with pytest.raises(CodecError, match="later"):
+        codec.decode(codec.encode(Pause("p", mode="later")))  # a word outside the vocabulary
+
+    # A reply's data (dict[str, Any]) carries the values; JSON and f-strings see them too.
+    data = {"state": EngineState.PAUSED, "asleep": [WakeTag.WEIGHTS]}
+    assert codec.decode(codec.encode(ControlReply("c", data=data))).data == {"state": "paused", "asleep": ["weights"]}
+    assert json.dumps(data) == '{"state": "paused", "asleep": ["weights"]}'
+    assert f"{EngineState.UPDATING_WEIGHTS} {PauseMode.ABORT}" == "updating_weights abort"

@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save
 from trillium import LLM, SamplingParams
 from trillium.actors.client import EngineClient
 from trillium.actors.engine import ActorConfig, Addresses, engine_specs
-from trillium.actors.executor.weight_sync import open_group
+from trillium.distributed.update_group import open_group
 from trillium.actors.protocol import lifecycle as lc
 from trillium.actors.supervisor import run_in_process, run_in_subprocesses
 from trillium.config import EngineConfig
@@ -330,7 +330,7 @@ TRAINER = textwrap.dedent(
     """
     import sys
     from safetensors.torch import load_file
-    from trillium.actors.executor.weight_sync import broadcast, open_group
+    from trillium.distributed.update_group import broadcast, open_group
     port, path = int(sys.argv[1]), sys.argv[2]
     weights = load_file(path)
     group = open_group("127.0.0.1", port, rank=0, world_size=2, group_name="rl", timeout_s=60)

@@ -27,10 +27,13 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
+from trillium.actors.protocol.vocabulary import EngineState
 from trillium.observability.metrics import CONTENT_TYPE, registry_for, render
 
 __all__ = ["CONTENT_TYPE", "AdminMetrics", "KNOWN_STATES"]
-KNOWN_STATES = ("serving", "draining", "paused", "sleeping", "updating_weights")
+# The label values, in a stable order (the enum's values: "serving", "draining", ...).
+KNOWN_STATES = (EngineState.SERVING, EngineState.DRAINING, EngineState.PAUSED, EngineState.SLEEPING,
+                EngineState.UPDATING_WEIGHTS)
 _UPDATE_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -56,7 +59,7 @@ class _StatusCollector:
         states = GaugeMetricFamily("trillium:engine_state", "Engine lifecycle state (1 = current).",
                                    labels=["model_name", "state"])
         for known in dict.fromkeys((*KNOWN_STATES, state)):
-            states.add_metric([self._model_name, known], float(known == state))
+            states.add_metric([self._model_name, str(known)], float(known == state))
         yield states
         yield self._gauge("trillium:profiling_active", "1 while torch.profiler traces are recorded.",
                           float(self._profiling()))

@@ -1,6 +1,8 @@
 """Pydantic models of the admin request bodies (SGLang / vLLM field names).
 
-Strict types (a string is not a number, `1` is not `true`); unknown fields
+Strict types (a string is not a number, `1` is not `true`); the lifecycle
+words parse straight to their enums (PauseMode, WakeTag: a bad value is a
+400 listing the choices, as a Literal gives); unknown fields
 are ignored and logged, so a client written for SGLang (which sends extras
 such as `load_format`) keeps working. An empty body means `{}`.
 `parse_body(model, raw)` turns malformed JSON or a validation error into a
@@ -15,12 +17,11 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from trillium.actors.protocol.vocabulary import PauseMode, WakeTag
 from trillium.control_plane.errors import bad_request
 
 log = logging.getLogger(__name__)
 
-PauseMode = Literal["abort", "wait", "keep"]
-WakeTag = Literal["weights", "kv_cache"]
 ActorName = Literal["executor", "scheduler", "detokenizer"]
 Version = Annotated[str, Field(min_length=1, max_length=256)]
 Port = Annotated[int, Field(ge=1, le=65535)]
@@ -34,7 +35,7 @@ class _Body(BaseModel):
 
 class SleepRequest(_Body):
     level: Literal[1, 2] = 1
-    mode: PauseMode = "abort"
+    mode: PauseMode = PauseMode.ABORT
 
 
 class WakeUpRequest(_Body):
@@ -42,7 +43,7 @@ class WakeUpRequest(_Body):
 
 
 class PauseRequest(_Body):
-    mode: PauseMode = "abort"
+    mode: PauseMode = PauseMode.ABORT
 
 
 class _UpdateBody(_Body):

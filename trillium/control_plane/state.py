@@ -8,17 +8,18 @@ A weight update (`update_weights`), whatever its source:
 
     close admission ("updating": the data plane answers 503 + Retry-After)
       -> abort requests in flight, if asked (SGLang's abort_all_requests)
-      -> while serving: wait up to drain_timeout_s for requests in flight to finish,
-         then abort the ones still running
-      -> send the command, await the engine's reply
+      -> send the command with drain_timeout_s, await the engine's reply: while
+         serving, the scheduler first lets the requests it holds finish (up to
+         drain_timeout_s, then it aborts the ones still running), then updates
       -> record the new weight version, reopen admission
 
-WHY drain in the api: a response reports one weight version, the one
-current when it was admitted. Letting the requests admitted before the
-update finish first (SGLang's behaviour) makes that report exact whatever
-the engine does with requests still queued. A paused engine is not
-drained: the operator chose what happens to its requests (mode "keep"
-resumes them on the new weights, as in vLLM's RLHF flow).
+WHY drain: a response reports one weight version, the one current when it
+was admitted. Letting the requests admitted before the update finish first
+(SGLang's behaviour) makes that report exact. The drain is the scheduler's
+(scheduler/control.py): it knows when the last request ends, so nothing
+here polls. A paused engine is not drained: the operator chose what happens
+to its requests (mode "keep" resumes them on the new weights, as in vLLM's
+RLHF flow).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import logging
 import time
 import uuid
 
+import attrs
 import trio
 
 from trillium.actors.protocol.lifecycle import (
@@ -34,14 +36,12 @@ from trillium.actors.protocol.lifecycle import (
     ControlReply,
     GetEngineInfo,
 )
+from trillium.actors.protocol.vocabulary import EngineState
 from trillium.control_plane.engine import ControlPlaneEngine
 from trillium.control_plane.errors import from_reply
 from trillium.control_plane.metrics import AdminMetrics
-from trillium.control_plane.status import SERVING, UPDATING
 
 log = logging.getLogger(__name__)
-
-_DRAIN_POLL_S = 0.01
 
 
 def new_command_id() -> str:
@@ -104,32 +104,18 @@ class AdminState:
         outcome = "error"
         try:
             async with self.exclusive:
-                with self.status.closing(UPDATING):
+                with self.status.closing(EngineState.UPDATING_WEIGHTS):
                     if abort_all_requests:
                         await self.run(AbortRequests(new_command_id()))
-                    if self.status.settled_state == SERVING:
-                        await self._drain()
-                    reply = await self.run(command, weight_version=command.weight_version)
+                    drain_s = self.engine.drain_timeout_s
+                    command = attrs.evolve(command, drain_timeout_s=drain_s)
+                    # WHY the drain on top: the command's own timeout starts after it.
+                    reply = await self.run(command, weight_version=command.weight_version,
+                                           timeout_s=self.engine.command_timeout_s + drain_s)
             outcome = "success"
             return reply
         finally:
             self.metrics.on_weight_update(source, outcome, time.monotonic() - start_s)
-
-    async def _drain(self) -> None:
-        client = self.engine.client
-        if not client.num_active_requests:
-            return
-        log.info("weight update: waiting for %d requests in flight", client.num_active_requests)
-        with trio.move_on_after(self.engine.drain_timeout_s) as scope:
-            while client.num_active_requests:
-                await trio.sleep(_DRAIN_POLL_S)
-        if scope.cancelled_caught:
-            # WHY abort rather than update under them: they would go on sampling from the new weights.
-            log.warning(
-                "weight update: %d requests still in flight after %.0f s; aborting them",
-                client.num_active_requests, self.engine.drain_timeout_s,
-            )
-            await self.run(AbortRequests(new_command_id()))
 
     def healthy(self) -> tuple[bool, object]:
         try:

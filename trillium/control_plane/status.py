@@ -25,16 +25,14 @@ from collections.abc import Callable, Iterator
 
 import attrs
 
-SERVING = "serving"
-SLEEPING = "sleeping"
-PAUSED = "paused"
-UPDATING = "updating_weights"
+from trillium.actors.protocol.vocabulary import EngineState
+
 INITIAL_WEIGHT_VERSION = "0"
 
 
 @attrs.frozen
 class _Settled:
-    state: str
+    state: EngineState
     weight_version: str
     basis: object  # the stats message current when the reply arrived
 
@@ -42,7 +40,7 @@ class _Settled:
 class EngineStatus:
     def __init__(self, stats: Callable[[], object | None]) -> None:
         self._stats = stats
-        self._closing: list[str] = []
+        self._closing: list[EngineState] = []
         self._settled: _Settled | None = None
 
     def _current_settled(self) -> _Settled | None:
@@ -50,22 +48,22 @@ class EngineStatus:
             self._settled = None  # newer stats arrived: they describe the engine after the reply
         return self._settled
 
-    def _reported(self) -> tuple[str, str]:
+    def _reported(self) -> tuple[EngineState, str]:
         settled = self._current_settled()
         if settled is not None:
             return settled.state, settled.weight_version
         stats = self._stats()
         if stats is None:
-            return SERVING, INITIAL_WEIGHT_VERSION
-        return stats.engine_state, stats.weight_version
+            return EngineState.SERVING, INITIAL_WEIGHT_VERSION
+        return EngineState(stats.engine_state), stats.weight_version
 
     @property
-    def engine_state(self) -> str:
+    def engine_state(self) -> EngineState:
         """The state to act on: a closing command's state first, then the engine's."""
         return self._closing[-1] if self._closing else self._reported()[0]
 
     @property
-    def settled_state(self) -> str:
+    def settled_state(self) -> EngineState:
         """The engine's state ignoring commands still in flight."""
         return self._reported()[0]
 
@@ -75,26 +73,29 @@ class EngineStatus:
 
     @property
     def is_sleeping(self) -> bool:
-        return self.settled_state == SLEEPING
+        return self.settled_state == EngineState.SLEEPING
 
     @property
     def is_paused(self) -> bool:
-        return self.settled_state == PAUSED
+        return self.settled_state == EngineState.PAUSED
 
-    def snapshot(self) -> tuple[str, str]:
+    def snapshot(self) -> tuple[EngineState, str]:
         """(engine_state, weight_version): the data plane's admission probe."""
         return self.engine_state, self.weight_version
 
     @contextlib.contextmanager
-    def closing(self, state: str) -> Iterator[None]:
+    def closing(self, state: EngineState | str) -> Iterator[None]:
         """Report `state` (so admission stops) while the block runs."""
+        state = EngineState(state)
         self._closing.append(state)
         try:
             yield
         finally:
             self._closing.remove(state)
 
-    def settle(self, state: str | None = None, weight_version: str | None = None) -> None:
-        """Record what a reply implies; None keeps what is reported now."""
+    def settle(self, state: EngineState | str | None = None, weight_version: str | None = None) -> None:
+        """Record what a reply implies (a reply's data carries the state's string);
+        None keeps what is reported now."""
         current_state, current_version = self._reported()
-        self._settled = _Settled(state or current_state, weight_version or current_version, self._stats())
+        state = EngineState(state) if state else current_state
+        self._settled = _Settled(state, weight_version or current_version, self._stats())

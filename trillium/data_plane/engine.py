@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from trillium import __version__
+from trillium.actors.protocol.vocabulary import EngineState
 
 if TYPE_CHECKING:
     from trillium.actors.client import EngineClient
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
 HealthProbe = Callable[[], tuple[bool, Any]]
 # () -> (engine_state, weight_version); see DataPlaneEngine.engine_status.
-EngineStatusProbe = Callable[[], tuple[str, str]]
+EngineStatusProbe = Callable[[], tuple[EngineState, str]]
 
 
 def _always_healthy() -> tuple[bool, Any]:
@@ -83,13 +84,13 @@ class DataPlaneEngine:
     def model_name(self) -> str:
         return self.served_model_name[0]
 
-    def current_status(self) -> tuple[str, str]:
+    def current_status(self) -> tuple[EngineState, str]:
         """(engine_state, weight_version) right now."""
         if self.engine_status is not None:
             return self.engine_status()
         stats = self.client.last_stats
         if stats is None:
-            return "serving", "0"
+            return EngineState.SERVING, "0"
         return stats.engine_state, stats.weight_version
 
     @property

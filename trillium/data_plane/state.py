@@ -13,6 +13,7 @@ import uuid
 
 import trio
 
+from trillium.actors.protocol.vocabulary import EngineState
 from trillium.data_plane.engine import DataPlaneEngine
 from trillium.data_plane.errors import engine_not_ready, model_not_found, unavailable
 from trillium.data_plane.generation import RETRY_AFTER_S, Generation, InflightRequests
@@ -21,7 +22,6 @@ from trillium.data_plane.tokenization import TokenizerRunner
 
 log = logging.getLogger(__name__)
 
-SERVING = "serving"  # the one engine state in which requests are admitted
 WEIGHT_VERSION_HEADER = "X-Weight-Version"
 
 
@@ -68,7 +68,7 @@ class AppState:
         if not self.healthy()[0]:
             raise unavailable(RETRY_AFTER_S)
         engine_state, weight_version = self.engine.current_status()
-        if engine_state != SERVING:
+        if engine_state != EngineState.SERVING:  # the one state in which requests are admitted
             raise engine_not_ready(engine_state, RETRY_AFTER_S)
         generation = Generation(self.engine.client, weight_version)
         self.inflight.admit(generation)

@@ -10,7 +10,7 @@
 See `weight_sync.py` for the three paths (distributed broadcast, disk,
 safetensors over HTTP) and `admin_client.py` for sleep / wake / pause.
 Needs torch (and, for the group recipe, the torch-only module
-`trillium.actors.executor.weight_sync`); no server process imports.
+`trillium.distributed.update_group`); no server process imports.
 """
 
 from trillium.rlhf.admin_client import AdminClient, AdminRequestError

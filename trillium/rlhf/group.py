@@ -5,12 +5,12 @@
     wait_work(group.broadcast_async(tensor), failed, timeout_s)   # rank 0 -> every engine rank
     group.close()
 
-The group is built by the engine's own recipe,
-`trillium.actors.executor.weight_sync.open_group` (a TCPStore rendezvous,
+The group is built by the recipe the engine's executor uses too,
+`trillium.distributed.update_group.open_group` (a TCPStore rendezvous,
 a `PrefixStore("<group_name>/")`, then `ProcessGroupGloo` or
 `ProcessGroupNCCL`), so both ends always agree on how it is formed. It is a
 standalone group: a trainer's default process group (FSDP, DDP) is left
-alone. That module imports only torch.
+alone. That module imports only torch: a trainer never loads the engine.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ import socket
 import time
 
 import torch
-import torch.distributed as dist
 
-from trillium.actors.executor.weight_sync import close_group, open_group
+from trillium.distributed.update_group import broadcast_async, close_group, open_group
 
 _POLL_S = 0.0005
 
@@ -62,9 +61,7 @@ class WeightUpdateGroup:
 
     def broadcast_async(self, tensor: torch.Tensor, src: int = 0):
         """Start broadcasting `tensor` from `src`; returns the torch Work handle."""
-        options = dist.BroadcastOptions()
-        options.rootRank = src
-        return self.process_group.broadcast([tensor], options)
+        return broadcast_async(self.process_group, tensor, src)
 
     def close(self) -> None:
         if self.process_group is not None:

@@ -400,9 +400,83 @@ def test_profile_expires_and_a_new_one_may_start(tmp_path):
     h.send(StartProfile("p", profile_dir=str(tmp_path), actors=("scheduler",), max_duration_s=5))
     assert h.replies["p"].ok and h.control.profile_deadline == 5
     h.now = 6.0
-    h.loop.profile_expired(h.now)
+    h.loop.deadline_passed(h.now)
     assert h.control.profile_deadline == float("inf")
     stopped = h.send(StopProfile("s"))
     assert stopped.ok and len(stopped.data["files"]) >= 1
     assert h.send(StartProfile("p2", profile_dir=str(tmp_path), actors=("scheduler",))).ok
     assert h.send(StopProfile("s2")).ok
+
+
+# -- the weight update's drain (the api sends drain_timeout_s) ------------------
+
+LONG = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+
+
+def test_a_serving_update_drains_every_request_first_then_returns_to_serving():
+    h = Harness()
+    h.add("a")
+    h.add("b")  # arrives during a's first step: not started yet
+    assert h.core.get_request("b").known_to_executor is False
+    h.send(UpdateWeightsFromDisk("u", model_path="/x", drain_timeout_s=30))
+    assert h.state is S.DRAINING and h.executor == []
+    assert h.control.stats().engine_state is S.DRAINING
+    resumed = h.send(Resume("r"))
+    assert resumed.ok and h.state is S.DRAINING, "a resume does not cancel an update's drain"
+    h.run_steps()
+    assert h.core.request_ids() == [], "b ran too: a wait-pause would have held it"
+    assert h.state is S.UPDATING_WEIGHTS and isinstance(h.executor[-1], UpdateWeightsFromDisk)
+    assert h.control.deadline == float("inf")
+    h.answer()
+    assert h.replies["u"].ok and h.replies["u"].data["weight_version"] == "1"
+    assert h.state is S.SERVING and h.control.stats().engine_state is S.SERVING
+    h.add("c")
+    assert h.batch is not None, "admission is open again"
+
+
+def test_an_update_drain_aborts_what_is_left_at_its_deadline():
+    h = Harness()
+    h.now = 100.0
+    h.add("a", params=LONG)
+    h.send(UpdateWeightsFromDisk("u", model_path="/x", drain_timeout_s=5))
+    assert h.control.deadline == 105.0
+    h.finish_step()
+    h.control.deadline_passed(104.0)
+    assert h.core.request_ids() == ["a"], "not yet"
+    h.now = 105.0
+    h.control.deadline_passed(h.now)
+    assert h.core.request_ids() == [] and h.control.deadline == float("inf")
+    ended = h.core.take_pending_deltas()
+    assert [(d.request_id, d.finish_reason) for d in ended.deltas] == [("a", "abort")]
+    assert h.executor == [], "the update waits for the step in flight"
+    h.finish_step()
+    assert isinstance(h.executor[-1], UpdateWeightsFromDisk) and h.state is S.UPDATING_WEIGHTS
+    h.answer()
+    assert h.state is S.SERVING and h.control.weight_version == "1"
+
+
+def test_an_update_without_a_drain_or_off_serving_runs_after_the_step_in_flight():
+    h = Harness()
+    h.send(UpdateWeightsFromDisk("u1", model_path="/x", drain_timeout_s=5))
+    assert h.state is S.UPDATING_WEIGHTS, "nothing to wait for"
+    h.answer()
+    h.add("a", params=LONG)
+    h.send(Pause("p", mode="keep"))
+    h.finish_step()
+    h.send(UpdateWeightsFromDisk("u2", model_path="/x", drain_timeout_s=5))
+    assert h.state is S.UPDATING_WEIGHTS, "a paused engine is not drained"
+    h.answer()
+    assert h.state is S.PAUSED and h.core.request_ids() == ["a"], "the frozen request is kept"
+
+
+def test_a_pause_cuts_an_update_drain_short_and_the_update_returns_to_paused():
+    h = Harness()
+    h.add("a", params=LONG)
+    h.send(UpdateWeightsFromDisk("u", model_path="/x", drain_timeout_s=30))
+    assert h.send(Pause("p", mode="keep")) is None and h.state is S.PAUSED
+    h.finish_step()
+    assert h.replies["p"].ok and isinstance(h.executor[-1], UpdateWeightsFromDisk)
+    assert h.core.request_ids() == ["a"], "kept: the operator chose keep"
+    h.answer()
+    assert h.replies["u"].ok and h.state is S.PAUSED
+    assert h.send(Resume("r")).ok and h.state is S.SERVING

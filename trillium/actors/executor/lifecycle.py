@@ -28,7 +28,7 @@ import torch
 import trio
 
 from trillium.actors.executor import weight_sync, weights
-from trillium.actors.executor.memory import WEIGHTS, DeviceMemory
+from trillium.actors.executor.memory import DeviceMemory
 from trillium.actors.executor.profiling import TorchProfiler
 from trillium.actors.protocol.lifecycle import (
     ControlError,
@@ -45,7 +45,9 @@ from trillium.actors.protocol.lifecycle import (
     UnloadLoRAAdapter,
     WakeUp,
 )
+from trillium.actors.protocol.vocabulary import WakeTag
 from trillium.actors.torch_thread import TorchThread
+from trillium.distributed import update_group
 from trillium.observability.profiling import NotProfiling
 
 log = logging.getLogger(__name__)
@@ -98,7 +100,7 @@ class ExecutorControl:
         group, self._group = self._group, None
         self._release_shadow()
         if group is not None:
-            weight_sync.close_group(group)
+            update_group.close_group(group)
 
     def _release_shadow(self) -> None:
         if self._shadow is not None:
@@ -161,7 +163,7 @@ class ExecutorControl:
 
         def receive() -> tuple[weights.NamedTensors, weight_sync.ShadowPlan]:
             buffers, plan = shadow.buffers(names, dtypes, tuple(msg.shapes), device)
-            weight_sync.receive_tensors(self._group, buffers)
+            update_group.receive_tensors(self._group, buffers)
             return list(zip(names, buffers)), plan
 
         try:
@@ -207,7 +209,7 @@ class ExecutorControl:
         return {
             "num_tensors": len(named),
             "num_weights_missing": self.memory.num_missing_weights,
-            "weights_asleep": WEIGHTS in self.memory.asleep,
+            "weights_asleep": WakeTag.WEIGHTS in self.memory.asleep,
         }
 
     # -- update group ---------------------------------------------------------
@@ -225,7 +227,7 @@ class ExecutorControl:
             raise ControlError(400, f"rank_offset must be in 1..world_size-1 (rank 0 is the trainer), got {msg.rank_offset}")
 
         def join():
-            return weight_sync.open_group(
+            return update_group.open_group(
                 msg.master_address, msg.master_port, msg.rank_offset, msg.world_size,
                 msg.group_name, msg.backend, msg.timeout_s,
             )
@@ -239,7 +241,7 @@ class ExecutorControl:
             raise ControlError(409, "no weights update group is open")
         group, self._group = self._group, None
         self._release_shadow()
-        await self.torch.run(weight_sync.close_group, group)
+        await self.torch.run(update_group.close_group, group)
         return {"group_name": self._group_name}
 
     # -- LoRA adapters ---------------------------------------------------------------

@@ -38,10 +38,9 @@ import torch
 
 from trillium.actors.protocol.execute import NO_TRANSFERS, KvTransfers
 from trillium.actors.protocol.lifecycle import ControlError
+from trillium.actors.protocol.vocabulary import WakeTag
 
 log = logging.getLogger(__name__)
-
-WEIGHTS, KV_CACHE = "weights", "kv_cache"
 
 
 def resident_bytes() -> int:
@@ -76,7 +75,7 @@ class DeviceMemory:
 
     def __init__(self, core) -> None:
         self.core = core  # ExecutorCore: owns .model, .kv_caches, .config
-        self.asleep: set[str] = set()
+        self.asleep: set[WakeTag] = set()
         self.level = 0
         # Level 2: parameter name -> (shape, dtype) to rebuild storage from,
         # and the checkpoint names not loaded since the discard.
@@ -120,7 +119,7 @@ class DeviceMemory:
         elif self.device.type != "cpu":
             self.core.model.to(self.host)
         self._release()
-        self.asleep = {WEIGHTS, KV_CACHE}
+        self.asleep = set(WakeTag)
         self.level = level
         log.info("executor asleep (level %d): freed %d KV bytes, %d weight bytes", level, kv_bytes, weight_bytes)
         return {
@@ -134,8 +133,8 @@ class DeviceMemory:
             "device_freed_bytes": device_before - self._device_allocated(),
         }
 
-    def wake_up(self, tags: tuple[str, ...]) -> dict:
-        if WEIGHTS in tags and WEIGHTS in self.asleep:
+    def wake_up(self, tags: tuple[WakeTag, ...]) -> dict:
+        if WakeTag.WEIGHTS in tags and WakeTag.WEIGHTS in self.asleep:
             if self._missing:
                 raise ControlError(
                     409,
@@ -145,8 +144,8 @@ class DeviceMemory:
                 )
             if self.device.type != "cpu":
                 self.core.model.to(self.device)
-            self.asleep.discard(WEIGHTS)
-        if KV_CACHE in tags and KV_CACHE in self.asleep:
+            self.asleep.discard(WakeTag.WEIGHTS)
+        if WakeTag.KV_CACHE in tags and WakeTag.KV_CACHE in self.asleep:
             from trillium.models.llama import allocate_kv_caches
 
             cfg = self.core.config
@@ -154,7 +153,7 @@ class DeviceMemory:
                 self.core.model_config, cfg.num_blocks, cfg.block_size, self.core.kv_cache_dtype, self.device
             )
             self._restore_kv_scales()
-            self.asleep.discard(KV_CACHE)
+            self.asleep.discard(WakeTag.KV_CACHE)
         if not self.asleep:
             self.level = 0
         return {"asleep": sorted(self.asleep), "rss_bytes": resident_bytes()}

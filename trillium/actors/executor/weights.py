@@ -2,8 +2,9 @@
 
 Sources (protocol/lifecycle.py): a checkpoint on disk (HF directory or
 GGUF, through `models/loader.py`), the raw bytes of a safetensors file, or
-tensors received over a weights update group (`weight_sync.py`). Each
-becomes a list of (HF name, tensor) held in memory in full, then:
+tensors received over a weights update group (`distributed/update_group.py`,
+into `weight_sync.py`'s shadow). Each becomes a list of (HF name, tensor)
+held in memory in full, then:
 
 1. `WeightValidator.check`: names, shapes and dtypes against the model,
    before anything is copied. It runs the model's own `load_weights` on a

@@ -5,6 +5,7 @@
     outputs.py    scheduler -> detokenizer -> api (TokenDeltas, RequestOutputs, SchedulerStats)
     control.py    lifecycle messages every actor understands (Shutdown, Ping/Pong)
     lifecycle.py  control-plane commands: sleep / wake, pause, weight updates, profiling
+    vocabulary.py the lifecycle's words (EngineState, PauseMode, WakeTag), no messages
 
 `ALL_MESSAGE_TYPES` is what the engine's codec registers.
 """

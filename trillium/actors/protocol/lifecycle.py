@@ -25,6 +25,7 @@ import attrs
 import numpy as np
 
 from trillium.actors.protocol.execute import NO_TRANSFERS, KvTransfers
+from trillium.actors.protocol.vocabulary import ALL_WAKE_TAGS, PauseMode, WakeTag
 
 
 @attrs.frozen
@@ -38,7 +39,7 @@ class Sleep:
 
     command_id: str
     level: int  # 1: weights to host memory + KV freed; 2: weights and KV freed
-    mode: str = "abort"  # what happens to requests in flight: abort | wait | keep
+    mode: PauseMode = PauseMode.ABORT  # what happens to requests in flight
     keep_prefix_cache: bool = False
     kv: KvTransfers = attrs.field(factory=lambda: NO_TRANSFERS)
 
@@ -46,13 +47,13 @@ class Sleep:
 @attrs.frozen
 class WakeUp:
     command_id: str
-    tags: tuple[str, ...] = ("weights", "kv_cache")
+    tags: tuple[WakeTag, ...] = ALL_WAKE_TAGS
 
 
 @attrs.frozen
 class Pause:
     command_id: str
-    mode: str = "abort"  # abort | wait | keep
+    mode: PauseMode = PauseMode.ABORT
 
 
 @attrs.frozen
@@ -62,10 +63,17 @@ class Resume:
 
 @attrs.frozen
 class UpdateWeightsFromDisk:
+    """Every weight update (from disk, tensors or distributed) has
+    `drain_timeout_s`: sent while serving, the scheduler first drains (the
+    requests it holds finish on the old weights, up to this long, then the
+    rest are aborted); None: no drain, the update runs after the step in
+    flight and the requests carry on over the new weights."""
+
     command_id: str
     model_path: str
     weight_version: str | None = None
     flush_cache: bool = True
+    drain_timeout_s: float | None = None
 
 
 @attrs.frozen
@@ -77,6 +85,7 @@ class UpdateWeightsFromTensors:
     safetensors: np.ndarray
     weight_version: str | None = None
     flush_cache: bool = True
+    drain_timeout_s: float | None = None
 
 
 @attrs.frozen
@@ -99,6 +108,7 @@ class UpdateWeightsFromDistributed:
     shapes: tuple[tuple[int, ...], ...]
     weight_version: str | None = None
     flush_cache: bool = True
+    drain_timeout_s: float | None = None
 
 
 @attrs.frozen

@@ -11,6 +11,7 @@ import attrs
 import numpy as np
 
 from trillium.actors.protocol.execute import PromptLogprobs, TokenLogprobs
+from trillium.actors.protocol.vocabulary import EngineState
 
 
 @attrs.frozen
@@ -123,7 +124,7 @@ class SchedulerStats:
     prefix_cache_queries_total: int
     prefix_cache_hits_total: int
     num_scheduled_tokens: int
-    engine_state: str = "serving"  # scheduler/lifecycle.py EngineState value
+    engine_state: EngineState = EngineState.SERVING
     weight_version: str = "0"
     # Swap preemption totals (0 under recompute): preemptions whose KV went to
     # the host tier (the rest of num_preempted_total recompute), and re-admissions

@@ -59,9 +59,9 @@ async def _serve(loop: SchedulerLoop, mailbox: Mailbox, outboxes: dict[Peer, Out
 
     while True:
         await send(loop.before_wait(trio.current_time()))
-        message = await mailbox.receive(deadline=loop.profile_deadline)
-        if message is None:  # the profile's time is up
-            loop.profile_expired(trio.current_time())
+        message = await mailbox.receive(deadline=loop.deadline)
+        if message is None:  # a profile's or an update drain's time is up
+            loop.deadline_passed(trio.current_time())
             continue
         await send(loop.handle(message, trio.current_time()))
         if loop.stopped:

@@ -17,7 +17,15 @@ queues, and is checked again and run when its turn comes, so every handler
 sees a settled state. Exceptions: questions and scheduler-only chores
 (GetEngineInfo, AbortRequests, ResetPrefixCache) skip the lane, and Resume
 or Pause(abort | keep) during a drain cut the drain short instead of
-waiting for it.
+waiting for it (a Resume during a weight update's drain is answered at
+once: there is no pause to undo).
+
+One drain for every command that waits for requests: a wait-mode Pause or
+Sleep, and a weight update sent while serving with `drain_timeout_s` (the
+api's). Each sets a `_Drain` (what it waits for, what follows) and goes to
+DRAINING; `executor_idle` sees it done and runs what follows. An update's
+drain has a deadline: the actor wakes at `deadline` and calls
+`deadline_passed`, which aborts what is left.
 
 INVARIANT: the executor has at most one message outstanding. A job (the
 holder's executor work) is sent only from `executor_idle`, which the loop
@@ -25,15 +33,16 @@ calls only when no step is in flight, and no step is scheduled while a job
 is pending (`may_step`). So sleep, wake and weight swaps run strictly
 between two steps: no forward ever sees mixed weights or freed memory.
 
-NOTE on size (~470 lines): one class, because the lane, the job slot and
-the state are one piece of state; each handler is a few lines and they read
-in the order of the protocol. Profile bookkeeping lives in profiling.py,
-the table in lifecycle.py.
+NOTE on size (~620 lines): one class, because the lane, the job slot, the
+drain and the state are one piece of state; each handler is a few lines
+and they read in the order of the protocol. Profile bookkeeping lives in
+profiling.py, the table in lifecycle.py.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Callable
 from functools import partial
@@ -44,9 +53,9 @@ import attrs
 from trillium.actors.protocol import lifecycle as lc
 from trillium.actors.protocol.lifecycle import ControlError, ControlReply
 from trillium.actors.protocol.outputs import SchedulerStats
+from trillium.actors.protocol.vocabulary import ALL_WAKE_TAGS, EngineState, PauseMode, WakeTag
 from trillium.actors.scheduler.lifecycle import (
     RETURN,
-    EngineState,
     Op,
     next_state,
     next_weight_version,
@@ -59,8 +68,6 @@ from trillium.observability.profiling import LoopProfiler
 log = logging.getLogger(__name__)
 
 S = EngineState
-WAKE_TAGS = ("weights", "kv_cache")
-PAUSE_MODES = ("abort", "wait", "keep")
 _OFF_LANE = (lc.GetEngineInfo, lc.AbortRequests, lc.ResetPrefixCache)
 
 
@@ -88,8 +95,45 @@ class _Job:
     sent: bool = False
 
 
+@attrs.define
+class _Drain:
+    """The drain in progress (state DRAINING) and what follows it.
+
+    A wait-mode Pause / Sleep waits for the started requests (new ones wait
+    in the queue). A weight update waits for every request the engine holds
+    (WHY: a response reports the weight version current at its admission;
+    the data plane refuses new ones meanwhile), at most until `deadline`,
+    when the rest are aborted; a Resume does not cancel it (there is no
+    pause to undo: the update just runs once drained)."""
+
+    then: Callable[[EngineState], list[Effect]]  # called with the state to return to
+    for_update: bool = False
+    deadline: float = math.inf
+
+
 def forwarded_id(command_id: str, actor: str) -> str:
     return f"{command_id}@{actor}"
+
+
+def _pause_mode(mode: Any) -> PauseMode:
+    """A command's mode as the enum; 400 naming the choices otherwise."""
+    try:
+        return PauseMode(mode)
+    except ValueError:
+        choices = tuple(m.value for m in PauseMode)
+        raise ControlError(400, f"mode must be one of {choices}, got {mode!r}") from None
+
+
+def _wake_tags(tags: Any) -> tuple[WakeTag, ...]:
+    """A WakeUp's tags as enums; 400 unless a non-empty subset of WakeTag."""
+    try:
+        parsed = tuple(WakeTag(tag) for tag in tags)
+    except ValueError:
+        parsed = ()
+    if not parsed:
+        choices = [tag.value for tag in WakeTag]
+        raise ControlError(400, f"tags must be a non-empty subset of {choices}, got {[str(t) for t in tags]}")
+    return parsed
 
 
 class EngineControl:
@@ -102,7 +146,7 @@ class EngineControl:
         self.weight_version = "0"
         self.model_path = engine.model
         self.sleep_level = 0
-        self.asleep: tuple[str, ...] = ()
+        self.asleep: tuple[WakeTag, ...] = ()
         self.update_group: str | None = None
         self.mailbox_depth = 0  # set by the actor shell at each drain; reported in stats
         self._saved: dict[EngineState, EngineState] = {}  # where RETURN leads, by state
@@ -110,7 +154,7 @@ class EngineControl:
         self._holder: Any = None  # the command holding the lane
         self._job: _Job | None = None
         self._at_idle: list[Callable[[], list[Effect]]] = []  # run once no step is out
-        self._drain_then: Callable[[EngineState], list[Effect]] | None = None
+        self._drain: _Drain | None = None
         self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
             lc.Pause: self._pause, lc.Resume: self._resume, lc.Sleep: self._sleep, lc.WakeUp: self._wake_up,
             lc.UpdateWeightsFromDisk: self._update, lc.UpdateWeightsFromTensors: self._update,
@@ -142,8 +186,14 @@ class EngineControl:
     def profile_deadline(self) -> float:
         return self.profiler.deadline
 
+    @property
+    def deadline(self) -> float:
+        """When the actor must call `deadline_passed`: the profile's end, an update drain's timeout."""
+        drain = self._drain.deadline if self._drain is not None else math.inf
+        return min(self.profiler.deadline, drain)
+
     def stats(self) -> SchedulerStats:
-        return self.core.stats(engine_state=self.state.value, weight_version=self.weight_version,
+        return self.core.stats(engine_state=self.state, weight_version=self.weight_version,
                                mailbox_depth=self.mailbox_depth)
 
     def info(self) -> dict[str, Any]:
@@ -178,8 +228,13 @@ class EngineControl:
         op = op_of(message)
         if next_state(self.state, op) is None:
             return [ControlError(409, not_allowed_message(self.state, op)).reply(message.command_id, self.info())]
+        if self.state is S.DRAINING and op is Op.RESUME and self._drain.for_update:
+            return [self._finish(message, "already serving: draining for a weight update")]
         if self.state is S.DRAINING and op in (Op.PAUSE, Op.RESUME):
-            return self._cut_drain(message) + self._pump(now)
+            try:
+                return self._cut_drain(message) + self._pump(now)
+            except ControlError as exc:  # a bad mode: refused before anything changed
+                return [exc.reply(message.command_id, self.info())]
         self._queue.append(message)
         return self._pump(now)
 
@@ -200,10 +255,10 @@ class EngineControl:
         effects: list[Effect] = []
         while True:
             count = len(effects)
-            if self.state is S.DRAINING and not self.core.has_started_requests():
+            if self.state is S.DRAINING and self._drained():
                 self._apply(Op.DRAINED)
-                then, self._drain_then = self._drain_then, None
-                effects += then(S.SERVING)
+                drain, self._drain = self._drain, None
+                effects += drain.then(S.SERVING)
             calls, self._at_idle = self._at_idle, []
             for call in calls:
                 effects += call()
@@ -220,6 +275,19 @@ class EngineControl:
     def profile_expired(self, now: float) -> None:
         self.profiler.expire(now)
 
+    def deadline_passed(self, now: float) -> None:
+        """`deadline` came: stop the profile, or abort what an update drain still waits for
+        (their abort deltas go out before the update: the actor flushes them first)."""
+        self.profile_expired(now)
+        drain = self._drain
+        if drain is not None and now >= drain.deadline:
+            drain.deadline = math.inf
+            ids = self.core.request_ids()
+            # WHY abort rather than update under them: they would go on sampling from the new weights.
+            log.warning("weight update: %d requests still in flight after the drain timeout; aborting them",
+                        len(ids))
+            self.core.abort(ids)
+
     # -- the lane -------------------------------------------------------------
 
     def _pump(self, now: float) -> list[Effect]:
@@ -235,21 +303,32 @@ class EngineControl:
             self._release(message)
             return [exc.reply(message.command_id, self.info())]
 
+    def _start_drain(self, drain: _Drain) -> None:
+        self._drain = drain  # first: _apply reads what the drain admits
+        self._apply(Op.DRAIN)
+
+    def _drained(self) -> bool:
+        if self._drain.for_update:
+            return not self.core.request_ids()
+        return not self.core.has_started_requests()
+
     def _cut_drain(self, message: lc.Pause | lc.Resume) -> list[Effect]:
-        """lc.Resume, or lc.Pause(abort | keep), while a wait-mode lc.Pause / lc.Sleep drains."""
-        holder, then = self._holder, self._drain_then
-        self._drain_then = None
+        """lc.Resume, or lc.Pause(abort | keep), while a wait-mode lc.Pause / lc.Sleep
+        (or, for a pause, a weight update) drains."""
+        mode = _pause_mode(message.mode) if isinstance(message, lc.Pause) else None
+        holder, then = self._holder, self._drain.then
+        self._drain = None
         if isinstance(message, lc.Resume):
             self._apply(Op.RESUME)
             self._release(holder)
             cancelled = ControlError(409, f"{type(holder).__name__} (mode wait) cancelled by resume")
             return [cancelled.reply(holder.command_id, self.info()), self._finish(message, "serving")]
         self._apply(Op.PAUSE)
-        aborted = self._abort_all() if message.mode == "abort" else 0
-        # The drain's own command carries on from PAUSED (a sleep sleeps);
-        # both answer once the step in flight is done.
+        aborted = self._abort_all() if mode is PauseMode.ABORT else 0
+        # The drain's own command carries on from PAUSED (a sleep sleeps, an
+        # update updates); both answer once the step in flight is done.
         self._at_idle.append(lambda: then(S.PAUSED))
-        self._at_idle.append(lambda: [self._finish(message, f"paused ({message.mode})", {"num_aborted": aborted})])
+        self._at_idle.append(lambda: [self._finish(message, f"paused ({mode})", {"num_aborted": aborted})])
         return []
 
     def _hold(self, message: Any, job: _Job | None = None) -> None:
@@ -284,7 +363,9 @@ class EngineControl:
         elif target is not self.state:
             self._saved[target] = self.state
         self.state = target
-        self.core.set_admission(started_only=target is S.DRAINING)
+        # An update's drain admits every request it waits for (_Drain).
+        update_drain = self._drain is not None and self._drain.for_update
+        self.core.set_admission(started_only=target is S.DRAINING and not update_drain)
 
     def _abort_all(self) -> int:
         ids = self.core.request_ids()
@@ -294,20 +375,18 @@ class EngineControl:
     # -- pause / resume -------------------------------------------------------
 
     def _pause(self, msg: lc.Pause, now: float) -> list[Effect]:
-        if msg.mode not in PAUSE_MODES:
-            raise ControlError(400, f"mode must be one of {PAUSE_MODES}, got {msg.mode!r}")
-        if msg.mode == "wait":
+        mode = _pause_mode(msg.mode)
+        if mode is PauseMode.WAIT:
             if self._check(Op.DRAIN) is self.state:
                 return [self._finish(msg, f"already {self.state.value}")]
-            self._apply(Op.DRAIN)
+            self._start_drain(_Drain(lambda _: [self._finish(msg, "paused: the started requests finished")]))
             self._hold(msg)
-            self._drain_then = lambda _: [self._finish(msg, "paused: the started requests finished")]
             return []
         self._apply(Op.PAUSE)
-        aborted = self._abort_all() if msg.mode == "abort" else 0
+        aborted = self._abort_all() if mode is PauseMode.ABORT else 0
         # WHY wait for idle: "paused" promises that no step is running.
         self._hold(msg)
-        self._at_idle.append(lambda: [self._finish(msg, f"paused ({msg.mode})", {"num_aborted": aborted})])
+        self._at_idle.append(lambda: [self._finish(msg, f"paused ({mode})", {"num_aborted": aborted})])
         return []
 
     def _resume(self, msg: lc.Resume, now: float) -> list[Effect]:
@@ -320,24 +399,22 @@ class EngineControl:
     def _sleep(self, msg: lc.Sleep, now: float) -> list[Effect]:
         if msg.level not in (1, 2):
             raise ControlError(400, f"level must be 1 or 2, got {msg.level}")
-        if msg.mode not in PAUSE_MODES:
-            raise ControlError(400, f"mode must be one of {PAUSE_MODES}, got {msg.mode!r}")
+        mode = _pause_mode(msg.mode)
         self._check(Op.SLEEP)
         before = self.state
         self._hold(msg)
-        if msg.mode == "wait" and before is S.SERVING:
-            self._apply(Op.DRAIN)
+        if mode is PauseMode.WAIT and before is S.SERVING:
             # Drained: wake back to SERVING; cut short by a pause: to PAUSED.
-            self._drain_then = lambda return_to: self._begin_sleep(msg, return_to)
+            self._start_drain(_Drain(lambda return_to: self._begin_sleep(msg, return_to)))
             return []
-        aborted = self._abort_all() if msg.mode == "abort" else 0
+        aborted = self._abort_all() if mode is PauseMode.ABORT else 0
         return self._begin_sleep(msg, before, aborted)
 
     def _begin_sleep(self, msg: lc.Sleep, return_to: EngineState, aborted: int = 0) -> list[Effect]:
         self._apply(Op.SLEEP)
         self._saved[S.SLEEPING] = return_to  # after a wait-sleep: SERVING, not PAUSED
         self.sleep_level = msg.level
-        forwarded = lc.Sleep(forwarded_id(msg.command_id, "executor"), msg.level, msg.mode)
+        forwarded = lc.Sleep(forwarded_id(msg.command_id, "executor"), msg.level, PauseMode(msg.mode))
         self._job = _Job(forwarded, partial(self._slept, msg, aborted), prepare=self._forget_kv)
         return []
 
@@ -367,13 +444,11 @@ class EngineControl:
             self.core.set_admission(started_only=False)
             self.sleep_level = 0
             return [self._failed(msg, reply)]
-        self.asleep = tuple(reply.data.get("asleep", WAKE_TAGS))
+        self.asleep = tuple(WakeTag(tag) for tag in reply.data.get("asleep", ALL_WAKE_TAGS))
         return [self._finish(msg, f"sleeping at level {msg.level}", {**reply.data, "num_aborted": aborted})]
 
     def _wake_up(self, msg: lc.WakeUp, now: float) -> list[Effect]:
-        tags = tuple(msg.tags)
-        if not tags or not set(tags) <= set(WAKE_TAGS):
-            raise ControlError(400, f"tags must be a non-empty subset of {list(WAKE_TAGS)}, got {list(tags)}")
+        tags = _wake_tags(msg.tags)
         self._check(Op.WAKE_UP)
         if self.state is not S.SLEEPING:
             return [self._finish(msg, f"already awake ({self.state.value})")]
@@ -384,7 +459,7 @@ class EngineControl:
     def _woken(self, msg: lc.WakeUp, reply: ControlReply) -> list[Effect]:
         if not reply.ok:
             return [self._failed(msg, reply)]
-        self.asleep = tuple(reply.data.get("asleep", ()))
+        self.asleep = tuple(WakeTag(tag) for tag in reply.data.get("asleep", ()))
         if not self.asleep:
             self._apply(Op.WOKEN)
             self.sleep_level = 0
@@ -396,7 +471,22 @@ class EngineControl:
     def _update(self, msg, now: float) -> list[Effect]:
         if isinstance(msg, lc.UpdateWeightsFromDistributed) and self.update_group is None:
             raise ControlError(409, "no weights update group is open: send init_weights_update_group first")
+        self._check(Op.UPDATE_WEIGHTS)
+        self._hold(msg)
+        num_requests = len(self.core.request_ids())
+        if msg.drain_timeout_s is not None and self.state is S.SERVING and num_requests:
+            # WHY only from SERVING: a paused engine is not drained; the operator
+            # chose what happens to its requests (keep: they resume on the new weights).
+            log.info("weight update: waiting for %d requests in flight", num_requests)
+            self._start_drain(_Drain(partial(self._begin_update, msg), for_update=True,
+                                     deadline=now + msg.drain_timeout_s))
+            return []
+        return self._begin_update(msg, None)
+
+    def _begin_update(self, msg, return_to: EngineState | None) -> list[Effect]:
         self._apply(Op.UPDATE_WEIGHTS)
+        if return_to is not None:
+            self._saved[S.UPDATING_WEIGHTS] = return_to  # after a drain: SERVING, not PAUSED
         forwarded = attrs.evolve(msg, command_id=forwarded_id(msg.command_id, "executor"))
         self._hold(msg, _Job(forwarded, partial(self._updated, msg)))
         return []

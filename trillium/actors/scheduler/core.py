@@ -39,6 +39,7 @@ from trillium.actors.kv_tiers.manager import NO_KV_TIERS, KvTiers, build_kv_tier
 from trillium.actors.protocol.execute import BatchResult, ExecuteBatch, KvTransfers
 from trillium.actors.protocol.outputs import RequestDelta, SchedulerStats, TokenDeltas
 from trillium.actors.protocol.requests import AddRequest
+from trillium.actors.protocol.vocabulary import EngineState
 from trillium.actors.scheduler.admission import Admission
 from trillium.actors.scheduler.config import SchedulerConfig
 from trillium.actors.scheduler.metrics import StepEvents
@@ -389,7 +390,7 @@ class Scheduler:
         for request_id in self._preemption.drop_all():
             self._requests[request_id].num_computed_tokens = 0
 
-    def stats(self, *, engine_state: str = "serving", weight_version: str = "0",
+    def stats(self, *, engine_state: EngineState = EngineState.SERVING, weight_version: str = "0",
               mailbox_depth: int = 0) -> SchedulerStats:
         """The state now, and (drained) the request and step events since the last call."""
         return SchedulerStats(

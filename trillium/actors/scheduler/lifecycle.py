@@ -1,10 +1,12 @@
-"""Engine lifecycle: one enum, one transition table (pure; no trio, no torch).
+"""Engine lifecycle: one transition table (pure; no trio, no torch).
 
-The engine is in exactly one `EngineState`. Every control command is first
-reduced to an `Op` and looked up in `TRANSITIONS[state][op]`: the entry is
-the next state, or `RETURN` (back to the state saved on entering the
-current one), and a missing entry means "not allowed now" (HTTP 409 naming
-the state). `scheduler/control.py` does the work each transition implies.
+The engine is in exactly one `EngineState` (the protocol's enum,
+`protocol/vocabulary.py`: the api and the data plane read it too). Every
+control command is first reduced to an `Op` and looked up in
+`TRANSITIONS[state][op]`: the entry is the next state, or `RETURN` (back
+to the state saved on entering the current one), and a missing entry means
+"not allowed now" (HTTP 409 naming the state). `scheduler/control.py` does
+the work each transition implies.
 
     SERVING ──pause──────────────> PAUSED ──resume──> SERVING
        │ ──pause(wait)──> DRAINING ──drained──> PAUSED
@@ -12,10 +14,16 @@ the state). `scheduler/control.py` does the work each transition implies.
        └──update_weights──> UPDATING_WEIGHTS ──update_done──> RETURN
     (PAUSED and SLEEPING may update weights too; see the table.)
 
+The one drain: a wait-mode pause, a wait-mode sleep and a weight update
+sent while serving (with `drain_timeout_s`) all go SERVING ──drain──>
+DRAINING ──drained──> PAUSED; the sleep and the update then carry on from
+PAUSED and RETURN to SERVING.
+
 What each state means for requests:
 
     serving           admit and step
-    draining          step the requests already started; hold new ones
+    draining          step the requests the drain waits for: the started ones
+                      (pause, sleep: new ones wait) or every one (an update)
     paused            no steps; requests (frozen or new) wait in the queue
     sleeping          no steps; KV cache (and maybe weights) released
     updating_weights  no steps; the executor is swapping weights
@@ -36,22 +44,18 @@ import re
 from typing import Any, Final
 
 from trillium.actors.protocol import lifecycle as msg
+from trillium.actors.protocol.vocabulary import EngineState, PauseMode
 
-
-class EngineState(enum.Enum):
-    SERVING = "serving"
-    PAUSED = "paused"
-    DRAINING = "draining"
-    SLEEPING = "sleeping"
-    UPDATING_WEIGHTS = "updating_weights"
+__all__ = ["RETURN", "TRANSITIONS", "EngineState", "Op", "next_state", "next_weight_version",
+           "not_allowed_message", "op_of"]
 
 
 class Op(enum.Enum):
     """A command, as far as the state machine is concerned."""
 
     PAUSE = "pause"  # Pause(abort | keep): stop stepping now
-    DRAIN = "drain"  # Pause(wait), Sleep(wait): stop admitting, finish what started
-    DRAINED = "drained"  # internal: the last started request of a drain ended
+    DRAIN = "drain"  # Pause(wait), Sleep(wait), a serving update: finish requests first
+    DRAINED = "drained"  # internal: the last request a drain waits for ended
     RESUME = "resume"
     SLEEP = "sleep"
     WAKE_UP = "wake_up"
@@ -174,5 +178,5 @@ def op_of(command: Any) -> Op:
     """The Op of an api command (protocol/lifecycle.py). A wait-mode Pause
     drains; a wait-mode Sleep is a SLEEP that control.py drains first."""
     if isinstance(command, msg.Pause):
-        return Op.DRAIN if command.mode == "wait" else Op.PAUSE
+        return Op.DRAIN if command.mode == PauseMode.WAIT else Op.PAUSE
     return _OPS[type(command)]

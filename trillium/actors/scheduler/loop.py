@@ -7,7 +7,7 @@ returns, in order:
     before_wait(now)          the actor is about to wait for a message
     handle(message, now)      one message from the mailbox
     mailbox_drained(depth)    `depth` more messages were waiting (reported in stats)
-    profile_expired(now)      the profile's deadline passed while waiting
+    deadline_passed(now)      `deadline` passed while waiting (a profile's end, an update drain's timeout)
 
 Effects are `Send(peer, message)`, `peer` one of executor, detokenizer, api.
 
@@ -89,9 +89,10 @@ class SchedulerLoop:
         return self.core.step_in_flight
 
     @property
-    def profile_deadline(self) -> float:
-        """When to wake without a message (trio's clock); inf while not profiling."""
-        return self.profiler.deadline
+    def deadline(self) -> float:
+        """When to wake without a message (trio's clock): a profile's end or an
+        update drain's timeout; inf when neither."""
+        return self.control.deadline
 
     # -- events -------------------------------------------------------------
 
@@ -112,8 +113,8 @@ class SchedulerLoop:
     def mailbox_drained(self, depth: int) -> None:
         self.control.mailbox_depth = depth
 
-    def profile_expired(self, now: float) -> None:
-        self.control.profile_expired(now)
+    def deadline_passed(self, now: float) -> None:
+        self.control.deadline_passed(now)
 
     # -- decisions ------------------------------------------------------------
 

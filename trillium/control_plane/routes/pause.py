@@ -16,10 +16,10 @@ from __future__ import annotations
 from quart import Blueprint, request
 
 from trillium.actors.protocol.lifecycle import Pause, Resume
+from trillium.actors.protocol.vocabulary import EngineState
 from trillium.control_plane.protocol import EmptyRequest, PauseRequest, parse_body
 from trillium.control_plane.responses import json_response, success
 from trillium.control_plane.state import AdminState, new_command_id
-from trillium.control_plane.status import PAUSED, SERVING
 
 
 def blueprint(state: AdminState) -> Blueprint:
@@ -28,14 +28,14 @@ def blueprint(state: AdminState) -> Blueprint:
     @bp.post("/pause")
     async def pause():
         req = parse_body(PauseRequest, await request.get_data())
-        with state.status.closing(PAUSED):
-            reply = await state.run(Pause(new_command_id(), mode=req.mode), settle_state=PAUSED)
+        with state.status.closing(EngineState.PAUSED):
+            reply = await state.run(Pause(new_command_id(), mode=req.mode), settle_state=EngineState.PAUSED)
         return success(reply, f"paused (mode {req.mode})", mode=req.mode)
 
     @bp.post("/resume")
     async def resume():
         parse_body(EmptyRequest, await request.get_data())
-        reply = await state.run(Resume(new_command_id()), settle_state=SERVING)
+        reply = await state.run(Resume(new_command_id()), settle_state=EngineState.SERVING)
         return success(reply, "resumed")
 
     @bp.get("/is_paused")

@@ -15,12 +15,10 @@ from __future__ import annotations
 from quart import Blueprint, request
 
 from trillium.actors.protocol.lifecycle import Sleep, WakeUp
+from trillium.actors.protocol.vocabulary import ALL_WAKE_TAGS, EngineState
 from trillium.control_plane.protocol import SleepRequest, WakeUpRequest, parse_body
 from trillium.control_plane.responses import json_response, success
 from trillium.control_plane.state import AdminState, new_command_id
-from trillium.control_plane.status import SERVING, SLEEPING
-
-ALL_TAGS = ("weights", "kv_cache")
 
 
 def blueprint(state: AdminState) -> Blueprint:
@@ -30,18 +28,19 @@ def blueprint(state: AdminState) -> Blueprint:
     async def sleep():
         req = parse_body(SleepRequest, await request.get_data())
         async with state.exclusive:
-            with state.status.closing(SLEEPING):
+            with state.status.closing(EngineState.SLEEPING):
                 reply = await state.run(Sleep(new_command_id(), level=req.level, mode=req.mode),
-                                       settle_state=SLEEPING)
+                                       settle_state=EngineState.SLEEPING)
         return success(reply, f"sleeping (level {req.level})", level=req.level)
 
     @bp.post("/wake_up")
     async def wake_up():
         req = parse_body(WakeUpRequest, await request.get_data())
-        tags = tuple(dict.fromkeys(req.tags)) if req.tags else ALL_TAGS
-        woke_all = set(tags) == set(ALL_TAGS)
+        tags = tuple(dict.fromkeys(req.tags)) if req.tags else ALL_WAKE_TAGS
+        woke_all = set(tags) == set(ALL_WAKE_TAGS)
         async with state.exclusive:
-            reply = await state.run(WakeUp(new_command_id(), tags=tags), settle_state=SERVING if woke_all else None)
+            reply = await state.run(WakeUp(new_command_id(), tags=tags),
+                                    settle_state=EngineState.SERVING if woke_all else None)
         return success(reply, f"woke up {', '.join(tags)}", tags=list(tags))
 
     @bp.get("/is_sleeping")
