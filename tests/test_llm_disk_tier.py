@@ -16,9 +16,9 @@ import os
 import random
 
 import pytest
-from oracles import hf_greedy, transformers_model
-from test_llm_host_tier import MAX_NEW, chat_turns
 
+from support.chat_turns import MAX_NEW, chat_turns
+from support.oracles import hf_greedy, transformers_model
 from trillium import LLM, SamplingParams
 from trillium.config import EngineConfig
 

@@ -8,33 +8,15 @@ are identical to a run without tiers and to Hugging Face transformers.
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
-from oracles import hf_greedy, transformers_model
-from trillium import LLM, SamplingParams
+from support.chat_turns import MAX_NEW, chat_turns
+from support.oracles import hf_greedy, transformers_model
+from trillium import LLM
 from trillium.config import EngineConfig
 
-MAX_NEW = 8
 NUM_DEVICE_BLOCKS = 24  # 16-token blocks; the last turn's prefixes need ~32
 NUM_HOST_BLOCKS = 64
-
-
-def chat_turns(llm: LLM, vocab: int, num_conversations: int = 4, num_turns: int = 4) -> list[tuple[list, list]]:
-    """Every conversation's turn t together, then t + 1: each prompt is the
-    previous prompt, its answer and 20 new tokens. Returns (prompt, output)s."""
-    rng = random.Random(0)
-    prompts = [[rng.randrange(7, vocab) for _ in range(40)] for _ in range(num_conversations)]
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, min_tokens=MAX_NEW)
-    seen = []
-    for _ in range(num_turns):
-        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-        for i, output in enumerate(outputs):
-            tokens = output.outputs[0].token_ids
-            seen.append((prompts[i], tokens))
-            prompts[i] = prompts[i] + tokens + [rng.randrange(7, vocab) for _ in range(20)]
-    return seen
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from oracles import smollm2_gguf, stories260k, transformers_model
-from test_llm import assert_parity, mixed_prompts
+from support.llm_parity import assert_parity, mixed_prompts
+from support.oracles import smollm2_gguf, stories260k, transformers_model
 from trillium import LLM, SamplingParams
 
 SMOLLM2 = smollm2_gguf()

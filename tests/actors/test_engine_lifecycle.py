@@ -28,6 +28,7 @@ import pytest
 import trio
 from safetensors.torch import load_file, save
 
+from support.gguf_writer import write_gguf
 from trillium import LLM, SamplingParams
 from trillium.actors.client import EngineClient
 from trillium.actors.engine import ActorConfig, Addresses, engine_specs
@@ -35,9 +36,6 @@ from trillium.distributed.update_group import open_group
 from trillium.actors.protocol import lifecycle as lc
 from trillium.actors.supervisor import run_in_process, run_in_subprocesses
 from trillium.config import EngineConfig
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from gguf_writer import write_gguf  # noqa: E402  (test helper beside the model tests)
 
 PROMPTS = [[5, 6, 7, 8], list(range(20, 70)), [100, 3, 17, 250, 9, 9, 31]]
 MAX_TOKENS = 24

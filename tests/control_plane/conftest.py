@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from cp_serve import MAX_TOKENS, PROMPTS, AdminServer
 
+from support.admin_server import MAX_TOKENS, PROMPTS, AdminServer
 from trillium import LLM, SamplingParams
 from trillium.models.synthetic import build_checkpoint
 

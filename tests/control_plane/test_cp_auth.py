@@ -14,7 +14,8 @@ import subprocess
 
 import httpx
 import pytest
-from cp_serve import ADMIN_TOKEN, API_KEY, MODEL_NAME, free_port, serve_command
+
+from support.admin_server import ADMIN_TOKEN, API_KEY, MODEL_NAME, free_port, serve_command
 
 ROUTES = [
     ("POST", "/sleep"), ("POST", "/wake_up"), ("GET", "/is_sleeping"),

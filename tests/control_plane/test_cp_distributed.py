@@ -12,15 +12,16 @@ and can form a group afterwards. Without a group, a distributed update is 409.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 
 import pytest
-from cp_serve import MAX_TOKENS, PROMPTS, free_port
 
-TRAINER = os.path.join(os.path.dirname(__file__), "cp_trainer.py")
+from support import broadcast_trainer
+from support.admin_server import MAX_TOKENS, PROMPTS, free_port
+
+TRAINER = broadcast_trainer.__file__  # run as a script: the trainer is its own process
 
 
 def test_cp_distributed_update_needs_a_group(server):

@@ -15,7 +15,8 @@ import os
 import threading
 
 import pytest
-from cp_serve import API_KEY, MAX_TOKENS, MODEL_NAME, PROMPTS
+
+from support.admin_server import API_KEY, MAX_TOKENS, MODEL_NAME, PROMPTS
 
 
 def _assert_refused(server, state: str) -> None:

@@ -19,8 +19,9 @@ import time
 
 import pytest
 import torch
-from cp_serve import API_KEY, MAX_TOKENS, MODEL_NAME, PROMPTS
 from safetensors.torch import save
+
+from support.admin_server import API_KEY, MAX_TOKENS, MODEL_NAME, PROMPTS
 
 
 def _version_everywhere(server) -> set[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from dp_harness import API_KEY, ServerHarness
+from support.data_plane_server import API_KEY, ServerHarness
 
 
 @pytest.fixture(scope="session")

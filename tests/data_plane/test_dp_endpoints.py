@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 import trillium
-from dp_harness import MODEL_NAME
+from support.data_plane_server import MODEL_NAME
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ import openai
 import pytest
 import trio
 
-from dp_harness import API_KEY, MODEL_NAME
+from support.data_plane_server import API_KEY, MODEL_NAME
+
 
 MSG = [{"role": "user", "content": "hi"}]
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 import trio
 
-from dp_harness import MODEL_NAME
+from support.data_plane_server import MODEL_NAME
 from trillium.sampling_params import SamplingParams
 
 PROMPT = "Once upon a time"

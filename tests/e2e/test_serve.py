@@ -16,7 +16,7 @@ import openai
 import pytest
 import trio
 
-from serve_process import ServeProcess, child_pids, is_alive
+from support.serve_process import ServeProcess, child_pids, is_alive
 from trillium import LLM, SamplingParams
 
 PROMPTS = ["Once upon a time", "The little dog", "She said hello to"]

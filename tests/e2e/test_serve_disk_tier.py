@@ -8,7 +8,8 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from serve_process import ServeProcess
+from support.serve_process import ServeProcess
+
 
 # 24 KV blocks of 16 tokens on the device (8 KiB each for the test model), 6 in host memory.
 TIER_ARGS = ("--kv-cache-memory", "192KiB", "--kv-host-bytes", "48KiB", "--kv-disk-bytes", "4MiB",

@@ -17,7 +17,7 @@ import os
 
 import pytest
 import torch
-from kernels_paged_batches import dense_causal_attention, make_paged_batch, rope_cache
+from support.paged_batches import dense_causal_attention, make_paged_batch, rope_cache
 
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("needs TRITON_INTERPRET=1 before triton is imported", allow_module_level=True)

@@ -17,7 +17,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("needs TRITON_INTERPRET=1 before triton is imported", allow_module_level=True)
 pytest.importorskip("triton", reason="triton is not installed")
 
-from test_lora_kernels import SEGMENT_LAYOUTS, make_case  # noqa: E402
+from support.lora_op_cases import SEGMENT_LAYOUTS, make_case  # noqa: E402
 
 from trillium.kernels import lora_reference, triton_lora  # noqa: E402
 
@@ -80,18 +80,12 @@ def test_expand_reads_a_column_slice_of_a_fused_shrink() -> None:
 
 def test_model_forward_with_triton_lora_matches_reference_path(checkpoint, monkeypatch) -> None:
     """The whole multi-LoRA model path (slots layout, fused slices) with the ops routed to Triton."""
-    import sys
-    from pathlib import Path
-
+    from support.lora_adapters import ADAPTERS, random_adapter
+    from support.lora_batches import LENGTHS, run_phase
+    from support.paged_runner import random_sequences
     from trillium.kernels import lora as lora_dispatch
     from trillium.lora import LoRASlots
     from trillium.models import load_model
-
-    tests = Path(__file__).resolve().parents[1]
-    sys.path[:0] = [str(tests / "lora"), str(tests / "models")]
-    from paged_runner import random_sequences
-    from test_lora_model import ADAPTERS, LENGTHS, run_phase
-    from test_lora_slots import random_adapter
 
     model, config = load_model(checkpoint("llama"), progress=False)
     slots = LoRASlots(config, max_loras=2, max_rank=16, dtype=torch.float32)

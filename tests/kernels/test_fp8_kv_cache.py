@@ -18,16 +18,15 @@ as torch's cast after the clamp does.
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from triton_support import compile_env, requires_nvidia_backend
 import torch
-from kernels_paged_batches import make_paged_batch
 
+from support.paged_batches import make_paged_batch
+from support.triton_backend import compile_env, requires_nvidia_backend, script_env
 from trillium.kernels import reference
 from trillium.kernels.fp8 import fp8_max, widen_fp8
 
@@ -132,7 +131,7 @@ def _run_self(mode: str, env: dict) -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 def test_triton_fp8_kernels_match_reference_in_interpreter() -> None:
-    _run_self("interpret", dict(os.environ, TRITON_INTERPRET="1", TRILLIUM_KERNELS=""))
+    _run_self("interpret", script_env(TRITON_INTERPRET="1", TRILLIUM_KERNELS=""))
 
 
 @requires_nvidia_backend
@@ -287,5 +286,4 @@ def test_wake_reallocates_fp8_caches_uncalibrated(checkpoint) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO_ROOT))
     {"interpret": _interpret_cases, "compile": _compile_cases}[sys.argv[1]]()

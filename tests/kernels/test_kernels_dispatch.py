@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from kernels_paged_batches import make_paged_batch, rope_cache
 
+from support.paged_batches import make_paged_batch, rope_cache
 import trillium.kernels as kernels
 from trillium.kernels import dispatch, reference
 

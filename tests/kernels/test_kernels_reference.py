@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from kernels_paged_batches import dense_causal_attention, make_paged_batch, rope_cache
 
+from support.paged_batches import dense_causal_attention, make_paged_batch, rope_cache
 from trillium.kernels import reference
 from trillium.kernels.metadata import AttentionMetadata
 

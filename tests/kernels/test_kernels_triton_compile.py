@@ -15,7 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from triton_support import compile_env, requires_nvidia_backend
+from support.triton_backend import compile_env, requires_nvidia_backend
+
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Pointer arguments whose element type does not follow the tensor dtype under test.
@@ -84,5 +85,4 @@ def test_triton_kernels_compile_for_sm90(tmp_path: Path) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO_ROOT))
     main()

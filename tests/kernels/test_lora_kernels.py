@@ -8,7 +8,7 @@ Three tiers, as for the other kernels:
 - the Triton kernels compiled for sm_90 without a GPU (this file run as a
   script), which catches what the interpreter does not check.
 
-`make_case` is shared with `lora_interpret_cases.py`.
+`make_case` and `SEGMENT_LAYOUTS` (support/lora_op_cases.py) are shared with `lora_interpret_cases.py`.
 """
 
 from __future__ import annotations
@@ -19,70 +19,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import attrs
 import pytest
-from triton_support import compile_env, requires_nvidia_backend
 import torch
 
+from support.lora_op_cases import SEGMENT_LAYOUTS, LoraCase, make_case
+from support.triton_backend import compile_env, requires_nvidia_backend
 from trillium.kernels import lora as lora_dispatch
 from trillium.kernels import lora_reference
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CASES = Path(__file__).with_name("lora_interpret_cases.py")
-
-
-@attrs.frozen
-class LoraCase:
-    x: torch.Tensor  # [T, in] (possibly a strided view)
-    a_stack: torch.Tensor  # [num_slots, R, in]
-    b_stack: torch.Tensor  # [num_slots, out, R]
-    out: torch.Tensor  # [T, width] initial contents of the expand target
-    out_offset: int
-    seg_starts: torch.Tensor
-    seg_lens: torch.Tensor
-    seg_slots: torch.Tensor
-
-    @property
-    def segments(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.seg_starts, self.seg_lens, self.seg_slots
-
-
-def make_case(
-    seg_lens: list[int],
-    seg_slots: list[int],
-    *,
-    rank: int,
-    in_features: int,
-    out_features: int,
-    num_slots: int = 3,
-    first_row: int = 0,
-    dtype: torch.dtype = torch.float32,
-    strided_x: bool = False,
-    seed: int = 0,
-) -> LoraCase:
-    """Random operands for contiguous segments starting at `first_row` (rows before it uncovered)."""
-    gen = torch.Generator().manual_seed(seed)
-    num_tokens = first_row + sum(seg_lens)
-    starts = [first_row]
-    for n in seg_lens[:-1]:
-        starts.append(starts[-1] + n)
-
-    def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen).to(dtype)
-
-    x = randn(num_tokens, in_features + 5)[:, 3 : 3 + in_features] if strided_x else randn(num_tokens, in_features)
-    out_offset = 7
-    ints = dict(dtype=torch.int32)
-    return LoraCase(
-        x=x,
-        a_stack=randn(num_slots, rank, in_features) / in_features**0.5,
-        b_stack=randn(num_slots, out_features, rank) / rank**0.5,
-        out=randn(num_tokens, out_offset + out_features + 4),
-        out_offset=out_offset,
-        seg_starts=torch.tensor(starts, **ints),
-        seg_lens=torch.tensor(seg_lens, **ints),
-        seg_slots=torch.tensor(seg_slots, **ints),
-    )
 
 
 def naive_lora(case: LoraCase) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,17 +49,6 @@ def naive_lora(case: LoraCase) -> tuple[torch.Tensor, torch.Tensor]:
         cols = slice(case.out_offset, case.out_offset + out_features)
         out[t, cols] += case.b_stack[slot].double() @ y[t]
     return y, out
-
-
-# Ragged prefill, decode-like one-token segments, empty and base (-1)
-# segments, a batch all base, uncovered leading rows.
-SEGMENT_LAYOUTS = {
-    "ragged": ([5, 17, 1, 9], [0, 2, 1, 0]),
-    "decode": ([1] * 9, [0, 1, -1, 2, 0, 0, -1, 1, 2]),
-    "empty_and_base": ([4, 0, 6, 0, 3, 11], [1, 0, -1, 2, 2, -1]),
-    "all_base": ([3, 8], [-1, -1]),
-    "long": ([70, 2], [2, 0]),
-}
 
 
 @pytest.mark.parametrize("layout", list(SEGMENT_LAYOUTS))
@@ -242,5 +177,4 @@ def test_triton_lora_kernels_compile_for_sm90(tmp_path: Path) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO_ROOT))
     main()

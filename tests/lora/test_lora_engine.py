@@ -1,6 +1,6 @@
 """Multi-LoRA through the whole engine (offline `LLM`): scheduler slots, executor swaps, parity.
 
-Three PEFT adapters (built by test_lora_model.make_peft_adapter) and the
+Three PEFT adapters (built by support.lora_adapters.make_peft_adapter) and the
 base model, requests mixed in one `generate` call with two device slots, so
 the scheduler holds back requests whose adapter has no slot and the
 executor swaps adapters in and out. Every request's greedy tokens must equal
@@ -10,18 +10,12 @@ transformers + peft with its adapter (the plain model for base requests).
 from __future__ import annotations
 
 import random
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from paged_runner import load_hf  # noqa: E402
-from test_lora_model import ADAPTERS, make_peft_adapter  # noqa: E402
-
-from oracles import hf_greedy  # noqa: E402
-from trillium import LLM, LoRARequest, SamplingParams  # noqa: E402
+from support.lora_adapters import ADAPTERS, make_peft_adapter, peft_greedy
+from trillium import LLM, LoRARequest, SamplingParams
 
 pytest.importorskip("peft")
 
@@ -40,15 +34,6 @@ def adapters(base, tmp_path_factory) -> dict[str, Path]:
             for seed, (name, kw) in enumerate(ADAPTERS.items())}
 
 
-def _expected(base, adapter_dir, prompts) -> list[list[int]]:
-    model = load_hf(base)
-    if adapter_dir is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
-    return [hf_greedy(model, prompt, MAX_TOKENS)[0] for prompt in prompts]
-
-
 def test_mixed_adapters_with_fewer_slots_than_adapters_match_peft(base, adapters):
     rng = random.Random(3)
     names = [None, "attn", "mlp", "all"] * 3
@@ -65,10 +50,11 @@ def test_mixed_adapters_with_fewer_slots_than_adapters_match_peft(base, adapters
     assert [o.outputs[0].token_ids for o in again] == got
     for name in (None, "attn", "mlp", "all"):
         indices = [i for i, n in enumerate(names) if n == name]
-        expected = _expected(base, None if name is None else adapters[name], [prompts[i] for i in indices])
+        chosen = [prompts[i] for i in indices]
+        expected = peft_greedy(base, None if name is None else adapters[name], chosen, MAX_TOKENS)
         assert [got[i] for i in indices] == expected, name
         if name is not None:  # the adapter changes the outputs: this checks something
-            assert expected != _expected(base, None, [prompts[i] for i in indices]), name
+            assert expected != peft_greedy(base, None, chosen, MAX_TOKENS), name
 
 
 def test_bad_adapters_and_lora_without_enable_lora_are_value_errors(base, adapters, tmp_path):

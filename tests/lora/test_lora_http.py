@@ -1,30 +1,27 @@
 """Multi-LoRA over HTTP: a real `trillium serve --enable-lora`, the OpenAI SDK, the admin routes.
 
-Adapters come from test_lora_model.make_peft_adapter (random non-zero PEFT
+Adapters come from support.lora_adapters.make_peft_adapter (random non-zero PEFT
 weights on the synthetic checkpoint); expected tokens from transformers +
-peft (test_lora_engine._expected).
+peft (support.lora_adapters.peft_greedy).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from serve_process import ServeProcess  # noqa: E402
-from test_lora_engine import MAX_TOKENS, _expected  # noqa: E402
-from test_lora_model import ADAPTERS, copy_adapter, make_peft_adapter  # noqa: E402
+from support.lora_adapters import ADAPTERS, copy_adapter, make_peft_adapter, peft_greedy
+from support.serve_process import ServeProcess
+
 
 pytest.importorskip("peft")
 openai = pytest.importorskip("openai")
 
 TOKEN = "lora-admin-token"
+MAX_TOKENS = 8
 PROMPTS = [[5, 17, 99, 250, 31], [400, 3, 77, 12, 8, 190, 44], [9, 9, 120, 301]]
 
 
@@ -69,14 +66,14 @@ def test_startup_adapter_is_listed_and_matches_peft(setup):
     models = {m["id"]: m for m in httpx.get(server.base_url + "/v1/models", timeout=10).json()["data"]}
     assert models["attn"]["parent"] == "test-model" and models["test-model"]["parent"] is None
     got = complete(server, "attn", PROMPTS)
-    assert got == _tokens(base, _expected(base, adapters["attn"], PROMPTS))
-    assert got != _tokens(base, _expected(base, None, PROMPTS))
-    assert complete(server, "test-model", PROMPTS) == _tokens(base, _expected(base, None, PROMPTS))
+    assert got == _tokens(base, peft_greedy(base, adapters["attn"], PROMPTS, MAX_TOKENS))
+    assert got != _tokens(base, peft_greedy(base, None, PROMPTS, MAX_TOKENS))
+    assert complete(server, "test-model", PROMPTS) == _tokens(base, peft_greedy(base, None, PROMPTS, MAX_TOKENS))
 
 
 def test_load_under_streaming_load_then_mixed_requests_match_peft(setup):
     base, _, adapters, server = setup
-    expected_base = _tokens(base, _expected(base, None, PROMPTS))
+    expected_base = _tokens(base, peft_greedy(base, None, PROMPTS, MAX_TOKENS))
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         streams = [pool.submit(complete, server, "test-model", PROMPTS) for _ in range(3)]
         assert admin(server, "/v1/load_lora_adapter", {"lora_name": "mlp", "lora_path": str(adapters["mlp"])}
@@ -86,8 +83,8 @@ def test_load_under_streaming_load_then_mixed_requests_match_peft(setup):
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         jobs = {name: pool.submit(complete, server, name, PROMPTS) for name in ("attn", "mlp", "test-model")}
         results = {name: job.result() for name, job in jobs.items()}
-    assert results["mlp"] == _tokens(base, _expected(base, adapters["mlp"], PROMPTS))
-    assert results["attn"] == _tokens(base, _expected(base, adapters["attn"], PROMPTS))
+    assert results["mlp"] == _tokens(base, peft_greedy(base, adapters["mlp"], PROMPTS, MAX_TOKENS))
+    assert results["attn"] == _tokens(base, peft_greedy(base, adapters["attn"], PROMPTS, MAX_TOKENS))
     assert results["test-model"] == expected_base
     metrics = httpx.get(server.base_url + "/metrics", timeout=10).text
     samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()

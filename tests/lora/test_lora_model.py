@@ -1,6 +1,6 @@
 """Multi-LoRA forward vs transformers + peft, and adapter validation errors.
 
-Three PEFT adapters on the synthetic Llama checkpoint (hidden 64, 2 layers):
+Three PEFT adapters (support/lora_adapters.py) on the synthetic Llama checkpoint (hidden 64, 2 layers):
 
     attn   r=8,  alpha=16, q/k/v/o_proj
     mlp    r=4,  alpha=8,  gate/up/down_proj
@@ -14,55 +14,21 @@ logits must match transformers + peft for its adapter (or the plain model).
 
 from __future__ import annotations
 
-import json
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from paged_runner import hf_logits, load_hf, max_abs_diff, random_sequences, run_schedule  # noqa: E402
-
-from trillium.lora import AdapterError, LoRABatch, LoRASlots, load_adapter  # noqa: E402
-from trillium.models import load_model  # noqa: E402
+from support.lora_adapters import ADAPTERS, copy_adapter, make_peft_adapter
+from support.lora_batches import LENGTHS, SCHEDULE, run_phase
+from support.paged_runner import hf_logits, load_hf, max_abs_diff, random_sequences, run_schedule
+from trillium.lora import AdapterError, LoRASlots, load_adapter
+from trillium.models import load_model
 
 pytest.importorskip("peft")
 
-ADAPTERS = {
-    "attn": dict(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
-    "mlp": dict(r=4, lora_alpha=8, target_modules=["gate_proj", "up_proj", "down_proj"]),
-    "all": dict(
-        r=16,
-        lora_alpha=12,
-        use_rslora=True,
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-    ),
-}
 MAX_RANK = 16
-
-# Four requests; 1 and 2 are adjacent in the first step (same slot in phase 1:
-# one merged segment). Step 2 is chunked prefill with context next to
-# decodes, step 3 decodes in another order.
-LENGTHS = (7, 10, 6, 9)
-SCHEDULE = (
-    ((0, 5), (1, 6), (2, 4), (3, 7)),
-    ((0, 1), (1, 3), (2, 1), (3, 1)),
-    ((3, 1), (0, 1), (2, 1), (1, 1)),
-)
-
-
-def make_peft_adapter(base_path: Path, out_dir: Path, seed: int, **lora_kwargs) -> Path:
-    """Random non-zero LoRA weights (init_lora_weights=False), saved as safetensors."""
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(seed)
-    model = get_peft_model(load_hf(base_path), LoraConfig(init_lora_weights=False, **lora_kwargs))
-    model.save_pretrained(str(out_dir))
-    return out_dir
-
 
 @pytest.fixture(scope="module")
 def llama(checkpoint):
@@ -86,27 +52,6 @@ def peft_logits(base_path: Path, adapter_dir: Path | None, sequences: list[list[
 
         model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
     return hf_logits(model, sequences)
-
-
-class LoraDriver:
-    """Looks like the model to `run_schedule`, adding each step's LoRABatch (per-sequence slots)."""
-
-    def __init__(self, model, slots: LoRASlots, slot_of_seq: list[int], schedule) -> None:
-        self.model, self.slots, self.slot_of_seq = model, slots, slot_of_seq
-        self.steps = iter(schedule)
-
-    def __call__(self, input_ids, positions, kv_caches, meta):
-        step = next(self.steps)
-        batch = LoRABatch.build(self.slots, [n for _, n in step], [self.slot_of_seq[s] for s, _ in step])
-        assert batch.num_tokens == input_ids.shape[0]
-        return self.model(input_ids, positions, kv_caches, meta, lora=batch)
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-
-def run_phase(model, slots, slot_of_seq, sequences):
-    return run_schedule(LoraDriver(model, slots, slot_of_seq, SCHEDULE), sequences, schedule=SCHEDULE)
 
 
 def assert_matches(ours: torch.Tensor, ref: torch.Tensor) -> None:
@@ -167,15 +112,6 @@ def test_cleared_slot_serves_the_base_model(llama, adapter_dirs):
 
 
 # ---- adapter errors ------------------------------------------------------------------
-
-
-def copy_adapter(src: Path, dst: Path, **config_changes) -> Path:
-    shutil.copytree(src, dst)
-    config_file = dst / "adapter_config.json"
-    config = json.loads(config_file.read_text())
-    config.update(config_changes)
-    config_file.write_text(json.dumps(config))
-    return dst
 
 
 def test_rank_over_max_is_rejected(llama, adapter_dirs):

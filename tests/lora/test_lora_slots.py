@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trillium.lora import AdapterError, LoRAAdapter, LoRABatch, LoRASlots, LoRAWeights
+from support.lora_adapters import random_adapter
+from trillium.lora import AdapterError, LoRABatch, LoRASlots
 from trillium.lora.adapter import module_dims
 from trillium.models.loader import load_model_config
 
@@ -13,20 +14,6 @@ from trillium.models.loader import load_model_config
 @pytest.fixture(scope="module")
 def config(checkpoint):
     return load_model_config(checkpoint("llama"))
-
-
-def random_adapter(config, modules, rank, scaling=0.5, layers=(0, 1), seed=0) -> LoRAAdapter:
-    gen = torch.Generator().manual_seed(seed)
-    dims = module_dims(config)
-    weights = {
-        (layer, m): LoRAWeights(
-            a=torch.randn(rank, dims[m][0], generator=gen), b=torch.randn(dims[m][1], rank, generator=gen)
-        )
-        for layer in layers
-        for m in modules
-    }
-    return LoRAAdapter(path=f"mem://{seed}", rank=rank, lora_alpha=scaling * rank, use_rslora=False,
-                       scaling=scaling, weights=weights)  # fmt: skip
 
 
 def test_load_folds_scaling_and_zero_pads(config):

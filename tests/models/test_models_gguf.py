@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from oracles import smollm2_gguf
-from oracles import transformers_model as _transformers_gguf_model
-from paged_runner import max_abs_diff, run_schedule
 
+from support.oracles import smollm2_gguf
+from support.oracles import transformers_model as _transformers_gguf_model
+from support.paged_runner import max_abs_diff, run_schedule
 from trillium.models import load_model
 from trillium.models.gguf_checkpoint import hf_name, unpermute_rows
 

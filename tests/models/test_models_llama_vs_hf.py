@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from paged_runner import hf_logits, load_hf, max_abs_diff, random_sequences, run_schedule
 
+from support.paged_runner import hf_logits, load_hf, max_abs_diff, random_sequences, run_schedule
 from trillium.models import load_model
 from trillium.models.synthetic import VARIANTS
 

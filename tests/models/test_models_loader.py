@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 import torch
-from paged_runner import random_sequences, run_schedule
 from safetensors.torch import load_file, save_file
 
+from support.paged_runner import random_sequences, run_schedule
 from trillium.models import LlamaForCausalLM, ModelConfig, allocate_kv_caches, kv_cache_block_bytes, load_model
 from trillium.models.loader import reload_weights
 from trillium.models.synthetic import build_checkpoint

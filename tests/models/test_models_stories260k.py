@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from paged_runner import hf_logits, load_hf, max_abs_diff, run_schedule
 
+from support.paged_runner import hf_logits, load_hf, max_abs_diff, run_schedule
 from trillium.kernels import AttentionMetadata
 from trillium.models import load_model
 

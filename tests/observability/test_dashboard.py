@@ -21,7 +21,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,13 +29,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from support.serve_process import ServeProcess, free_port
+
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "ops" / "grafana" / "trillium.json"
 PROMETHEUS_CONFIG = REPO / "ops" / "prometheus" / "prometheus.yml"
-
-# WHY: tests/ subdirectories are not packages; the e2e helper is imported the way test_serve.py imports it.
-sys.path.insert(0, str(REPO / "tests" / "e2e"))
-from serve_process import ServeProcess, free_port
 
 ADMIN_TOKEN = "dashboard-admin-token"
 LORA_NAME = "dash-adapter"

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
 
-# WHY: tests/ subdirectories are not packages; the e2e helper is imported the way test_serve.py imports it.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from serve_process import ServeProcess  # noqa: E402
+from support.serve_process import ServeProcess
+
 
 TOKEN = "metrics-admin-token"
 PROMPTS = [[5 + i, 6, 7, 8 + i, 9, 10 + i][: 3 + i % 4] for i in range(6)]

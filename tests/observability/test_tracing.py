@@ -26,7 +26,7 @@ import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from tests.e2e.serve_process import ServeProcess, child_pids
+from support.serve_process import ServeProcess, child_pids
 from trillium.observability.tracing import DETAILED_KEY, RequestTracing
 
 TOKEN = "tracing-admin-token"

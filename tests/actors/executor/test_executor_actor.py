@@ -22,8 +22,8 @@ from trillium.actors.scheduler.core import build_scheduler
 from trillium.config import EngineConfig
 from trillium.sampling_params import SamplingParams
 
-from oracles import hf_greedy, transformers_model
 from support.fake_peers import FakePeers, inproc_config, run_alone
+from support.oracles import hf_greedy, transformers_model
 
 PROMPT = [5, 6, 7, 8, 9, 10]
 MAX_TOKENS = 6

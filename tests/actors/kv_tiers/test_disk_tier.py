@@ -1,7 +1,7 @@
 """Unit tests of the disk KV tier's index and of the scheduler driving it
 (LOADING requests, asynchronous reads) against a simulated executor.
 
-The simulated executor is the host-tier suite's (a fingerprint of every
+The simulated executor is support/fake_executor.py's TieredFakeExecutor (a fingerprint of every
 token in each computed KV slot, whole context re-read every step) plus a
 simulated disk: WRITEs copy the host slot when the batch arrives, and one
 FIFO "I/O thread" runs the jobs a few at a time across later steps, so
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import os
 import random
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from support.fake_executor import TieredFakeExecutor, reference
+from support.scheduler_harness import Harness, run_conversations
 from trillium.actors.kv_tiers.block_pool import hash_block_tokens
 from trillium.actors.kv_tiers.disk import (
     DiskOp,
@@ -33,11 +33,6 @@ from trillium.actors.kv_tiers.manager import KvTierManager
 from trillium.actors.protocol.execute import BatchResult
 from trillium.actors.scheduler.core import Scheduler
 from trillium.actors.scheduler.request import RequestStatus
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scheduler"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_host_tier import TieredFakeExecutor, run_conversations  # noqa: E402
-from test_scheduler_core import Harness, reference  # noqa: E402
 
 
 def h(i: int):

@@ -1,7 +1,7 @@
 """Unit tests of the host KV tier: its index, the pool's eviction / lookup
 hooks, and the scheduler driving it against a simulated KV cache (pure, fast).
 
-The scheduler tests reuse the scheduler suite's fake executor, which writes a
+The scheduler tests use support/fake_executor.py's TieredFakeExecutor, which writes a
 fingerprint of (LoRA id, every token so far) into each computed slot and
 re-reads a request's whole context every step; here it also performs the
 batch's host copies first (saves, then loads) on a simulated host memory. A
@@ -11,22 +11,15 @@ while a load still needs it fails an assertion or changes the output.
 
 from __future__ import annotations
 
-import random
-import sys
-from pathlib import Path
-
 import pytest
 
+from support.fake_executor import TieredFakeExecutor, reference
+from support.pool_requests import FakeRequest, admit, check_invariants
+from support.scheduler_harness import Harness, run_conversations
 from trillium.actors.kv_tiers.block_pool import BlockPool, hash_block_tokens
 from trillium.actors.kv_tiers.host import HostTier
 from trillium.actors.kv_tiers.manager import KvTierManager
 from trillium.actors.scheduler.core import Scheduler
-
-# WHY: tests/ subdirectories are not packages; reuse the scheduler suite's fake executor.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scheduler"))
-from test_scheduler_core import FakeExecutor, Harness, reference  # noqa: E402
-
-from test_block_pool import FakeRequest, admit, check_invariants  # noqa: E402
 
 
 def h(i: int):
@@ -188,26 +181,6 @@ def test_a_host_tier_needs_prefix_caching():
 # -- the scheduler with a host tier, against a simulated KV cache ------------
 
 
-class TieredFakeExecutor(FakeExecutor):
-    """FakeExecutor plus host memory; performs a batch's copies first."""
-
-    def __init__(self, num_blocks: int, block_size: int, num_slots: int) -> None:
-        super().__init__(num_blocks, block_size)
-        self.host: list = [None] * (num_slots * block_size)
-
-    def execute(self, batch):
-        size = self.block_size
-        saves = list(zip(batch.kv.save_block_ids.tolist(), batch.kv.save_host_slots.tolist()))
-        loads = list(zip(batch.kv.load_host_slots.tolist(), batch.kv.load_block_ids.tolist()))
-        assert len({s for _, s in saves}) == len(saves) and len({b for _, b in loads}) == len(loads)
-        for block, slot in saves:
-            assert self.kv[block * size] is not None, "saved a block that was never computed"
-            self.host[slot * size : (slot + 1) * size] = self.kv[block * size : (block + 1) * size]
-        for slot, block in loads:
-            self.kv[block * size : (block + 1) * size] = self.host[slot * size : (slot + 1) * size]
-        return super().execute(batch)
-
-
 class TieredHarness(Harness):
     def __init__(self, num_slots: int, policy: str = "lru", **config) -> None:
         super().__init__(**config)
@@ -215,25 +188,6 @@ class TieredHarness(Harness):
         self.sched = Scheduler(self.sched.config, kv_tiers=KvTierManager(self.tier, self.sched.config.block_size))
         self.sched.lora_ids.update({1, 2, 3})
         self.ex = TieredFakeExecutor(self.sched.config.num_blocks, self.sched.config.block_size, num_slots)
-
-
-def run_conversations(harness: Harness, num_conversations: int, num_turns: int, seed: int = 0) -> dict:
-    """Multi-turn chats, one turn of every conversation at a time: each turn's
-    prompt is the previous prompt, its answer and a few new tokens."""
-    rng = random.Random(seed)
-    prompts = {c: [rng.randrange(1, 50) for _ in range(rng.randint(3, 9))] for c in range(num_conversations)}
-    outputs = {}
-    for turn in range(num_turns):
-        msgs = {c: harness.add(f"c{c}t{turn}", prompts[c], max_tokens=3, ignore_eos=True,
-                               lora_id=c % 2) for c in prompts}
-        harness.run()
-        for c, msg in msgs.items():
-            rid = msg.request_id
-            expected, _, _ = reference(msg.prompt_token_ids.tolist(), msg.sampling, (), c % 2, 64)
-            assert harness.tokens(rid) == expected, rid
-            outputs[rid] = harness.tokens(rid)
-            prompts[c] = prompts[c] + outputs[rid] + [rng.randrange(1, 50) for _ in range(rng.randint(2, 6))]
-    return outputs
 
 
 @pytest.mark.parametrize("policy", ["lru", "arc"])

@@ -1,8 +1,8 @@
 """Swap preemption in the scheduler core, against a simulated KV cache (pure, fast).
 
-The scheduler suite's fake executor writes a fingerprint of every token so
+support/fake_executor.py's fake executor writes a fingerprint of every token so
 far into each computed slot and re-reads a request's whole context every
-step; the host tier suite's subclass also performs a batch's copies (saves,
+step; its TieredFakeExecutor also performs a batch's copies (saves,
 then loads) on a simulated host memory. A swapped request resumed with a
 wrong block, a slot reused too early or a save of an overwritten block
 fails an assertion or changes its output (compared with a reference).
@@ -12,21 +12,16 @@ from __future__ import annotations
 
 import itertools
 import random
-import sys
-from pathlib import Path
 
 import attrs
 import pytest
 
+from support.fake_executor import EOS, VOCAB, TieredFakeExecutor, reference
+from support.scheduler_harness import Harness
 from trillium.actors.kv_tiers.host import HostTier
 from trillium.actors.kv_tiers.manager import KvTierManager
 from trillium.actors.scheduler.core import Scheduler, SchedulerConfig
 from trillium.actors.scheduler.request import RequestStatus
-
-# WHY: tests/ subdirectories are not packages; reuse the scheduler and host tier suites' fakes.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kv_tiers"))
-from test_host_tier import TieredFakeExecutor  # noqa: E402
-from test_scheduler_core import EOS, VOCAB, Harness, reference  # noqa: E402
 
 
 class SwapHarness(Harness):

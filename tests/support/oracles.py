@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-STORIES260K = Path(__file__).resolve().parents[2] / "shared" / "models" / "stories260K" / "hf"
+STORIES260K = Path(__file__).resolve().parents[3] / "shared" / "models" / "stories260K" / "hf"
 
 
 def smollm2_gguf() -> Path | None:

@@ -11,24 +11,19 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 
+from support.serve_process import free_port
+
 API_KEY = "sk-data-plane-key"
 ADMIN_TOKEN = "admin-token-for-tests"
 MODEL_NAME = "cp-model"
 PROMPTS = ["Once upon a time", "The little dog", "She said hello to"]
 MAX_TOKENS = 12
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve_command(model: str, *extra: str) -> list[str]:

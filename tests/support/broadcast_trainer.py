@@ -1,6 +1,6 @@
 """A minimal trainer process for the distributed-update tests (run as a script).
 
-    python cp_trainer.py ADMIN_URL TOKEN CHECKPOINT_DIR VERSION [BUCKET_BYTES]
+    python tests/support/broadcast_trainer.py ADMIN_URL TOKEN CHECKPOINT_DIR VERSION [BUCKET_BYTES]
 
 Loads the checkpoint's tensors, forms the weight-update group with the
 server (this process is rank 0, gloo), pushes every tensor by broadcast,
