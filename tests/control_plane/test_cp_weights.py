@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import save
 
 from support.admin_server import API_KEY, MAX_TOKENS, MODEL_NAME, PROMPTS
+from support.waiting import wait_until
 
 
 def _version_everywhere(server) -> set[str]:
@@ -125,10 +126,8 @@ class _Load:
             })
 
     def wait_for(self, count: int, since_s: float = 0.0, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while sum(r["started_s"] > since_s for r in self.records) < count:
-            assert time.monotonic() < deadline, "the load made no progress"
-            time.sleep(0.05)
+        wait_until(lambda: sum(r["started_s"] > since_s for r in self.records) >= count, timeout_s=timeout_s,
+                   interval_s=0.05, what=f"{count} more completed requests of the load")
 
 
 @pytest.mark.heavy

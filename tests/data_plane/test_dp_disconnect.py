@@ -17,12 +17,6 @@ LONG_TOKENS = 2000
 MAX_STEPS_AFTER_DISCONNECT = 1000
 
 
-async def _wait_until(predicate, timeout_s: float = 30.0) -> None:
-    with trio.fail_after(timeout_s):
-        while not predicate():
-            await trio.sleep(0.005)
-
-
 def _abort_count(metrics_text: str) -> float:
     for line in metrics_text.splitlines():
         if line.startswith('trillium:request_success_total{finished_reason="abort"'):
@@ -33,7 +27,7 @@ def _abort_count(metrics_text: str) -> float:
 async def _assert_engine_idle_soon(dp_server, http: httpx.AsyncClient, start_step: int) -> None:
     """Probe with 1-token requests (each makes the engine step and report stats)
     until nothing runs; the abort must have landed well before the long request's end."""
-    await _wait_until(lambda: dp_server.num_in_flight() == 0)
+    await dp_server.wait_until(lambda: dp_server.num_in_flight() == 0, "no request in flight")
     with trio.fail_after(30):
         while True:
             response = await http.post("/v1/completions", json={"prompt": [5], "max_tokens": 1})
@@ -79,8 +73,11 @@ async def test_disconnect_mid_non_stream_request_aborts(dp_server):
                 raise AssertionError("the request should have been cancelled")
 
             nursery.start_soon(doomed)
-            await _wait_until(lambda: dp_server.num_in_flight() == 1)
-            await _wait_until(lambda: dp_server.last_stats is not None and dp_server.last_stats.num_running == 2)
+            await dp_server.wait_until(lambda: dp_server.num_in_flight() == 1, "the long request in flight")
+            await dp_server.wait_until(
+                lambda: dp_server.last_stats is not None and dp_server.last_stats.num_running == 2,
+                "two requests running in the engine",
+            )
             start_step = dp_server.last_stats.step_id
             nursery.cancel_scope.cancel()  # the client gives up: its connection closes
         await _assert_engine_idle_soon(dp_server, http, start_step)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-import trio
 
 from support.data_plane_server import API_KEY, MODEL_NAME
 
@@ -180,12 +179,6 @@ async def test_api_key_guards_v1_only(dp_server):
         assert [m.id for m in (await sdk.models.list()).data] == [MODEL_NAME]
 
 
-async def _wait_until(predicate, timeout_s: float = 30.0) -> None:
-    with trio.fail_after(timeout_s):
-        while not predicate():
-            await trio.sleep(0.005)
-
-
 async def test_full_queue_is_503_with_retry_after(dp_server):
     long_body = {"prompt": [5, 6, 7], "max_tokens": 2000, "ignore_eos": True, "stream": True}
     async with httpx.AsyncClient(base_url=dp_server.url("queue1"), timeout=60) as http:
@@ -199,6 +192,6 @@ async def test_full_queue_is_503_with_retry_after(dp_server):
             assert response.status_code == 503 and int(response.headers["Retry-After"]) >= 1
             # bad input is still a 400, not a 503
             _assert_error(await http.post("/v1/completions", json={"prompt": 5}), 400, "prompt")
-        await _wait_until(lambda: dp_server.num_in_flight("queue1") == 0)
+        await dp_server.wait_until(lambda: dp_server.num_in_flight("queue1") == 0, "the queue1 app to be empty")
         response = await http.post("/v1/completions", json={"prompt": "a", "max_tokens": 2})
         assert response.status_code == 200

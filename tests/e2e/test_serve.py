@@ -9,14 +9,13 @@ request; SIGTERM drains and leaves no child process behind.
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import openai
 import pytest
 import trio
 
 from support.serve_process import ServeProcess, child_pids, is_alive
+from support.waiting import wait_until
 from trillium import LLM, SamplingParams
 
 PROMPTS = ["Once upon a time", "The little dog", "She said hello to"]
@@ -171,10 +170,8 @@ def test_disconnect_mid_stream_frees_the_request(server):
                 if line.startswith("data: "):
                     break  # one chunk arrived: the request is running; now hang up
     # Poll with a bound instead of sleeping a fixed time.
-    deadline = time.monotonic() + 30
-    while _running(server) > 0:
-        assert time.monotonic() < deadline, "the aborted request is still running"
-        time.sleep(0.05)
+    wait_until(lambda: _running(server) == 0, timeout_s=30, interval_s=0.05,
+               what="the aborted request to stop running")
 
 
 def test_api_key_and_sigterm_leave_no_children(model_path):

@@ -8,13 +8,13 @@ peft (support.lora_adapters.peft_greedy).
 from __future__ import annotations
 
 import concurrent.futures
-import time
 
 import httpx
 import pytest
 
 from support.lora_adapters import ADAPTERS, copy_adapter, make_peft_adapter, peft_greedy
 from support.serve_process import ServeProcess
+from support.waiting import wait_until
 
 
 pytest.importorskip("peft")
@@ -116,11 +116,9 @@ def test_load_errors(setup):
 
 
 def wait_running(server, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while 'trillium:num_requests_running{model_name="test-model"} 1' not in httpx.get(
-            server.base_url + "/metrics", timeout=10).text:
-        assert time.monotonic() < deadline, "the stream never started"
-        time.sleep(0.01)
+    running = 'trillium:num_requests_running{model_name="test-model"} 1'
+    wait_until(lambda: running in httpx.get(server.base_url + "/metrics", timeout=10).text,
+               timeout_s=timeout_s, interval_s=0.01, what="the stream to start (one request running)")
 
 
 def test_unload_waits_for_or_aborts_the_requests_using_it(setup):

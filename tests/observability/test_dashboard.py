@@ -16,12 +16,10 @@ installs Debian's package where it can.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +28,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from support.serve_process import ServeProcess, free_port
+from support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "ops" / "grafana" / "trillium.json"
@@ -202,7 +201,7 @@ def server(prometheus_binary, model_path, tmp_path_factory):
                         "--max-num-seqs", "8", "--executor-threads", "1")
     try:
         proc.wait_healthy()
-        wait_until(lambda: admin(proc, "GET", "/health").status_code == 200, "the admin port to answer")
+        wait_for(lambda: admin(proc, "GET", "/health").status_code == 200, "the admin port to answer")
     except BaseException:
         proc.stop()
         raise
@@ -236,7 +235,7 @@ def prometheus(prometheus_binary, server, tmp_path_factory):
                 raise RuntimeError(f"prometheus exited {process.returncode}:\n{log_path.read_text()[-3000:]}")
             return httpx.get(url + "/-/ready", timeout=2).status_code == 200
 
-        wait_until(ready, "prometheus to be ready")
+        wait_for(ready, "prometheus to be ready")
         yield url
     finally:
         process.terminate()
@@ -247,16 +246,9 @@ def prometheus(prometheus_binary, server, tmp_path_factory):
             process.wait()
 
 
-def wait_until(condition, what: str, timeout_s: float = READY_TIMEOUT_S) -> None:
-    """Poll `condition` (HTTP errors count as not yet) until it holds; fail after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with contextlib.suppress(httpx.HTTPError):
-            if condition():
-                return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.2)
+def wait_for(condition, what: str) -> None:
+    """Poll `condition` every 0.2 s (HTTP errors count as not yet) until it holds; fail after READY_TIMEOUT_S."""
+    wait_until(condition, timeout_s=READY_TIMEOUT_S, interval_s=0.2, what=what, ignoring=(httpx.HTTPError,))
 
 
 def admin(server: ServeProcess, method: str, path: str, **kwargs) -> httpx.Response:
@@ -342,7 +334,7 @@ def drive_load(server: ServeProcess, model_path: Path) -> None:
         for _ in range(3):
             complete()
 
-    wait_until(lambda: server_samples(server).get("trillium:num_requests_in_flight") == 0,
+    wait_for(lambda: server_samples(server).get("trillium:num_requests_in_flight") == 0,
                "the server to finish every request")
     text = httpx.get(server.base_url + "/metrics", timeout=10).text
     loaded = [line for line in text.splitlines()
@@ -361,9 +353,9 @@ def scraped(server, prometheus, model_path) -> str:
     assert finished >= 20, f"the server counted {finished} finished requests"
     scrapes_query = 'count_over_time(up{job="trillium"}[10m])'
     scrapes_at_end = scalar(prometheus, scrapes_query) or 0
-    wait_until(lambda: scalar(prometheus, "sum(trillium:request_success_total)") == finished,
+    wait_for(lambda: scalar(prometheus, "sum(trillium:request_success_total)") == finished,
                f"prometheus to scrape request_success_total == {finished}")
-    wait_until(lambda: (scalar(prometheus, scrapes_query) or 0) >= scrapes_at_end + SCRAPES_AFTER_LOAD,
+    wait_for(lambda: (scalar(prometheus, scrapes_query) or 0) >= scrapes_at_end + SCRAPES_AFTER_LOAD,
                f"{SCRAPES_AFTER_LOAD} more scrapes")
     assert scalar(prometheus, 'up{job="trillium"}') == 1
     return prometheus

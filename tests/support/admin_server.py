@@ -8,16 +8,15 @@ on the data plane with the API key.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 
 from support.serve_process import free_port
+from support.waiting import wait_until
 
 API_KEY = "sk-data-plane-key"
 ADMIN_TOKEN = "admin-token-for-tests"
@@ -48,16 +47,15 @@ class AdminServer:
         self.http = httpx.Client(timeout=120)
 
     def wait_ready(self, timeout_s: float = 180) -> "AdminServer":
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             if self.process.poll() is not None:
                 raise RuntimeError(f"trillium serve exited {self.process.returncode}:\n{self.log()}")
-            with contextlib.suppress(httpx.HTTPError):
-                ok = self.http.get(self.base_url + "/health", timeout=2).status_code == 200
-                if ok and self.admin("GET", "/health", timeout=2).status_code == 200:
-                    return self
-            time.sleep(0.2)
-        raise TimeoutError(f"trillium serve not ready in {timeout_s}s:\n{self.log()}")
+            ok = self.http.get(self.base_url + "/health", timeout=2).status_code == 200
+            return ok and self.admin("GET", "/health", timeout=2).status_code == 200
+
+        wait_until(ready, timeout_s=timeout_s, interval_s=0.2, what="trillium serve and its admin port to answer",
+                   ignoring=(httpx.HTTPError,), detail=self.log)
+        return self
 
     # -- HTTP helpers -----------------------------------------------------
 

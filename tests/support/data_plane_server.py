@@ -6,7 +6,8 @@ all on 127.0.0.1 with port 0. One engine serves every app, so the apps'
 per-app metric registries and admission counts are exercised side by side.
 
 Tests talk HTTP to `harness.url(name)`; `harness.call(afn)` runs a coroutine
-on the engine's loop (direct EngineClient runs to compare against).
+on the engine's loop (direct EngineClient runs to compare against);
+`harness.wait_until(condition, what)` polls the engine's state from a test.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import threading
 
 import trio
 
+from support.waiting import wait_until_async
 from trillium.actors.client import EngineClient
 from trillium.actors.engine import ActorConfig, Addresses, engine_specs
 from trillium.actors.supervisor import run_in_process
@@ -106,6 +108,14 @@ class ServerHarness:
     @property
     def last_stats(self):
         return self.client.last_stats
+
+    async def wait_until(self, condition, what: str, timeout_s: float = 30.0) -> None:
+        """Poll `condition` every 5 ms from a test's trio loop.
+
+        WHY poll: the engine and apps run on this harness's own thread and loop,
+        so the test cannot await their state.
+        """
+        await wait_until_async(condition, timeout_s=timeout_s, interval_s=0.005, what=what)
 
     async def call(self, afn, *args):
         """Run `afn(*args)` on the engine's trio loop from a test's loop."""

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
+
+from support.waiting import wait_until
 
 
 def free_port() -> int:
@@ -59,15 +59,14 @@ class ServeProcess:
                                         env={**os.environ, **(env or {})})
 
     def wait_healthy(self, timeout_s: float = 120) -> "ServeProcess":
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def healthy() -> bool:
             if self.process.poll() is not None:
                 raise RuntimeError(f"trillium serve exited {self.process.returncode}:\n{self.log()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
-                    return self
-            time.sleep(0.1)
-        raise TimeoutError(f"trillium serve not healthy in {timeout_s}s:\n{self.log()}")
+            return httpx.get(self.base_url + "/health", timeout=2).status_code == 200
+
+        wait_until(healthy, timeout_s=timeout_s, interval_s=0.1, what="trillium serve to be healthy",
+                   ignoring=(httpx.HTTPError,), detail=self.log)
+        return self
 
     def log(self) -> str:
         with open(self.log_path, "rb") as f:
