@@ -19,7 +19,7 @@ import torch
 
 from trillium import LLM, SamplingParams
 from trillium.actors.executor.memory import DeviceMemory
-from trillium.actors.protocol import lifecycle as lc
+from trillium.actors.protocol import admin as lc
 from trillium.config import EngineConfig
 from trillium.models.kv_cache import allocate_kv_caches
 

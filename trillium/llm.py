@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import trio
 
 from trillium.actors.client import EngineClient
-from trillium.actors.engine import ActorConfig, Addresses, engine_specs
+from trillium.actors.assembly import ActorConfig, Addresses, engine_specs
 from trillium.actors.protocol.execute import TokenLogprobs
 from trillium.actors.supervisor import run_in_process
 from trillium.config import EngineConfig
@@ -152,7 +152,7 @@ class LLM:
             if known[1] != str(request.lora_path):
                 raise ValueError(f"lora: {request.lora_name!r} is already loaded from {known[1]}")
             return known[0]
-        from trillium.actors.protocol.lifecycle import LoadLoRAAdapter
+        from trillium.actors.protocol.admin import LoadLoRAAdapter
 
         lora_id = request.lora_int_id or 1 + max((i for i, _ in self._loras.values()), default=0)
         command = LoadLoRAAdapter(f"lora-{lora_id}", lora_id, request.lora_name, str(request.lora_path))

@@ -37,7 +37,7 @@ import attrs
 import trio
 
 from trillium.actors.client import EngineClient
-from trillium.actors.engine import ActorConfig, Addresses, engine_specs
+from trillium.actors.assembly import ActorConfig, Addresses, engine_specs
 from trillium.actors.supervisor import ActorFailed, Supervision, run_in_subprocesses
 from trillium.config import EngineConfig
 
@@ -239,7 +239,7 @@ class LoRAStartupError(Exception):
 
 async def _load_lora_modules(client, loras, modules) -> None:
     """--lora-modules: load each adapter before serving; a bad one stops the start (exit code 2)."""
-    from trillium.actors.protocol.lifecycle import LoadLoRAAdapter
+    from trillium.actors.protocol.admin import LoadLoRAAdapter
 
     for name, path in modules:
         path = os.path.realpath(path)

@@ -329,7 +329,7 @@ def test_never_uses_pickle(monkeypatch):
 
 def test_lifecycle_words_travel_as_their_values_and_come_back_as_enums():
     from trillium.actors.protocol import ALL_MESSAGE_TYPES
-    from trillium.actors.protocol.lifecycle import ControlReply, Pause, Sleep, WakeUp
+    from trillium.actors.protocol.admin import ControlReply, Pause, Sleep, WakeUp
     from trillium.actors.protocol.outputs import SchedulerStats
     from trillium.actors.protocol.vocabulary import EngineState, PauseMode, WakeTag
 

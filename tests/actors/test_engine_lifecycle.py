@@ -31,9 +31,9 @@ from safetensors.torch import load_file, save
 from support.gguf_writer import write_gguf
 from trillium import LLM, SamplingParams
 from trillium.actors.client import EngineClient
-from trillium.actors.engine import ActorConfig, Addresses, engine_specs
+from trillium.actors.assembly import ActorConfig, Addresses, engine_specs
 from trillium.distributed.update_group import open_group
-from trillium.actors.protocol import lifecycle as lc
+from trillium.actors.protocol import admin as lc
 from trillium.actors.supervisor import run_in_process, run_in_subprocesses
 from trillium.config import EngineConfig
 

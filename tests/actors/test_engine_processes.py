@@ -15,7 +15,7 @@ import trio
 
 from trillium import LLM, SamplingParams
 from trillium.actors.client import EngineClient
-from trillium.actors.engine import ActorConfig, Addresses, engine_specs
+from trillium.actors.assembly import ActorConfig, Addresses, engine_specs
 from trillium.actors.supervisor import ActorFailed, run_in_subprocesses
 from trillium.config import EngineConfig
 

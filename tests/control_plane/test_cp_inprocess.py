@@ -16,7 +16,7 @@ import httpx
 import trio
 
 from trillium.actors.client import EngineClient
-from trillium.actors.engine import ActorConfig, Addresses, engine_specs
+from trillium.actors.assembly import ActorConfig, Addresses, engine_specs
 from trillium.actors.supervisor import run_in_process
 from trillium.config import EngineConfig
 from trillium.control_plane import (

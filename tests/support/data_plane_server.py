@@ -19,7 +19,7 @@ import trio
 
 from support.waiting import wait_until_async
 from trillium.actors.client import EngineClient
-from trillium.actors.engine import ActorConfig, Addresses, engine_specs
+from trillium.actors.assembly import ActorConfig, Addresses, engine_specs
 from trillium.actors.supervisor import run_in_process
 from trillium.config import EngineConfig
 from trillium.data_plane import DataPlaneEngine, create_app, serve_app

@@ -15,7 +15,7 @@ import contextlib
 
 import trio
 
-from trillium.actors.engine import ActorConfig, Addresses, engine_codec
+from trillium.actors.assembly import ActorConfig, Addresses, engine_codec
 from trillium.actors.transport import Inbox, Outbox
 from trillium.config import EngineConfig
 

@@ -18,10 +18,10 @@ import attrs
 import numpy as np
 import trio
 
-from trillium.actors.engine import ActorConfig, engine_codec
+from trillium.actors.assembly import ActorConfig, engine_codec
 from trillium.actors.mailbox import Mailbox
-from trillium.actors.protocol.control import Shutdown
-from trillium.actors.protocol.lifecycle import ControlReply
+from trillium.actors.protocol.supervision import Shutdown
+from trillium.actors.protocol.admin import ControlReply
 from trillium.actors.protocol.outputs import RequestOutputDelta, RequestOutputs, SchedulerStats
 from trillium.actors.protocol.requests import AbortRequest, AddRequest
 from trillium.actors.transport import Outbox
@@ -198,7 +198,7 @@ class EngineClient:
         return streams
 
     async def control(self, command, timeout_s: float = 300.0) -> ControlReply:
-        """Send a lifecycle command (protocol/lifecycle.py) and await its reply.
+        """Send a lifecycle command (protocol/admin.py) and await its reply.
 
         The engine answers every command exactly once; a missing answer after
         `timeout_s` becomes a 504-status reply instead of a hang.

@@ -38,7 +38,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from trillium.control_plane.auth import check_bearer
-from trillium.control_plane.engine import ControlPlaneEngine
+from trillium.control_plane.context import ControlPlaneEngine
 from trillium.control_plane.errors import AdminError, internal_error, unauthorized
 from trillium.control_plane.routes import (
     abort,

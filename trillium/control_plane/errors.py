@@ -10,7 +10,7 @@ status on the wire, with the engine's message.
 
 from __future__ import annotations
 
-from trillium.actors.protocol.lifecycle import ControlReply
+from trillium.actors.protocol.admin import ControlReply
 from trillium.http_errors import HttpError
 
 # WHY these names: OpenAI's error types where one fits; the rest follow its pattern.

@@ -31,13 +31,13 @@ import uuid
 import attrs
 import trio
 
-from trillium.actors.protocol.lifecycle import (
+from trillium.actors.protocol.admin import (
     AbortRequests,
     ControlReply,
     GetEngineInfo,
 )
 from trillium.actors.protocol.vocabulary import EngineState
-from trillium.control_plane.engine import ControlPlaneEngine
+from trillium.control_plane.context import ControlPlaneEngine
 from trillium.control_plane.errors import from_reply
 from trillium.control_plane.metrics import AdminMetrics
 

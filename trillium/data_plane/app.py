@@ -3,7 +3,7 @@
 Public API (stable; `trillium serve` builds on it):
 
     create_app(engine: DataPlaneEngine) -> QuartTrio
-        One app per engine bundle (see `engine.py`). Routes: GET /v1/models,
+        One app per engine bundle (see `context.py`). Routes: GET /v1/models,
         /v1/models/<name>, POST /v1/completions, /v1/chat/completions,
         /tokenize, /detokenize, GET /health, /version, /metrics,
         /openapi.json. The app owns its tokenizer threads, admission
@@ -40,7 +40,7 @@ from quart import request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from trillium.data_plane.engine import DataPlaneEngine
+from trillium.data_plane.context import DataPlaneEngine
 from trillium.data_plane.errors import (
     INVALID_REQUEST,
     ApiError,

@@ -14,7 +14,7 @@ import uuid
 import trio
 
 from trillium.actors.protocol.vocabulary import EngineState
-from trillium.data_plane.engine import DataPlaneEngine
+from trillium.data_plane.context import DataPlaneEngine
 from trillium.data_plane.errors import engine_not_ready, model_not_found, unavailable
 from trillium.data_plane.generation import RETRY_AFTER_S, Generation, InflightRequests
 from trillium.data_plane.metrics import DataPlaneMetrics

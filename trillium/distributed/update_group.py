@@ -15,7 +15,7 @@ own training group):
 
 `open_group` is the recipe for both sides: a trainer calls it with rank=0
 (`trillium.rlhf.group` does), the engine with rank=rank_offset
-(`actors/executor/lifecycle.py`). Every blocking step is bounded by
+(`actors/executor/control.py`). Every blocking step is bounded by
 `timeout_s`: a peer that never joins or never sends gives a `TimeoutError`,
 never a hang.
 

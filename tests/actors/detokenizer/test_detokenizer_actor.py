@@ -17,8 +17,8 @@ import trio
 from trio.testing import MockClock
 
 from trillium.actors.detokenizer import actor as detokenizer
-from trillium.actors.protocol.control import Shutdown
-from trillium.actors.protocol.lifecycle import ControlReply, StartProfile, StopProfile
+from trillium.actors.protocol.supervision import Shutdown
+from trillium.actors.protocol.admin import ControlReply, StartProfile, StopProfile
 from trillium.actors.protocol.outputs import DetokenizeSpec, RequestDelta, RequestOutputs, TokenDeltas
 from trillium.actors.protocol.requests import FinishRequest
 from trillium.config import EngineConfig

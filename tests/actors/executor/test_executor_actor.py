@@ -14,9 +14,9 @@ import pytest
 import trio
 
 from trillium.actors.executor import actor as executor
-from trillium.actors.protocol.control import Shutdown
+from trillium.actors.protocol.supervision import Shutdown
 from trillium.actors.protocol.execute import BatchResult, CachedRequests, ExecutorFailed
-from trillium.actors.protocol.lifecycle import ControlReply, StopProfile
+from trillium.actors.protocol.admin import ControlReply, StopProfile
 from trillium.actors.protocol.requests import AddRequest
 from trillium.actors.scheduler.core import build_scheduler
 from trillium.config import EngineConfig

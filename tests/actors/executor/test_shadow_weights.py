@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trillium.actors.executor.weight_sync import ShadowWeights
+from trillium.actors.executor.shadow_weights import ShadowWeights
 from trillium.models.loader import load_model
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from trillium.actors.protocol.control import Shutdown
+from trillium.actors.protocol.supervision import Shutdown
 from trillium.actors.protocol.execute import ExecuteBatch, ExecutorFailed
-from trillium.actors.protocol.lifecycle import ControlReply, GetEngineInfo, Pause, Sleep
+from trillium.actors.protocol.admin import ControlReply, GetEngineInfo, Pause, Sleep
 from trillium.actors.protocol.outputs import SchedulerStats, TokenDeltas
 from trillium.actors.protocol.requests import AbortRequest, FinishRequest
 from trillium.actors.scheduler.loop import EngineStopped, Peer

@@ -15,9 +15,9 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from trillium.actors.protocol.control import Shutdown
+from trillium.actors.protocol.supervision import Shutdown
 from trillium.actors.protocol.execute import ExecuteBatch, ExecutorFailed
-from trillium.actors.protocol.lifecycle import ControlReply, GetEngineInfo, StartProfile, StopProfile
+from trillium.actors.protocol.admin import ControlReply, GetEngineInfo, StartProfile, StopProfile
 from trillium.actors.protocol.outputs import SchedulerStats, TokenDeltas
 from trillium.actors.scheduler import actor as scheduler
 from trillium.actors.scheduler.core import build_scheduler

@@ -18,10 +18,10 @@ import logging
 import trio
 
 from trillium.actors.detokenizer.core import DetokenizerRegistry
-from trillium.actors.engine import ActorConfig, engine_codec
+from trillium.actors.assembly import ActorConfig, engine_codec
 from trillium.actors.mailbox import Mailbox
-from trillium.actors.protocol.control import Shutdown
-from trillium.actors.protocol.lifecycle import ControlReply, StartProfile, StopProfile
+from trillium.actors.protocol.supervision import Shutdown
+from trillium.actors.protocol.admin import ControlReply, StartProfile, StopProfile
 from trillium.actors.protocol.outputs import TokenDeltas
 from trillium.actors.transport import Outbox
 from trillium.observability.actor_spans import DetokenizerSpans, actor_tracer, close_provider

@@ -2,7 +2,7 @@
 
 Consumes ExecuteBatch (scheduler), lifecycle commands forwarded by the
 scheduler (sleep / wake, weight updates, update groups, profiling; see
-`executor/lifecycle.py`), Shutdown. Produces BatchResult, or ExecutorFailed
+`executor/control.py`), Shutdown. Produces BatchResult, or ExecutorFailed
 when a step raises (the scheduler then stops the engine), and one
 ControlReply per lifecycle command (a failed command does not stop the
 engine). Weights load, every step and every command run on one dedicated
@@ -17,11 +17,11 @@ import traceback
 
 import trio
 
-from trillium.actors.engine import ActorConfig, engine_codec
+from trillium.actors.assembly import ActorConfig, engine_codec
 from trillium.actors.executor.core import ExecutorCore
-from trillium.actors.executor.lifecycle import ExecutorControl
+from trillium.actors.executor.control import ExecutorControl
 from trillium.actors.mailbox import Mailbox
-from trillium.actors.protocol.control import Shutdown
+from trillium.actors.protocol.supervision import Shutdown
 from trillium.actors.protocol.execute import ExecuteBatch, ExecutorFailed
 from trillium.actors.torch_thread import TorchThread
 from trillium.actors.transport import Outbox

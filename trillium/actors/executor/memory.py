@@ -37,7 +37,7 @@ import os
 import torch
 
 from trillium.actors.protocol.execute import NO_TRANSFERS, KvTransfers
-from trillium.actors.protocol.lifecycle import ControlError
+from trillium.actors.protocol.admin import ControlError
 from trillium.actors.protocol.vocabulary import WakeTag
 
 log = logging.getLogger(__name__)

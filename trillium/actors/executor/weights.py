@@ -1,9 +1,9 @@
 """Live weight updates: read, validate every tensor, then copy (all or nothing).
 
-Sources (protocol/lifecycle.py): a checkpoint on disk (HF directory or
+Sources (protocol/admin.py): a checkpoint on disk (HF directory or
 GGUF, through `models/loader.py`), the raw bytes of a safetensors file, or
 tensors received over a weights update group (`distributed/update_group.py`,
-into `weight_sync.py`'s shadow). Each becomes a list of (HF name, tensor)
+into `shadow_weights.py`'s shadow). Each becomes a list of (HF name, tensor)
 held in memory in full, then:
 
 1. `WeightValidator.check`: names, shapes and dtypes against the model,
@@ -28,7 +28,7 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from trillium.actors.protocol.lifecycle import ControlError
+from trillium.actors.protocol.admin import ControlError
 
 NamedTensors = list[tuple[str, torch.Tensor]]
 

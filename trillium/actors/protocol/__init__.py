@@ -3,19 +3,19 @@
     requests.py   api -> scheduler, detokenizer -> scheduler (AddRequest, AbortRequest, FinishRequest)
     execute.py    scheduler <-> executor (ExecuteBatch, BatchResult, ...)
     outputs.py    scheduler -> detokenizer -> api (TokenDeltas, RequestOutputs, SchedulerStats)
-    control.py    lifecycle messages every actor understands (Shutdown, Ping/Pong)
-    lifecycle.py  control-plane commands: sleep / wake, pause, weight updates, profiling
+    supervision.py  messages every actor understands (Shutdown, Ping/Pong)
+    admin.py      control-plane commands: sleep / wake, pause, weight updates, profiling
     vocabulary.py the lifecycle's words (EngineState, PauseMode, WakeTag), no messages
 
 `ALL_MESSAGE_TYPES` is what the engine's codec registers.
 """
 
-from trillium.actors.protocol import control, execute, lifecycle, outputs, requests
+from trillium.actors.protocol import admin, execute, outputs, requests, supervision
 
 ALL_MESSAGE_TYPES: tuple[type, ...] = (
     *requests.MESSAGES,
     *execute.MESSAGES,
     *outputs.MESSAGES,
-    *control.MESSAGES,
-    *lifecycle.MESSAGES,
+    *supervision.MESSAGES,
+    *admin.MESSAGES,
 )

@@ -5,8 +5,8 @@
     PauseMode    what a Pause / Sleep does to the requests in flight
     WakeTag      what a WakeUp brings back (and what is still asleep)
 
-The transitions between states live in `scheduler/lifecycle.py`; the
-messages that carry these words in `lifecycle.py` and `outputs.py`.
+The transitions between states live in `scheduler/engine_state.py`; the
+messages that carry these words in `admin.py` and `outputs.py`.
 
 WHY `StrEnum`: the value is the wire and HTTP spelling. The codec sends
 the value and decodes it back to the member; `json.dumps`, f-strings and

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import trio
 
-from trillium.actors.engine import ActorConfig, engine_codec
+from trillium.actors.assembly import ActorConfig, engine_codec
 from trillium.actors.mailbox import Mailbox
 from trillium.actors.scheduler.control import EngineControl
 from trillium.actors.scheduler.core import build_scheduler

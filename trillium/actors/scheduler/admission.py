@@ -38,7 +38,7 @@ class Admission:
         self.preemption = preemption
         self.kv_tiers = kv_tiers
         self.events = events
-        # Draining (scheduler/lifecycle.py): admit only requests that ran before.
+        # Draining (scheduler/engine_state.py): admit only requests that ran before.
         self.started_only = False
 
     def admit_waiting(self, plan: StepPlan, running: list[Request]) -> None:

@@ -2,7 +2,7 @@
 
 `EngineControl` is pure and synchronous, like the scheduler core it drives.
 The scheduler loop (loop.py) hands it every lifecycle command
-(protocol/lifecycle.py) and every `ControlReply` from the executor or
+(protocol/admin.py) and every `ControlReply` from the executor or
 detokenizer, and carries out the effects it returns, in order:
 
     ControlReply        -> api (the loop sends fresh SchedulerStats first)
@@ -36,7 +36,7 @@ between two steps: no forward ever sees mixed weights or freed memory.
 NOTE on size (~620 lines): one class, because the lane, the job slot, the
 drain and the state are one piece of state; each handler is a few lines
 and they read in the order of the protocol. Profile bookkeeping lives in
-profiling.py, the table in lifecycle.py.
+profiling.py, the table in engine_state.py.
 """
 
 from __future__ import annotations
@@ -50,11 +50,11 @@ from typing import Any
 
 import attrs
 
-from trillium.actors.protocol import lifecycle as lc
-from trillium.actors.protocol.lifecycle import ControlError, ControlReply
+from trillium.actors.protocol import admin as lc
+from trillium.actors.protocol.admin import ControlError, ControlReply
 from trillium.actors.protocol.outputs import SchedulerStats
 from trillium.actors.protocol.vocabulary import ALL_WAKE_TAGS, EngineState, PauseMode, WakeTag
-from trillium.actors.scheduler.lifecycle import (
+from trillium.actors.scheduler.engine_state import (
     RETURN,
     Op,
     next_state,

@@ -48,9 +48,9 @@ from typing import Any
 
 import attrs
 
-from trillium.actors.protocol.control import Shutdown
+from trillium.actors.protocol.supervision import Shutdown
 from trillium.actors.protocol.execute import BatchResult, ExecutorFailed
-from trillium.actors.protocol.lifecycle import ControlReply
+from trillium.actors.protocol.admin import ControlReply
 from trillium.actors.protocol.outputs import TokenDeltas
 from trillium.actors.protocol.requests import AbortRequest, AddRequest, FinishRequest
 from trillium.actors.scheduler.control import EngineControl, ToDetokenizer, ToExecutor

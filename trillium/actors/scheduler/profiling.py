@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import attrs
 
-from trillium.actors.protocol.lifecycle import ControlError, ControlReply, StartProfile, StopProfile
+from trillium.actors.protocol.admin import ControlError, ControlReply, StartProfile, StopProfile
 from trillium.observability.profiling import LoopProfiler, NotProfiling
 
 PROFILED_ACTORS = ("executor", "scheduler", "detokenizer")

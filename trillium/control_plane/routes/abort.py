@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from quart import Blueprint, request
 
-from trillium.actors.protocol.lifecycle import AbortRequests
+from trillium.actors.protocol.admin import AbortRequests
 from trillium.control_plane.protocol import AbortRequestsRequest, parse_body
 from trillium.control_plane.responses import success
 from trillium.control_plane.state import AdminState, new_command_id

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from quart import Blueprint, request
 
-from trillium.actors.protocol.lifecycle import (
+from trillium.actors.protocol.admin import (
     DestroyWeightsUpdateGroup,
     InitWeightsUpdateGroup,
     UpdateWeightsFromDistributed,

@@ -20,7 +20,7 @@ import os
 import trio
 from quart import Blueprint, request
 
-from trillium.actors.protocol.lifecycle import LoadLoRAAdapter, UnloadLoRAAdapter
+from trillium.actors.protocol.admin import LoadLoRAAdapter, UnloadLoRAAdapter
 from trillium.control_plane.errors import AdminError, bad_request, conflict, forbidden
 from trillium.control_plane.protocol import LoadLoRARequest, UnloadLoRARequest, parse_body
 from trillium.control_plane.responses import success

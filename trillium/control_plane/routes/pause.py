@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from quart import Blueprint, request
 
-from trillium.actors.protocol.lifecycle import Pause, Resume
+from trillium.actors.protocol.admin import Pause, Resume
 from trillium.actors.protocol.vocabulary import EngineState
 from trillium.control_plane.protocol import EmptyRequest, PauseRequest, parse_body
 from trillium.control_plane.responses import json_response, success

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from quart import Blueprint, request
 
-from trillium.actors.protocol.lifecycle import ResetPrefixCache
+from trillium.actors.protocol.admin import ResetPrefixCache
 from trillium.control_plane.protocol import EmptyRequest, parse_body
 from trillium.control_plane.responses import success
 from trillium.control_plane.state import AdminState, new_command_id

@@ -17,7 +17,7 @@ import time
 import trio
 from quart import Blueprint, request
 
-from trillium.actors.protocol.lifecycle import StartProfile, StopProfile
+from trillium.actors.protocol.admin import StartProfile, StopProfile
 from trillium.control_plane.errors import AdminError
 from trillium.control_plane.protocol import (
     EmptyRequest,

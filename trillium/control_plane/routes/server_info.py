@@ -18,7 +18,7 @@ import os
 import attrs
 from quart import Blueprint
 
-from trillium.actors.protocol.lifecycle import GetEngineInfo
+from trillium.actors.protocol.admin import GetEngineInfo
 from trillium.control_plane.responses import json_response
 from trillium.control_plane.state import AdminState, new_command_id
 

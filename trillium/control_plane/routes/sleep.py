@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from quart import Blueprint, request
 
-from trillium.actors.protocol.lifecycle import Sleep, WakeUp
+from trillium.actors.protocol.admin import Sleep, WakeUp
 from trillium.actors.protocol.vocabulary import ALL_WAKE_TAGS, EngineState
 from trillium.control_plane.protocol import SleepRequest, WakeUpRequest, parse_body
 from trillium.control_plane.responses import json_response, success

@@ -24,7 +24,7 @@ import numpy as np
 import trio
 from quart import Blueprint, request
 
-from trillium.actors.protocol.lifecycle import (
+from trillium.actors.protocol.admin import (
     UpdateWeightsFromDisk,
     UpdateWeightsFromTensors,
 )

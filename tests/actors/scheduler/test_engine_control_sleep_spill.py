@@ -6,7 +6,7 @@ with the flag only. The pool's side (BlockPool.spill_cached_to_lower) is
 tests/actors/kv_tiers/test_spill_to_lower.py.
 
 NOTE: `Harness` (the lifecycle suite's driver of the real SchedulerLoop) is
-imported from test_lifecycle.py in this folder, the one test module imported
+imported from test_engine_control.py in this folder, the one test module imported
 by another; it belongs in tests/support once a suite outside this folder
 needs it.
 """
@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_lifecycle import Harness
+from test_engine_control import Harness
 
 from trillium.actors.kv_tiers.host import HostTier
 from trillium.actors.kv_tiers.manager import KvTierManager
-from trillium.actors.protocol.lifecycle import Sleep, WakeUp
+from trillium.actors.protocol.admin import Sleep, WakeUp
 from trillium.actors.scheduler.control import EngineControl
 from trillium.actors.scheduler.core import Scheduler, SchedulerConfig
 from trillium.actors.scheduler.loop import SchedulerLoop

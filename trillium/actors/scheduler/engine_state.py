@@ -43,7 +43,7 @@ import enum
 import re
 from typing import Any, Final
 
-from trillium.actors.protocol import lifecycle as msg
+from trillium.actors.protocol import admin as msg
 from trillium.actors.protocol.vocabulary import EngineState, PauseMode
 
 __all__ = ["RETURN", "TRANSITIONS", "EngineState", "Op", "next_state", "next_weight_version",
@@ -175,7 +175,7 @@ _OPS = {
 
 
 def op_of(command: Any) -> Op:
-    """The Op of an api command (protocol/lifecycle.py). A wait-mode Pause
+    """The Op of an api command (protocol/admin.py). A wait-mode Pause
     drains; a wait-mode Sleep is a SLEEP that control.py drains first."""
     if isinstance(command, msg.Pause):
         return Op.DRAIN if command.mode == PauseMode.WAIT else Op.PAUSE

@@ -27,10 +27,10 @@ import time
 import torch
 import trio
 
-from trillium.actors.executor import weight_sync, weights
+from trillium.actors.executor import shadow_weights, weights
 from trillium.actors.executor.memory import DeviceMemory
 from trillium.actors.executor.profiling import TorchProfiler
-from trillium.actors.protocol.lifecycle import (
+from trillium.actors.protocol.admin import (
     ControlError,
     ControlReply,
     DestroyWeightsUpdateGroup,
@@ -69,7 +69,7 @@ class ExecutorControl:
         self._group = None
         self._group_name = ""
         self._group_backend = "gloo"
-        self._shadow: weight_sync.ShadowWeights | None = None
+        self._shadow: shadow_weights.ShadowWeights | None = None
         self._handlers = {
             Sleep: self._sleep, WakeUp: self._wake_up,
             UpdateWeightsFromDisk: self._from_disk, UpdateWeightsFromTensors: self._from_tensors,
@@ -157,11 +157,11 @@ class ExecutorControl:
         device = self.core.device if self._group_backend == "nccl" else torch.device("cpu")
 
         if self._shadow is None:
-            self._shadow = weight_sync.ShadowWeights(self.core.model)
+            self._shadow = shadow_weights.ShadowWeights(self.core.model)
         shadow = self._shadow
         names = tuple(msg.names)
 
-        def receive() -> tuple[weights.NamedTensors, weight_sync.ShadowPlan]:
+        def receive() -> tuple[weights.NamedTensors, shadow_weights.ShadowPlan]:
             buffers, plan = shadow.buffers(names, dtypes, tuple(msg.shapes), device)
             update_group.receive_tensors(self._group, buffers)
             return list(zip(names, buffers)), plan

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from trillium.actors.protocol.execute import ExecuteBatch
-from trillium.actors.protocol.lifecycle import (
+from trillium.actors.protocol.admin import (
     AbortRequests,
     ControlReply,
     DestroyWeightsUpdateGroup,
@@ -28,7 +28,7 @@ from trillium.actors.protocol.lifecycle import (
     WakeUp,
 )
 from trillium.actors.protocol.outputs import TokenDeltas
-from trillium.actors.scheduler.lifecycle import (
+from trillium.actors.scheduler.engine_state import (
     RETURN,
     TRANSITIONS,
     EngineState,

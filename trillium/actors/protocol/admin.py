@@ -2,7 +2,7 @@
 
 Pattern: the api (control plane) PUSHes a command to the scheduler inbox;
 the scheduler applies it to the engine state machine
-(`scheduler/lifecycle.py`, `scheduler/control.py`), forwards executor work
+(`scheduler/engine_state.py`, `scheduler/control.py`), forwards executor work
 (sleep, wake, weight loads, update groups, profiling) to the executor inbox
 between steps, and PUSHes one `ControlReply` with the same `command_id` to
 the api inbox, right after a `SchedulerStats` that already shows the new
