@@ -25,6 +25,10 @@ stderr, so actor prints cannot corrupt it) and writes ``ready`` there after
 cancel) or when stdin reaches EOF, i.e. the parent died, even by SIGKILL.
 NOTE: ``PR_SET_PDEATHSIG`` is not used: trio spawns children from a worker
 thread, and that signal fires when the spawning *thread* exits.
+
+NOTE on size (~400 lines): the parent's supervision and the child's entry
+(`main`, reading its spec from stdin) are the two ends of one protocol and
+change together.
 """
 
 from __future__ import annotations

@@ -38,6 +38,10 @@ plain full decode, both shared with vLLM:
   and decodes the rest on its own (the library raises "Invalid prefix"; we
   restart the stream at the last emitted token, as vLLM does, but keep the
   not yet emitted tokens instead of dropping them).
+
+NOTE on size (~410 lines): the incremental detokenizer and the registry that
+owns one per request are the detokenizer actor's whole pure core, kept in
+one module as the actor's other cores are.
 """
 
 from __future__ import annotations

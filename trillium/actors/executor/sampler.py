@@ -28,6 +28,10 @@ does; only the seeded q draws loop over rows.
 NOTE: the order min_p -> top_k -> top_p is vLLM's (min_p is an argmax-invariant
 logits processor applied before its top-k/top-p sampler), not top_k -> top_p
 -> min_p.
+
+NOTE on size (~410 lines): the per-request sampling state and the batched
+logits processors it feeds are one pipeline; splitting them would put
+the order above in two places.
 """
 
 from __future__ import annotations

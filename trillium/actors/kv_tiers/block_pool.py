@@ -45,6 +45,9 @@ every cached block at once (a sleep that keeps the prefix cache).
 
 Cost: allocation and freeing are O(blocks touched); the free queue is an
 OrderedDict (a C doubly linked list: O(1) pop-front, append, remove).
+
+NOTE on size (~420 lines): the pool, its prefix index and its lower-tier
+hooks share the block table and the free queue (the layout above).
 """
 
 from __future__ import annotations

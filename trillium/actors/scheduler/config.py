@@ -39,6 +39,21 @@ class SchedulerConfig:
         if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
             raise ValueError("long_prefill_token_threshold splits prompts: it needs chunked prefill")
 
+    @classmethod
+    def from_engine(cls, engine) -> "SchedulerConfig":
+        """From an `EngineConfig` (resolved: num_blocks and max_model_len set)."""
+        return cls(
+            num_blocks=engine.num_blocks,
+            block_size=engine.block_size,
+            max_num_seqs=engine.max_num_seqs,
+            max_num_batched_tokens=engine.max_num_batched_tokens,
+            max_model_len=engine.max_model_len,
+            enable_prefix_caching=engine.enable_prefix_caching,
+            policy=engine.scheduling_policy,
+            max_loras=engine.max_loras if engine.enable_lora else 0,
+            preemption_mode=engine.preemption_mode,
+        )
+
     def num_new_tokens(self, num_tokens: int, num_computed: int, budget: int) -> int:
         """Tokens to compute for a request this step (it knows `num_tokens`, has
         `num_computed`); 0 if it must wait for a bigger budget."""

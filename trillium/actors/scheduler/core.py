@@ -51,18 +51,7 @@ from trillium.actors.scheduler.step_plan import StepPlan
 
 def build_scheduler(engine) -> "Scheduler":
     """The scheduler for an `EngineConfig` (resolved: num_blocks and max_model_len set)."""
-    config = SchedulerConfig(
-        num_blocks=engine.num_blocks,
-        block_size=engine.block_size,
-        max_num_seqs=engine.max_num_seqs,
-        max_num_batched_tokens=engine.max_num_batched_tokens,
-        max_model_len=engine.max_model_len,
-        enable_prefix_caching=engine.enable_prefix_caching,
-        policy=engine.scheduling_policy,
-        max_loras=engine.max_loras if engine.enable_lora else 0,
-        preemption_mode=engine.preemption_mode,
-    )
-    return Scheduler(config, kv_tiers=build_kv_tiers(engine))
+    return Scheduler(SchedulerConfig.from_engine(engine), kv_tiers=build_kv_tiers(engine))
 
 
 class Scheduler:
@@ -334,13 +323,10 @@ class Scheduler:
         return self.kv_tiers.host is not None
 
     def spill_prefix_cache(self) -> KvTransfers:
-        """Sleep with --sleep-keep-prefix-cache: every cached device block is
-        handed to the host tier; returns the copies (and the disk operations
-        queued before them) for the executor to run before it frees the cache.
-
-        NOTE: loads left queued by a plan that ended empty are dropped: their
-        device blocks are freed, and the host keeps what they would load.
-        """
+        """Sleep with --sleep-keep-prefix-cache: every cached device block goes
+        to the host tier; returns the copies (disk operations first) for the
+        executor to run before it frees the cache. NOTE: loads left queued by
+        a plan that ended empty are dropped (the host keeps what they load)."""
         self.pool.spill_cached_to_lower()
         return self.kv_tiers.take_transfers()
 
