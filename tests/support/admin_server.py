@@ -9,13 +9,12 @@ on the data plane with the API key.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 
 import httpx
 
-from support.serve_process import free_port
+from support.serve_process import free_port, terminate
 from support.waiting import wait_until
 
 API_KEY = "sk-data-plane-key"
@@ -89,9 +88,4 @@ class AdminServer:
 
     def stop(self, timeout_s: float = 60) -> int:
         self.http.close()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=timeout_s)
-        finally:
-            self._log.close()
+        return terminate(self.process, self._log, timeout_s)

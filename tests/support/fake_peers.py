@@ -16,6 +16,7 @@ import contextlib
 import trio
 
 from trillium.actors.assembly import ActorConfig, Addresses, engine_codec
+from trillium.actors.protocol.supervision import Shutdown
 from trillium.actors.transport import Inbox, Outbox
 from trillium.config import EngineConfig
 
@@ -77,5 +78,17 @@ async def run_alone(run, config: ActorConfig, actor: str):
             await nursery.start(run, config.to_bytes())
             yield peers
             nursery.cancel_scope.cancel()
+    finally:
+        peers.close()
+
+
+async def assert_shutdown_ends(run, config: ActorConfig, actor: str, timeout_s: float = 30.0) -> None:
+    """Start `actor` alone, send it Shutdown: its `run` must return within `timeout_s`."""
+    peers = FakePeers(config.addresses, actor)
+    try:
+        with trio.fail_after(timeout_s):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(run, config.to_bytes())
+                await peers.send(Shutdown())
     finally:
         peers.close()

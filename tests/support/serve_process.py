@@ -73,9 +73,14 @@ class ServeProcess:
             return f.read().decode(errors="replace")[-4000:]
 
     def stop(self, timeout_s: float = 60) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=timeout_s)
-        finally:
-            self._log.close()
+        return terminate(self.process, self._log, timeout_s)
+
+
+def terminate(process: subprocess.Popen, log_file, timeout_s: float = 60) -> int:
+    """SIGTERM a server process (if still running), wait for it, close its log; its exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=timeout_s)
+    finally:
+        log_file.close()

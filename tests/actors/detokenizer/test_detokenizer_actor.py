@@ -14,17 +14,15 @@ import os
 import numpy as np
 import pytest
 import trio
-from trio.testing import MockClock
 
 from trillium.actors.detokenizer import actor as detokenizer
-from trillium.actors.protocol.supervision import Shutdown
 from trillium.actors.protocol.admin import ControlReply, StartProfile, StopProfile
 from trillium.actors.protocol.outputs import DetokenizeSpec, RequestDelta, RequestOutputs, TokenDeltas
 from trillium.actors.protocol.requests import FinishRequest
 from trillium.config import EngineConfig
 from trillium.models.tokenizer import load_tokenizer
 
-from support.fake_peers import FakePeers, inproc_config, run_alone
+from support.fake_peers import assert_shutdown_ends, inproc_config, run_alone
 
 PROMPT = "Once upon a time"
 TEXT = " there was a little robot who liked to count"
@@ -85,22 +83,10 @@ async def test_a_stop_string_finishes_the_request_and_later_tokens_are_dropped(c
 
 
 async def test_shutdown_ends_the_actor(config):
-    peers = FakePeers(config.addresses, "detokenizer")
-    try:
-        with trio.fail_after(30):
-            async with trio.open_nursery() as nursery:
-                await nursery.start(detokenizer.run, config.to_bytes())
-                await peers.send(Shutdown())
-    finally:
-        peers.close()
+    await assert_shutdown_ends(detokenizer.run, config, "detokenizer", timeout_s=30)
 
 
-@pytest.fixture
-def clock():
-    return MockClock(autojump_threshold=0)
-
-
-async def test_the_profile_deadline_expires_on_trios_clock(config, clock, tmp_path):
+async def test_the_profile_deadline_expires_on_trios_clock(config, autojump_clock, tmp_path):
     async with run_alone(detokenizer.run, config, "detokenizer") as peers:
         start = trio.current_time()
         await peers.send(StartProfile("p@detokenizer", profile_dir=str(tmp_path), max_duration_s=5))

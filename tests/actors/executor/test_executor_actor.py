@@ -14,7 +14,6 @@ import pytest
 import trio
 
 from trillium.actors.executor import actor as executor
-from trillium.actors.protocol.supervision import Shutdown
 from trillium.actors.protocol.execute import BatchResult, CachedRequests, ExecutorFailed
 from trillium.actors.protocol.admin import ControlReply, StopProfile
 from trillium.actors.protocol.requests import AddRequest
@@ -22,7 +21,7 @@ from trillium.actors.scheduler.core import build_scheduler
 from trillium.config import EngineConfig
 from trillium.sampling_params import SamplingParams
 
-from support.fake_peers import FakePeers, inproc_config, run_alone
+from support.fake_peers import FakePeers, assert_shutdown_ends, inproc_config, run_alone
 from support.oracles import hf_greedy, transformers_model
 
 PROMPT = [5, 6, 7, 8, 9, 10]
@@ -100,11 +99,4 @@ def _leaves(group: BaseException) -> list[BaseException]:
 
 
 async def test_shutdown_ends_the_actor(config):
-    peers = FakePeers(config.addresses, "executor")
-    try:
-        with trio.fail_after(60):
-            async with trio.open_nursery() as nursery:
-                await nursery.start(executor.run, config.to_bytes())
-                await peers.send(Shutdown())
-    finally:
-        peers.close()
+    await assert_shutdown_ends(executor.run, config, "executor", timeout_s=60)

@@ -13,9 +13,7 @@ import os
 
 import pytest
 import trio
-from trio.testing import MockClock
 
-from trillium.actors.protocol.supervision import Shutdown
 from trillium.actors.protocol.execute import ExecuteBatch, ExecutorFailed
 from trillium.actors.protocol.admin import ControlReply, GetEngineInfo, StartProfile, StopProfile
 from trillium.actors.protocol.outputs import SchedulerStats, TokenDeltas
@@ -23,7 +21,7 @@ from trillium.actors.scheduler import actor as scheduler
 from trillium.actors.scheduler.core import build_scheduler
 from trillium.actors.scheduler.loop import EngineStopped
 
-from support.fake_peers import FakePeers, inproc_config, run_alone
+from support.fake_peers import FakePeers, assert_shutdown_ends, inproc_config, run_alone
 from support.scheduler_loop import add_request, fake_result, small_engine_config
 
 
@@ -70,15 +68,7 @@ async def test_a_command_is_answered_after_fresh_stats(config):
 
 
 async def test_shutdown_ends_the_actor(config):
-    peers = FakePeers(config.addresses, "scheduler")
-    try:
-        with trio.fail_after(10):
-            async with trio.open_nursery() as nursery:
-                await nursery.start(scheduler.run, config.to_bytes())
-                await peers.send(add_request("a"), Shutdown())
-            # The nursery closed: run() returned.
-    finally:
-        peers.close()
+    await assert_shutdown_ends(scheduler.run, config, "scheduler", timeout_s=30)
 
 
 async def test_executor_failed_stops_the_engine(config):
@@ -96,12 +86,7 @@ async def test_executor_failed_stops_the_engine(config):
         peers.close()
 
 
-@pytest.fixture
-def clock():
-    return MockClock(autojump_threshold=0)
-
-
-async def test_the_profile_deadline_expires_on_trios_clock(config, clock, tmp_path):
+async def test_the_profile_deadline_expires_on_trios_clock(config, autojump_clock, tmp_path):
     async with run_alone(scheduler.run, config, "scheduler") as peers:
         start = trio.current_time()
         await peers.send(StartProfile("p", profile_dir=str(tmp_path), actors=("scheduler",), max_duration_s=5))
