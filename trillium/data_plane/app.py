@@ -5,7 +5,7 @@ Public API (stable; `trillium serve` builds on it):
     create_app(engine: DataPlaneEngine) -> QuartTrio
         One app per engine bundle (see `context.py`). Routes: GET /v1/models,
         /v1/models/<name>, POST /v1/completions, /v1/chat/completions,
-        /tokenize, /detokenize, GET /health, /version, /metrics,
+        SGLang's /generate, /tokenize, /detokenize, GET /health, /version, /metrics,
         /openapi.json. The app owns its tokenizer threads, admission
         control and Prometheus registry; it never starts or stops the
         engine (the caller runs `EngineClient.run` and the actors).
@@ -20,8 +20,8 @@ Public API (stable; `trillium serve` builds on it):
         cancel the task; in-flight engine requests are aborted either way.
 
 Every error, including unknown routes and unexpected exceptions, is
-OpenAI's `{"error": {...}}` JSON. With `engine.api_key` set, `/v1/*` needs
-`Authorization: Bearer <key>`; /health, /version, /metrics, /tokenize,
+OpenAI's `{"error": {...}}` JSON. With `engine.api_key` set, `/v1/*` and
+`/generate` need `Authorization: Bearer <key>`; /health, /version, /metrics, /tokenize,
 /detokenize and /openapi.json stay open, as in vLLM.
 
 The data plane never imports the control plane (and vice versa): both talk
@@ -50,6 +50,7 @@ from trillium.data_plane.errors import (
 from trillium.data_plane.routes import (
     chat,
     completions,
+    generate,
     health,
     metrics,
     models,
@@ -62,7 +63,7 @@ from trillium.http_serving import serve_quart_app
 log = logging.getLogger(__name__)
 
 STATE_KEY = "trillium.data_plane"
-_ROUTE_MODULES = (models, completions, chat, tokenize, health, metrics, openapi)
+_ROUTE_MODULES = (models, completions, chat, generate, tokenize, health, metrics, openapi)
 
 
 def create_app(engine: DataPlaneEngine) -> QuartTrio:
@@ -96,7 +97,8 @@ async def _read_body() -> None:
 
 
 async def _check_api_key(api_key: str) -> None:
-    if not (request.path == "/v1" or request.path.startswith("/v1/")):
+    # WHY /generate too: it generates like /v1/completions (SGLang's --api-key guards it as well).
+    if not (request.path in ("/v1", "/generate") or request.path.startswith("/v1/")):
         return
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):

@@ -93,18 +93,25 @@ class Generation:
         *,
         priority: int = 0,
         trace=None,
-        lora_id: int = 0,
+        lora_id: int | Sequence[int] = 0,
+        request_ids: Sequence[str] | None = None,
     ) -> None:
         """One engine request per prompt; choices numbered prompt_index * n + i.
         `trace`: the request's RequestTracer when sampled for tracing, else None.
-        `lora_id`: the LoRA adapter of every choice (0: the base model)."""
+        `lora_id`: the LoRA adapter of every choice (0: the base model), or one per prompt.
+        `request_ids`: the engine id of each prompt's request (default: `request_id`,
+        or `request_id-<prompt_index>` for several prompts)."""
         arrival_s = time.monotonic()
+        lora_ids = [lora_id] * len(prompts) if isinstance(lora_id, int) else list(lora_id)
         self._submitting = True
         try:
             for prompt_index, (ids, prompt_params) in enumerate(zip(prompts, params)):
-                engine_id = request_id if len(prompts) == 1 else f"{request_id}-{prompt_index}"
-                streams = await self._client.generate(engine_id, ids, prompt_params, eos_token_ids,
-                                                      priority=priority, trace=trace, lora_id=lora_id)
+                if request_ids is not None:
+                    engine_id = request_ids[prompt_index]
+                else:
+                    engine_id = request_id if len(prompts) == 1 else f"{request_id}-{prompt_index}"
+                streams = await self._client.generate(engine_id, ids, prompt_params, eos_token_ids, priority=priority,
+                                                      trace=trace, lora_id=lora_ids[prompt_index])
                 for i, stream in enumerate(streams):
                     self.choices.append(Choice(prompt_index * prompt_params.n + i, prompt_index, stream, arrival_s))
         except BaseException:

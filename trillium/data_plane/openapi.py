@@ -71,6 +71,8 @@ def build_document(version: str) -> dict:
         "/v1/chat/completions": {
             "post": _operation("Chat completion", ChatCompletionRequest, "chat completion", True)
         },
+        "/generate": {"post": _operation("SGLang's native generation (text or input_ids, sampling_params)",
+                                         response="SGLang output (a list for a batch or n > 1)", streams=True)},
         "/tokenize": {"post": _operation("Tokenize a prompt or a conversation", TokenizeRequest, "tokens")},
         "/detokenize": {"post": _operation("Decode token ids", DetokenizeRequest, "text")},
         "/health": {"get": _operation("200 when the engine is healthy, 503 otherwise")},
