@@ -115,6 +115,26 @@ def test_load_errors(setup):
     assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
 
 
+def test_generate_lora_path_matches_peft(setup):
+    """SGLang's /generate with `lora_path` (GenerateReqInput.lora_path in sgl-project/sglang
+    python/sglang/srt/managers/io_struct.py: one name, or one per prompt) picks the adapter the
+    way `model` does on /v1/completions."""
+    base, _, adapters, server = setup
+    params = {"temperature": 0, "max_new_tokens": MAX_TOKENS, "min_new_tokens": MAX_TOKENS}
+
+    def generate(body: dict) -> httpx.Response:
+        return httpx.post(server.base_url + "/generate", json={"input_ids": PROMPTS, "sampling_params": params,
+                                                                **body}, timeout=120)
+
+    tuned = peft_greedy(base, adapters["attn"], PROMPTS, MAX_TOKENS)
+    plain = peft_greedy(base, None, PROMPTS, MAX_TOKENS)
+    assert [o["output_ids"] for o in generate({"lora_path": "attn"}).json()] == tuned
+    mixed = generate({"lora_path": ["attn", None, "test-model"]}).json()
+    assert [o["output_ids"] for o in mixed] == [tuned[0], plain[1], plain[2]]
+    missing = generate({"lora_path": "not-loaded"})
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "lora_path"
+
+
 def wait_running(server, timeout_s: float = 60) -> None:
     running = 'trillium:num_requests_running{model_name="test-model"} 1'
     wait_until(lambda: running in httpx.get(server.base_url + "/metrics", timeout=10).text,
