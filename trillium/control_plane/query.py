@@ -63,7 +63,8 @@ def query_fields(model: type[pydantic.BaseModel], names: tuple[str, ...]) -> dic
             continue
         field = model.model_fields[name]
         raw = request.args.getlist(name)
-        adapter = pydantic.TypeAdapter(Annotated[(field.annotation, *field.metadata)])
+        annotation = Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
+        adapter = pydantic.TypeAdapter(annotation)
         try:
             values[name] = adapter.validate_python(raw if _is_list(field.annotation) else raw[-1], strict=False)
         except pydantic.ValidationError as exc:
