@@ -29,9 +29,8 @@ import pytest
 
 from support.admin_server import ADMIN_TOKEN, API_KEY, AdminServer, free_port, serve_command
 from support.serve_process import ServeProcess
+from support.waiting import wait_until
 from trillium.control_plane.auth import AdminConfigError, data_port_requires_token
-
-pytest.importorskip("peft")
 
 PROMPT = "Once upon a time"
 
@@ -54,18 +53,23 @@ def test_cp_data_port_needs_a_token_off_loopback(checkpoint):
 
 
 @pytest.fixture(scope="module")
-def adapters(checkpoint, tmp_path_factory):
-    from support.lora_adapters import ADAPTERS, make_peft_adapter
-
-    base = checkpoint("llama")
-    root = tmp_path_factory.mktemp("dp-adapters")
-    return base, root, {name: make_peft_adapter(base, root / name, 40 + i, **ADAPTERS[name])
-                        for i, name in enumerate(("attn", "mlp"))}
+def lora_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("dp-adapters")
 
 
 @pytest.fixture(scope="module")
-def open_server(adapters):
-    base, root, _ = adapters
+def adapters(checkpoint, lora_root):
+    pytest.importorskip("peft")
+    from support.lora_adapters import ADAPTERS, make_peft_adapter
+
+    base = checkpoint("llama")
+    return {name: make_peft_adapter(base, lora_root / name, 40 + i, **ADAPTERS[name])
+            for i, name in enumerate(("attn", "mlp"))}
+
+
+@pytest.fixture(scope="module")
+def open_server(checkpoint, lora_root):
+    base, root = checkpoint("llama"), lora_root
     server = ServeProcess(str(base), "--admin-on-data-port", "--enable-lora", "--max-loras", "2",
                           "--max-lora-rank", "8", "--allowed-lora-paths", str(root), "--kv-cache-memory", "8MiB",
                           env={"TRILLIUM_ADMIN_TOKEN": ""}).wait_healthy()
@@ -91,8 +95,9 @@ def test_cp_open_data_port_serves_admin_routes(open_server):
     assert "--admin-on-data-port without an admin token" in open_server.log()
 
 
+@pytest.mark.heavy
 def test_cp_lora_like_the_clients_load_it(open_server, adapters):
-    _, _, paths = adapters
+    paths = adapters
     base = open_server.base_url
     loaded = httpx.post(base + "/load_lora_adapter", timeout=120,
                         json={"lora_name": "a", "lora_path": str(paths["attn"])})
@@ -104,23 +109,25 @@ def test_cp_lora_like_the_clients_load_it(open_server, adapters):
         "lora_name": "p", "lora_path": str(paths["mlp"]), "pinned": True}).json()["error"]["param"] == "pinned"
     assert httpx.post(base + "/v1/load_lora_adapter", timeout=120,
                       json={"lora_name": "b", "lora_path": str(paths["mlp"])}).status_code == 200
-    text_a, text_b = (_complete(open_server, name, 60).json()["choices"][0]["text"] for name in ("a", "b"))
+    text_a, text_b = (_complete(open_server, name, 120).json()["choices"][0]["text"] for name in ("a", "b"))
     assert text_a != text_b
 
-    # A stream on "a" in flight while "a" is replaced in place keeps the old adapter to its end.
+    # A request on "a" in flight while "a" is replaced in place keeps the old adapter to its end.
     result = {}
 
-    def stream() -> None:
-        result["response"] = _complete(open_server, "a", 60)
+    def generate() -> None:
+        result["response"] = _complete(open_server, "a", 120)
 
-    thread = threading.Thread(target=stream)
+    thread = threading.Thread(target=generate)
     thread.start()
+    wait_until(lambda: httpx.get(base + "/get_load", timeout=10).json()[0]["num_reqs"] >= 1, timeout_s=60,
+               interval_s=0.01, what="the request on 'a' to reach the engine")
     replaced = httpx.post(base + "/v1/load_lora_adapter", timeout=120,
                           json={"lora_name": "a", "lora_path": str(paths["mlp"]), "load_inplace": True})
     assert replaced.status_code == 200, replaced.text
     thread.join(120)
     assert result["response"].json()["choices"][0]["text"] == text_a
-    assert _complete(open_server, "a", 60).json()["choices"][0]["text"] == text_b  # new requests: the new one
+    assert _complete(open_server, "a", 120).json()["choices"][0]["text"] == text_b  # new requests: the new one
     models = {m["id"] for m in httpx.get(base + "/v1/models", timeout=10).json()["data"]}
     assert {"a", "b"} <= models
 
@@ -130,9 +137,8 @@ def test_cp_lora_like_the_clients_load_it(open_server, adapters):
 
 
 @pytest.fixture(scope="module")
-def token_server(adapters):
-    base, _, _ = adapters
-    server = AdminServer(str(base), "--admin-on-data-port", "--kv-cache-memory", "8MiB").wait_ready()
+def token_server(checkpoint):
+    server = AdminServer(str(checkpoint("llama")), "--admin-on-data-port", "--kv-cache-memory", "8MiB").wait_ready()
     yield server
     assert server.stop() == 0, server.log()
 
