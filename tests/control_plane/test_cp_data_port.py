@@ -1,9 +1,9 @@
 """`--admin-on-data-port` and LoRA loading the way vLLM and SGLang clients do it, on real servers.
 
 slime and verl send admin calls to the generation base URL with no auth
-header (slime: slime/backends/sglang_utils/sglang_engine.py posts
+header (THUDM/slime slime/backends/sglang_utils/sglang_engine.py posts
 /pause_generation, /flush_cache, /update_weights_from_distributed to the
-server URL; verl: verl/workers/rollout/sglang_rollout/http_server_engine.py
+server URL; volcengine/verl verl/workers/rollout/sglang_rollout/http_server_engine.py
 does the same for /release_memory_occupation, /resume_memory_occupation).
 Without an admin token the flag is allowed on a loopback --host only and
 the routes there are open; with a token every admin route there needs it;
