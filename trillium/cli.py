@@ -140,7 +140,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         admin_host=args.admin_host, admin_port=args.admin_port,
         admin_token=args.admin_token or os.environ.get("TRILLIUM_ADMIN_TOKEN") or None,
         allowed_weight_paths=weight_paths, profile_dir=args.profile_dir,
-        lora_modules=lora_modules, allowed_lora_paths=lora_paths,
+        lora_modules=lora_modules, allowed_lora_paths=lora_paths, admin_on_data_port=args.admin_on_data_port,
     )
     return run_server(engine, server)
 
@@ -213,6 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
     admin.add_argument("--admin-token", default=None,
                        help="require 'Authorization: Bearer TOKEN' on every admin route (also "
                             "TRILLIUM_ADMIN_TOKEN; default on loopback: a random token, logged at start)")
+    admin.add_argument("--admin-on-data-port", action="store_true",
+                       help="also serve the admin routes on the data port (--port), for RL frameworks that send "
+                            "admin calls to the generation URL (slime, verl). With --admin-token they require it "
+                            "there too; without one only on a loopback --host, where they are open (a warning is "
+                            "logged)")
     admin.add_argument("--allowed-weight-paths", action="append", default=None, metavar="DIR[,DIR]",
                        help="directories update_weights_from_disk may read from (repeatable or comma list; "
                             "default: the directory of --model; '' forbids disk updates)")

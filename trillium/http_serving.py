@@ -1,5 +1,12 @@
 """Serve a QuartTrio app with Hypercorn's trio worker (both HTTP planes use it).
 
+`by_path(primary, secondary, paths)` is one ASGI app for one port that sends
+HTTP requests for `paths` to `secondary` and everything else (lifespan
+included) to `primary`: how `trillium serve --admin-on-data-port` puts the
+admin routes on the data port. `exclusive_paths(app, other)` lists an app's
+fixed route paths that `other` does not have (so on a shared port the data
+plane keeps its /health and /metrics).
+
 Lives outside data_plane/ and control_plane/ so neither plane imports the other.
 """
 
@@ -17,6 +24,29 @@ from quart_trio import QuartTrio
 log = logging.getLogger(__name__)
 
 
+def _fixed_paths(app: QuartTrio) -> set[str]:
+    return {rule.rule for rule in app.url_map.iter_rules() if "<" not in rule.rule}
+
+
+def exclusive_paths(app: QuartTrio, other: QuartTrio) -> frozenset[str]:
+    """The fixed (variable-free) route paths of `app` that `other` has no route for."""
+    taken = {rule.rule for rule in other.url_map.iter_rules()}
+    return frozenset(_fixed_paths(app) - taken)
+
+
+def by_path(primary, secondary, paths: frozenset[str]):
+    """One ASGI app: HTTP requests whose path is in `paths` go to `secondary`, the rest to `primary`.
+
+    NOTE: lifespan goes to `primary` only; `secondary` must run its own
+    (it is also served on its own port, which starts it)."""
+
+    async def route(scope, receive, send) -> None:
+        target = secondary if scope["type"] == "http" and scope["path"] in paths else primary
+        await target(scope, receive, send)
+
+    return route
+
+
 def _bind_address(host: str, port: int) -> str:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"  # IPv6 literal
@@ -24,7 +54,7 @@ def _bind_address(host: str, port: int) -> str:
 
 
 async def serve_quart_app(
-    app: QuartTrio,
+    app: QuartTrio | Callable,  # a QuartTrio app or any ASGI app (by_path)
     host: str,
     port: int,
     *,

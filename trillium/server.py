@@ -21,6 +21,14 @@ loads weights, and to stamp each response with its weight version), and
 one `RequestTracing` (the admin route /tracing switches what the data plane
 samples; each process exports its own spans). The admin token is resolved before anything loads: an unsafe setting (a
 non-loopback admin host without a token) exits with code 2.
+
+`--admin-on-data-port` also serves the admin routes on the data port, for
+RL frameworks that send admin calls to the generation URL: the data port's
+ASGI app routes the admin app's paths (those the data plane does not have
+itself) to the same admin app, which the admin port serves as before. The
+planes still never import each other; the mount is made here. With an admin
+token those routes need it; without one the flag is allowed only on a
+loopback --host (they are open there; a warning is logged), else exit 2.
 """
 
 from __future__ import annotations
@@ -58,23 +66,31 @@ class ServerConfig:
     profile_dir: str | None = None  # None: <tmp>/trillium-profile-<pid>, created on first use
     lora_modules: tuple[tuple[str, str], ...] = ()  # (name, path) loaded at start
     allowed_lora_paths: tuple[str, ...] | None = None  # None: the directories of lora_modules
+    admin_on_data_port: bool = False  # also mount the admin routes on the data port
+    data_port_admin_open: bool = False  # resolved: those routes need no token (loopback, no token given)
 
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     """Resolve the config, run until a signal or an actor failure; exit code (2: unsafe admin settings)."""
-    from trillium.control_plane.auth import AdminConfigError, resolve_admin_token
+    from trillium.control_plane.auth import AdminConfigError, data_port_requires_token, resolve_admin_token
 
     try:
         admin_token, generated = resolve_admin_token(
             server_config.admin_host, server_config.admin_token, server_config.api_key
         )
+        open_mount = server_config.admin_on_data_port and not data_port_requires_token(
+            server_config.host, token_given=not generated)
     except AdminConfigError as exc:
         log.error("%s", exc)
         return 2
     if generated:
         log.warning("admin API token (generated; set --admin-token or TRILLIUM_ADMIN_TOKEN to choose one): %s",
                     admin_token)
-    server_config = attrs.evolve(server_config, admin_token=admin_token)
+    if open_mount:
+        log.warning("--admin-on-data-port without an admin token: the admin routes (weights, sleep, pause, ...) "
+                    "on http://%s:%d need no token; anyone who can reach that loopback port can use them",
+                    server_config.host, server_config.port)
+    server_config = attrs.evolve(server_config, admin_token=admin_token, data_port_admin_open=open_mount)
     engine_config = engine_config.resolve()
     try:
         trio.run(_serve, engine_config, server_config)
@@ -162,18 +178,23 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
             admin_app = create_admin_app(admin)
             shutdown = trio.Event()
             nursery.start_soon(_watch_signals, shutdown)
+            serve_admin = functools.partial(
+                serve_admin_app, admin_app, server_config.admin_host, server_config.admin_port,
+                shutdown_trigger=shutdown.wait, graceful_timeout_s=server_config.shutdown_timeout_s,
+            )
+            data_app = app
+            if server_config.admin_on_data_port:
+                # WHY the admin port first: it runs the admin app's lifespan, which the mount relies on.
+                admin_port = await nursery.start(serve_admin)
+                data_app = _with_admin_routes(app, admin_app, server_config)
             port = await nursery.start(
                 functools.partial(
-                    serve_app, app, server_config.host, server_config.port,
+                    serve_app, data_app, server_config.host, server_config.port,
                     shutdown_trigger=shutdown.wait, graceful_timeout_s=server_config.shutdown_timeout_s,
                 )
             )
-            admin_port = await nursery.start(
-                functools.partial(
-                    serve_admin_app, admin_app, server_config.admin_host, server_config.admin_port,
-                    shutdown_trigger=shutdown.wait, graceful_timeout_s=server_config.shutdown_timeout_s,
-                )
-            )
+            if not server_config.admin_on_data_port:
+                admin_port = await nursery.start(serve_admin)
             log.info(
                 "admin API on http://%s:%d (Bearer token required; weight paths allowed under %s; "
                 "profiles to %s)", server_config.admin_host, admin_port,
@@ -198,6 +219,17 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
         tracing.close()
         shutil.rmtree(ipc_dir, ignore_errors=True)
         log.info("stopped; engine processes are gone")
+
+
+def _with_admin_routes(app, admin_app, server_config: ServerConfig):
+    """The data port's ASGI app under --admin-on-data-port: the admin app's own paths go to it."""
+    from trillium.control_plane import data_port_mount
+    from trillium.http_serving import by_path, exclusive_paths
+
+    paths = exclusive_paths(admin_app, app)
+    log.info("admin routes also on the data port (%s): %d paths", "no token" if server_config.data_port_admin_open
+             else "Bearer admin token required", len(paths))
+    return by_path(app, data_port_mount(admin_app, require_token=not server_config.data_port_admin_open), paths)
 
 
 def _first(group: BaseException) -> BaseException:

@@ -28,6 +28,14 @@ ROUTES = [
     ("GET", "/server_info"), ("GET", "/health"), ("GET", "/metrics"),
     ("GET", "/tracing"), ("POST", "/tracing"),
     ("POST", "/v1/load_lora_adapter"), ("POST", "/v1/unload_lora_adapter"),
+    # SGLang's names (sglang/srt/entrypoints/http_server.py, v1_loads.py)
+    ("POST", "/pause_generation"), ("POST", "/continue_generation"),
+    ("POST", "/release_memory_occupation"), ("POST", "/resume_memory_occupation"),
+    ("GET", "/flush_cache"), ("POST", "/flush_cache"), ("POST", "/abort_request"),
+    ("GET", "/get_weight_version"), ("POST", "/update_weight_version"), ("GET", "/health_generate"),
+    ("GET", "/get_server_info"), ("GET", "/get_model_info"), ("GET", "/get_load"), ("GET", "/v1/loads"),
+    ("POST", "/load_lora_adapter"), ("POST", "/unload_lora_adapter"),
+    ("POST", "/sleep?level=2"),  # a query does not get around the token either
     ("GET", "/no_such_route"),  # unknown routes do not reveal themselves either
 ]
 

@@ -3,14 +3,17 @@
 `AdminServer` starts `python -m trillium.cli serve` on free loopback ports
 (data plane and admin), waits for both to answer, and offers small httpx
 helpers: `admin(method, path, ...)` with the admin token, `complete(...)`
-on the data plane with the API key.
+on the data plane with the API key. `start_stream(server, max_tokens)`
+runs a streamed greedy completion in a thread (its chunks land in a dict).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
 
 import httpx
 
@@ -89,3 +92,34 @@ class AdminServer:
     def stop(self, timeout_s: float = 60) -> int:
         self.http.close()
         return terminate(self.process, self._log, timeout_s)
+
+
+def _stream(server: AdminServer, max_tokens: int, started: threading.Event, result: dict) -> None:
+    body = {"model": MODEL_NAME, "prompt": PROMPTS[1], "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "ignore_eos": True}
+    chunks = result["chunks"] = []
+    try:
+        with server.http.stream("POST", server.base_url + "/v1/completions", json=body,
+                                headers={"Authorization": f"Bearer {API_KEY}"}) as response:
+            result["status"] = response.status_code
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    chunks.append(json.loads(line[6:]))
+                    started.set()
+    finally:
+        started.set()
+
+
+def start_stream(server: AdminServer, max_tokens: int) -> tuple[threading.Thread, dict]:
+    """A streamed completion running in a thread, once its first chunk arrived: (thread, result)."""
+    started, result = threading.Event(), {}
+    thread = threading.Thread(target=_stream, args=(server, max_tokens, started, result), daemon=True)
+    thread.start()
+    assert started.wait(60)
+    return thread, result
+
+
+def final_reason(result: dict) -> str | None:
+    """The last finish_reason a streamed completion reported."""
+    reasons = [c["choices"][0]["finish_reason"] for c in result["chunks"] if c["choices"]]
+    return next((r for r in reversed(reasons) if r), None)

@@ -125,6 +125,10 @@ class EngineClient:
         """Unfinished requests submitted with adapter `lora_id`."""
         return [rid for rid, stream in self._streams.items() if stream.lora_id == lora_id]
 
+    def active_request_ids(self) -> list[str]:
+        """Engine ids of the requests submitted and not yet finished."""
+        return list(self._streams)
+
     @property
     def num_active_requests(self) -> int:
         """Requests submitted and not yet finished (the queue-limit and drain gauge)."""

@@ -7,8 +7,8 @@ imports `trillium.data_plane`; the two planes share only the engine client
 and (through `trillium serve`) the `EngineStatus.snapshot` probe.
 """
 
-from trillium.control_plane.app import create_admin_app, serve_admin_app
+from trillium.control_plane.app import create_admin_app, data_port_mount, serve_admin_app
 from trillium.control_plane.context import ControlPlaneEngine
 from trillium.control_plane.status import EngineStatus
 
-__all__ = ["ControlPlaneEngine", "EngineStatus", "create_admin_app", "serve_admin_app"]
+__all__ = ["ControlPlaneEngine", "EngineStatus", "create_admin_app", "data_port_mount", "serve_admin_app"]

@@ -11,10 +11,26 @@ Public API (`trillium serve` builds on it):
                /destroy_weights_update_group
           POST /start_profile, /stop_profile
           POST /reset_prefix_cache, /abort_requests
+          POST /v1/load_lora_adapter, /v1/unload_lora_adapter
           GET, POST /tracing
           GET /server_info, /health, /metrics
-        Every route, /health and /metrics included, requires
+        and SGLang's names for the same operations:
+          POST /pause_generation, /continue_generation
+          GET, POST /release_memory_occupation, /resume_memory_occupation, /flush_cache
+          POST /abort_request, /update_weight_version, /load_lora_adapter, /unload_lora_adapter
+          GET /get_weight_version, /health_generate, /get_server_info, /get_model_info,
+              /get_load, /v1/loads
+        vLLM's query-string forms (/sleep?level=2, /wake_up?tags=weights,
+        /pause?mode=keep, /reset_prefix_cache?reset_external=true) mean what
+        they mean in vLLM; a query parameter a route does not take is a 400
+        (query.py). Every route, /health and /metrics included, requires
         `Authorization: Bearer <engine.admin_token>`; anything else is 401.
+
+    data_port_mount(app, *, require_token) -> ASGI app
+        The same app (same state, lock and metrics) as the data port serves
+        it under `--admin-on-data-port`; `require_token=False` (a loopback
+        server started without an admin token) skips the bearer check there.
+        `trillium serve` routes the admin paths of the data port to it.
 
     async serve_admin_app(app, host, port, *, shutdown_trigger=None,
                           graceful_timeout_s=5.0, task_status=...)
@@ -40,10 +56,12 @@ from werkzeug.exceptions import HTTPException
 from trillium.control_plane.auth import check_bearer
 from trillium.control_plane.context import ControlPlaneEngine
 from trillium.control_plane.errors import AdminError, internal_error, unauthorized
+from trillium.control_plane.query import reject_unknown_query
 from trillium.control_plane.routes import (
     abort,
     distributed,
     health,
+    loads,
     lora,
     metrics,
     pause,
@@ -61,7 +79,9 @@ log = logging.getLogger(__name__)
 
 STATE_KEY = "trillium.control_plane"
 _ROUTE_MODULES = (sleep, pause, weights, distributed, profiling, prefix_cache, abort, server_info, health, metrics,
-                  tracing, lora)
+                  tracing, lora, loads)
+# A scope key only `data_port_mount` sets (a client cannot: it is not a header).
+_OPEN_SCOPE_KEY = "trillium.admin_without_token"
 # WHY: a refused client's small body is read so its keep-alive connection stays in
 # step; a large one (an unauthenticated upload) is not read, the connection closes.
 _READ_REFUSED_BODY_MAX_BYTES = 1 << 20
@@ -78,6 +98,7 @@ def create_admin_app(engine: ControlPlaneEngine) -> QuartTrio:
     for module in _ROUTE_MODULES:
         app.register_blueprint(module.blueprint(state))
     app.before_request(functools.partial(_authenticate, engine.admin_token))
+    app.before_request(reject_unknown_query)  # WHY after: an unauthenticated client learns nothing
     app.register_error_handler(AdminError, _admin_error)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected_error)
@@ -89,7 +110,20 @@ def admin_state(app: QuartTrio) -> AdminState:
     return app.extensions[STATE_KEY]
 
 
+def data_port_mount(app: QuartTrio, *, require_token: bool):
+    """`app` as the data port serves it (see the module docstring)."""
+
+    async def mounted(scope, receive, send) -> None:
+        if scope["type"] == "http":
+            scope = {**scope, _OPEN_SCOPE_KEY: not require_token}
+        await app(scope, receive, send)
+
+    return mounted
+
+
 async def _authenticate(token: str) -> None:
+    if request.scope.get(_OPEN_SCOPE_KEY) is True:
+        return
     if check_bearer(request.headers.get("Authorization"), token):
         return
     length = request.content_length

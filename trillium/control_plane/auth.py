@@ -15,6 +15,13 @@ Resolution at start-up (`resolve_admin_token`), before anything is loaded:
 
 `check_bearer` is the per-request check; every admin route, including
 /health and /metrics, goes through it.
+
+`--admin-on-data-port` (`data_port_requires_token`): the admin routes are on
+the data port too, for RL frameworks (slime, verl) that send admin calls to
+the generation URL with no auth header. With a token set, every admin route
+there requires it as well. Without one it is allowed only on a loopback data
+host, where the routes there are open (a warning is logged); on any other
+host it is refused.
 """
 
 from __future__ import annotations
@@ -59,3 +66,17 @@ def check_bearer(authorization: str | None, token: str) -> bool:
     if scheme.lower() != "bearer":
         return False
     return hmac.compare_digest(value.strip().encode(), token.encode())
+
+
+def data_port_requires_token(host: str, token_given: bool) -> bool:
+    """Whether the admin routes mounted on the data port (`--host`) need the token;
+    AdminConfigError when they would be open on a non-loopback address."""
+    if token_given:
+        return True
+    if not is_loopback_host(host):
+        raise AdminConfigError(
+            f"refusing --admin-on-data-port on non-loopback address {host!r} without an admin token: "
+            "pass --admin-token or set TRILLIUM_ADMIN_TOKEN (every admin route then requires it), "
+            "or use --host 127.0.0.1"
+        )
+    return False

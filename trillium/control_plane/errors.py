@@ -1,6 +1,11 @@
 """Errors of the admin API, in the data plane's wire shape, rendered once in app.py.
 
-    {"error": {"message": str, "type": str, "param": str | None, "code": str | int | None}}
+    {"error": {"message": str, "type": str, "param": str | None, "code": str | int | None},
+     "success": false, "message": str}
+
+The last two are SGLang's failure fields (its admin routes answer
+`{"success": false, "message": ...}`), so a client written for SGLang that
+reads `success` sees a failure, not a KeyError.
 
 The response itself is `trillium.http_errors.HttpError`, shared with the
 data plane; `AdminError` picks the `type` from the status. `from_reply` turns an engine `ControlReply`
@@ -42,6 +47,9 @@ class AdminError(HttpError):
     ) -> None:
         kind = _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
         super().__init__(status, message, type=kind, param=param, code=code, headers=headers)
+
+    def body(self) -> dict:
+        return {**super().body(), "success": False, "message": self.message}
 
 
 def bad_request(message: str, param: str | None = None) -> AdminError:

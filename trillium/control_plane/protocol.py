@@ -1,10 +1,18 @@
 """Pydantic models of the admin request bodies (SGLang / vLLM field names).
 
-Strict types (a string is not a number, `1` is not `true`); the lifecycle
-words parse straight to their enums (PauseMode, WakeTag: a bad value is a
-400 listing the choices, as a Literal gives); unknown fields
-are ignored and logged, so a client written for SGLang (which sends extras
-such as `load_format`) keeps working. An empty body means `{}`.
+Trillium's own bodies use strict types (a string is not a number, `1` is
+not `true`); the lifecycle words parse straight to their enums (PauseMode,
+WakeTag: a bad value is a 400 listing the choices, as a Literal gives);
+unknown fields are ignored and logged, so a client written for SGLang (which
+sends extras such as `load_format`) keeps working. An empty body means `{}`.
+
+Bodies of SGLang's routes (`_LaxBody`: the weight updates and groups Trillium
+shares with SGLang; `_SGLangBody`: the routes only SGLang names) are
+validated in pydantic's lax mode, as SGLang's own models are: AReaL sends
+`"master_port": "29500"`, which SGLang accepts. `_SGLangBody` lists every
+field of SGLang's struct (sglang/srt/managers/io_struct.py) and refuses any
+other with a 400; a field Trillium does not implement is a 400 naming it
+when set to anything but SGLang's default.
 `parse_body(model, raw)` turns malformed JSON or a validation error into a
 400 naming the field.
 """
@@ -33,8 +41,16 @@ class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
 
 
+class _LaxBody(_Body):
+    model_config = ConfigDict(strict=False, extra="allow", allow_inf_nan=False)
+
+
+class _SGLangBody(_Body):
+    model_config = ConfigDict(strict=False, extra="forbid", allow_inf_nan=False)
+
+
 class SleepRequest(_Body):
-    level: Literal[1, 2] = 1
+    level: Annotated[int, Field(ge=1, le=2)] = 1  # WHY not Literal: lax mode turns "2" into 2 only for an int
     mode: PauseMode = PauseMode.ABORT
 
 
@@ -44,9 +60,53 @@ class WakeUpRequest(_Body):
 
 class PauseRequest(_Body):
     mode: PauseMode = PauseMode.ABORT
+    # vLLM's query-only arguments of /pause (vllm/entrypoints/serve/dev/rlhf/api_router.py)
+    wait_for_inflight_requests: bool | None = None  # true: mode "wait" (vLLM's deprecated spelling)
+    clear_cache: bool | None = None  # true: reset the prefix cache once paused (not with "keep")
 
 
-class _UpdateBody(_Body):
+class ResetPrefixCacheRequest(_Body):
+    # vLLM's query arguments (vllm/entrypoints/serve/cache/api_router.py)
+    reset_running_requests: bool = False
+    reset_external: bool | None = None
+
+
+class PauseGenerationRequest(_SGLangBody):
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+class MemoryOccupationRequest(_SGLangBody):
+    # SGLang's GPU memory tags (sglang/srt/constants.py); Trillium has no CUDA graphs
+    tags: list[Literal["weights", "kv_cache", "cuda_graph"]] | None = None
+
+
+class AbortRequestRequest(_SGLangBody):
+    rid: str = ""
+    abort_all: bool = False
+
+
+class UpdateWeightVersionRequest(_SGLangBody):
+    new_version: Version
+    abort_all_requests: bool = True  # SGLang's default
+
+
+class FlushCacheRequest(_SGLangBody):
+    timeout: Annotated[float, Field(ge=0)] = 0.0  # SGLang's query argument: Trillium's flush never waits
+
+
+class SGLangLoadLoRARequest(_SGLangBody):
+    lora_name: Annotated[str, Field(min_length=1, max_length=256)]
+    lora_path: Annotated[str, Field(min_length=1)]
+    pinned: bool = False
+    lora_id: str | None = None  # SGLang's tokenizer manager fills it in; a client never does
+
+
+class SGLangUnloadLoRARequest(_SGLangBody):
+    lora_name: Annotated[str, Field(min_length=1, max_length=256)]
+    lora_id: str | None = None
+
+
+class _UpdateBody(_LaxBody):
     weight_version: Version | None = None
     flush_cache: bool = True
     # SGLang's name: abort requests in flight instead of letting them finish first.
@@ -57,7 +117,7 @@ class UpdateFromDiskRequest(_UpdateBody):
     model_path: Annotated[str, Field(min_length=1)]
 
 
-class InitGroupRequest(_Body):
+class InitGroupRequest(_LaxBody):
     master_address: Annotated[str, Field(min_length=1)]
     master_port: Port
     rank_offset: Annotated[int, Field(ge=1)] = 1
@@ -102,6 +162,8 @@ class UpdateFromDistributedRequest(_UpdateBody):
 class LoadLoRARequest(_Body):
     lora_name: Annotated[str, Field(min_length=1, max_length=256)]
     lora_path: Annotated[str, Field(min_length=1)]
+    # vLLM's: a name in use gets the new adapter (vllm/entrypoints/serve/lora/protocol.py)
+    load_inplace: bool = False
 
 
 class UnloadLoRARequest(_Body):
@@ -138,6 +200,8 @@ def parse_body(model: type[_Body], raw: bytes) -> Any:
             raise bad_request("the request body must be a JSON object") from None
         param = ".".join(str(part) for part in first["loc"]) or None
         message = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            message = "unknown field: SGLang's body for this route has no such field"
         raise bad_request(f"{param}: {message}" if param else message, param) from None
     if parsed.model_extra:
         log.info("%s: ignoring unknown fields %s", model.__name__, sorted(parsed.model_extra))

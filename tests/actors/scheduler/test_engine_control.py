@@ -20,6 +20,7 @@ from trillium.actors.protocol.admin import (
     Pause,
     ResetPrefixCache,
     Resume,
+    SetWeightVersion,
     Sleep,
     StartProfile,
     StopProfile,
@@ -480,3 +481,26 @@ def test_a_pause_cuts_an_update_drain_short_and_the_update_returns_to_paused():
     h.answer()
     assert h.replies["u"].ok and h.state is S.PAUSED
     assert h.send(Resume("r")).ok and h.state is S.SERVING
+
+
+def test_retract_pause_puts_running_requests_back_in_the_queue():
+    # SGLang's pause_generation mode "retract": the requests survive, their KV is freed.
+    h = Harness()
+    h.add("a")
+    h.add("b")  # arrives while a's first step is in flight: it waits
+    h.send(Pause("p", mode="retract"))
+    h.finish_step()
+    assert h.replies["p"].data["num_retracted"] == 1 and h.replies["p"].data["num_aborted"] == 0
+    assert h.core.num_running == 0 and h.core.num_waiting == 2
+    assert h.core.num_free_blocks == h.control.engine.num_blocks
+    assert h.send(Resume("r")).ok
+    h.run_steps()
+    assert h.core.request_ids() == []
+
+
+def test_set_weight_version_renames_in_any_state():
+    h = Harness()
+    h.send(Pause("p", mode="keep"))
+    reply = h.send(SetWeightVersion("v", "rl-step-3"))
+    assert reply.ok and reply.data["weight_version"] == "rl-step-3" and h.state is S.PAUSED
+    assert h.control.stats().weight_version == "rl-step-3"

@@ -122,6 +122,15 @@ class ResetPrefixCache:
 
 
 @attrs.frozen
+class SetWeightVersion:
+    """Rename the weights being served (SGLang's update_weight_version): only
+    the label changes; the weights, KV cache and prefix cache stay as they are."""
+
+    command_id: str
+    weight_version: str
+
+
+@attrs.frozen
 class AbortRequests:
     command_id: str
     request_ids: tuple[str, ...] | None = None  # None: every request
@@ -214,6 +223,7 @@ MESSAGES = (
     UpdateWeightsFromDistributed,
     DestroyWeightsUpdateGroup,
     ResetPrefixCache,
+    SetWeightVersion,
     AbortRequests,
     StartProfile,
     StopProfile,

@@ -31,6 +31,9 @@ class PauseMode(enum.StrEnum):
     ABORT = "abort"  # requests in flight end now (finish_reason "abort")
     WAIT = "wait"  # the started requests finish first (a drain)
     KEEP = "keep"  # requests in flight freeze and continue after resume
+    # requests in flight go back to the queue (KV freed) and recompute after
+    # resume: SGLang's pause_generation mode "retract"
+    RETRACT = "retract"
 
 
 class WakeTag(enum.StrEnum):

@@ -15,7 +15,7 @@ command is first checked against the transition table in the current state
 (it waits for the executor, a drain, or the end of the step in flight), it
 queues, and is checked again and run when its turn comes, so every handler
 sees a settled state. Exceptions: questions and scheduler-only chores
-(GetEngineInfo, AbortRequests, ResetPrefixCache) skip the lane, and Resume
+(GetEngineInfo, AbortRequests, ResetPrefixCache, SetWeightVersion) skip the lane, and Resume
 or Pause(abort | keep) during a drain cut the drain short instead of
 waiting for it (a Resume during a weight update's drain is answered at
 once: there is no pause to undo).
@@ -68,7 +68,7 @@ from trillium.observability.profiling import LoopProfiler
 log = logging.getLogger(__name__)
 
 S = EngineState
-_OFF_LANE = (lc.GetEngineInfo, lc.AbortRequests, lc.ResetPrefixCache)
+_OFF_LANE = (lc.GetEngineInfo, lc.AbortRequests, lc.ResetPrefixCache, lc.SetWeightVersion)
 
 
 @attrs.frozen
@@ -163,6 +163,7 @@ class EngineControl:
             lc.StopProfile: self._stop_profile, lc.GetEngineInfo: self._get_info,
             lc.AbortRequests: self._abort_requests, lc.ResetPrefixCache: self._reset_prefix_cache,
             lc.LoadLoRAAdapter: self._load_lora, lc.UnloadLoRAAdapter: self._unload_lora,
+            lc.SetWeightVersion: self._set_weight_version,
         }
 
     COMMANDS = (
@@ -328,7 +329,7 @@ class EngineControl:
         # The drain's own command carries on from PAUSED (a sleep sleeps, an
         # update updates); both answer once the step in flight is done.
         self._at_idle.append(lambda: then(S.PAUSED))
-        self._at_idle.append(lambda: [self._finish(message, f"paused ({mode})", {"num_aborted": aborted})])
+        self._at_idle.append(lambda: self._paused(message, mode, aborted))
         return []
 
     def _hold(self, message: Any, job: _Job | None = None) -> None:
@@ -386,8 +387,14 @@ class EngineControl:
         aborted = self._abort_all() if mode is PauseMode.ABORT else 0
         # WHY wait for idle: "paused" promises that no step is running.
         self._hold(msg)
-        self._at_idle.append(lambda: [self._finish(msg, f"paused ({mode})", {"num_aborted": aborted})])
+        self._at_idle.append(lambda: self._paused(msg, mode, aborted))
         return []
+
+    def _paused(self, msg: lc.Pause, mode: PauseMode, aborted: int) -> list[Effect]:
+        # retract: between steps, every running request goes back to the queue
+        # (its blocks freed, recomputed after the resume), as SGLang retracts.
+        retracted = self.core.preempt_running() if mode is PauseMode.RETRACT else 0
+        return [self._finish(msg, f"paused ({mode})", {"num_aborted": aborted, "num_retracted": retracted})]
 
     def _resume(self, msg: lc.Resume, now: float) -> list[Effect]:
         before = self.state
@@ -614,6 +621,12 @@ class EngineControl:
             ids = [rid for rid in msg.request_ids if self.core.get_request(rid) is not None]
         self.core.abort(ids)
         return [ControlReply(msg.command_id, 200, f"aborted {len(ids)}", {**self.info(), "num_aborted": len(ids)})]
+
+    def _set_weight_version(self, msg: lc.SetWeightVersion, now: float) -> list[Effect]:
+        # NOTE: the disk KV tier keeps its directory: its blocks were computed by
+        # these same weights, only their name changes.
+        self.weight_version = msg.weight_version
+        return [ControlReply(msg.command_id, 200, f"weight version {msg.weight_version!r}", self.info())]
 
     def _reset_prefix_cache(self, msg: lc.ResetPrefixCache, now: float) -> list[Effect]:
         self._check(Op.RESET_PREFIX_CACHE)

@@ -1,11 +1,20 @@
-"""GET /server_info: configuration and live state in one object (SGLang's name).
+"""Configuration and live state: GET /server_info, SGLang's /get_server_info and /get_model_info.
 
-    {"version", "served_model_name", "model_path", "engine_config": {...},
-     "engine_state", "is_sleeping", "is_paused", "weight_version",
-     "kv_cache_usage", "num_free_blocks", "num_running", "num_waiting", "step_id",
-     "actors": {name: {"pid", "alive"}}, "api_pid",
-     "allowed_weight_paths", "profile_dir", "profiling",
-     "engine_info": {...} | null}
+    /server_info, /get_server_info
+        {"version", "served_model_name", "model_path", "engine_config": {...},
+         "engine_state", "is_sleeping", "is_paused", "weight_version",
+         "kv_cache_usage", "num_free_blocks", "num_running", "num_waiting", "step_id",
+         "actors": {name: {"pid", "alive"}}, "api_pid",
+         "allowed_weight_paths", "profile_dir", "profiling",
+         "engine_info": {...} | null}
+        /get_server_info adds the names SGLang's server args and scheduler
+        info use for the same facts ("tp_size", "dp_size", "context_length",
+        "page_size", "max_total_num_tokens", "max_running_requests",
+        "internal_states": [engine_info]).
+    /get_model_info
+        {"model_path", "tokenizer_path", "is_generation": true,
+         "preferred_sampling_params": null, "weight_version",
+         "has_image_understanding": false, "has_audio_understanding": false}
 
 `engine_info` is the engine's own answer to GetEngineInfo, null when it
 does not answer within a few seconds (a weight load in progress).
@@ -29,14 +38,13 @@ def blueprint(state: AdminState) -> Blueprint:
     bp = Blueprint("server_info", __name__)
     engine = state.engine
 
-    @bp.get("/server_info")
-    async def server_info():
+    async def info() -> dict:
         reply = await state.command(GetEngineInfo(new_command_id()), timeout_s=_ENGINE_INFO_TIMEOUT_S)
         stats = engine.client.last_stats
         _, alive = state.healthy()
         alive = alive if isinstance(alive, dict) else {}
         config = engine.engine_config
-        return json_response({
+        return {
             "version": engine.version,
             "served_model_name": config.served_model_name,
             "model_path": config.model,
@@ -57,6 +65,30 @@ def blueprint(state: AdminState) -> Blueprint:
             "profile_dir": engine.profile_dir,
             "profiling": state.profiling,
             "engine_info": dict(reply.data) if reply.ok else None,
+        }
+
+    @bp.get("/server_info")
+    async def server_info():
+        return json_response(await info())
+
+    @bp.get("/get_server_info")
+    async def get_server_info():
+        out = await info()
+        config = engine.engine_config
+        return json_response({
+            **out, "tp_size": 1, "dp_size": 1, "context_length": config.max_model_len,
+            "page_size": config.block_size, "max_total_num_tokens": config.num_blocks * config.block_size,
+            "max_running_requests": config.max_num_seqs,
+            "internal_states": [out["engine_info"]] if out["engine_info"] is not None else [],
+        })
+
+    @bp.get("/get_model_info")
+    async def get_model_info():
+        config = engine.engine_config
+        return json_response({
+            "model_path": config.model, "tokenizer_path": config.model, "is_generation": True,
+            "preferred_sampling_params": None, "weight_version": state.status.weight_version,
+            "has_image_understanding": False, "has_audio_understanding": False,
         })
 
     return bp

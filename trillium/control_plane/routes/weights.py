@@ -9,7 +9,13 @@
         is parsed with the `safetensors` library (no pickle) in a worker
         thread before anything reaches the engine; a malformed file is 400.
         Names and shapes are the engine's to check (400, old weights kept).
-    GET /weight_version -> {"weight_version": str}
+        SGLang's JSON body ({"serialized_named_tensors": [...]}, tensors pickled
+        by its MultiprocessingSerializer) is a 400 saying why and what to send
+        instead: Trillium never unpickles request data.
+    GET /weight_version, GET /get_weight_version (SGLang) -> {"weight_version": str}
+    POST /update_weight_version {"new_version", "abort_all_requests": true}   (SGLang)
+        Renames the weights being served (weights and caches unchanged); every
+        plane reports the new name. -> {"success", "message", "new_version"}
 
 Each update runs through `AdminState.update_weights` (admission closed,
 requests in flight drained, one update at a time) and answers
@@ -18,6 +24,7 @@ requests in flight drained, one update at a time) and answers
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -25,15 +32,19 @@ import trio
 from quart import Blueprint, request
 
 from trillium.actors.protocol.admin import (
+    AbortRequests,
+    SetWeightVersion,
     UpdateWeightsFromDisk,
     UpdateWeightsFromTensors,
 )
 from trillium.control_plane.errors import bad_request, forbidden
 from trillium.control_plane.protocol import (
     UpdateFromDiskRequest,
+    UpdateWeightVersionRequest,
     parse_body,
     parse_bool,
 )
+from trillium.control_plane.query import takes_query
 from trillium.control_plane.responses import json_response, success
 from trillium.control_plane.state import AdminState, new_command_id
 
@@ -51,6 +62,31 @@ def check_safetensors(data: bytes) -> tuple[int, int]:
     if not tensors:
         raise ValueError("the safetensors file holds no tensors")
     return len(tensors), sum(len(info["data"]) for _, info in tensors)
+
+
+_NO_PICKLE = (
+    "this looks like SGLang's update_weights_from_tensor body: its serialized_named_tensors are pickled "
+    "Python objects, and Trillium never unpickles request data. Send the tensors as the raw bytes of a "
+    "safetensors file instead (Content-Type: application/octet-stream; weight_version, flush_cache and "
+    "abort_all_requests go in the query string; trillium.rlhf.WeightSync.push_tensors does this), or broadcast them "
+    "with /init_weights_update_group + /update_weights_from_distributed"
+)
+
+
+def refuse_json_payload(content_type: str, body: bytes) -> None:
+    """400 for a JSON body (SGLang's pickled payload or any other): only safetensors bytes are accepted."""
+    if content_type.split(";")[0].strip().lower() != "application/json" and body[:1] != b"{":
+        return
+    try:  # WHY parse: a safetensors file can start with "{" (a header 123 bytes long); it is never JSON
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        if content_type.startswith("application/json"):
+            raise bad_request("the body must be a safetensors file, not JSON") from None
+        return
+    if isinstance(payload, dict) and "serialized_named_tensors" in payload:
+        raise bad_request(_NO_PICKLE, "serialized_named_tensors")
+    raise bad_request("the body must be a safetensors file, not JSON (see POST /update_weights_from_tensor "
+                      "in the README)")
 
 
 def blueprint(state: AdminState) -> Blueprint:
@@ -73,6 +109,7 @@ def blueprint(state: AdminState) -> Blueprint:
         return success(reply, f"loaded weights from {path}", weight_version=state.status.weight_version)
 
     @bp.post("/update_weights_from_tensor")
+    @takes_query("weight_version", "flush_cache", "abort_all_requests")
     async def update_from_tensor():
         version = request.args.get("weight_version") or None
         if version is not None and len(version) > MAX_VERSION_CHARS:
@@ -82,6 +119,7 @@ def blueprint(state: AdminState) -> Blueprint:
         body = await request.get_data()
         if not body:
             raise bad_request("the body must be a safetensors file (got an empty body)")
+        refuse_json_payload(request.headers.get("Content-Type", ""), body)
         try:
             num_tensors, num_bytes = await trio.to_thread.run_sync(check_safetensors, body)
         except ValueError as exc:
@@ -93,7 +131,18 @@ def blueprint(state: AdminState) -> Blueprint:
                        weight_version=state.status.weight_version)
 
     @bp.get("/weight_version")
+    @bp.get("/get_weight_version")
     async def weight_version():
         return json_response({"weight_version": state.status.weight_version})
+
+    @bp.post("/update_weight_version")
+    async def update_weight_version():
+        req = parse_body(UpdateWeightVersionRequest, await request.get_data())
+        async with state.exclusive:  # WHY: not in the middle of a weight update, which sets its own version
+            if req.abort_all_requests:
+                await state.run(AbortRequests(new_command_id()))
+            await state.run(SetWeightVersion(new_command_id(), req.new_version), weight_version=req.new_version)
+        return json_response({"success": True, "message": f"Weight version updated to {req.new_version}",
+                              "new_version": req.new_version, "weight_version": state.status.weight_version})
 
     return bp
