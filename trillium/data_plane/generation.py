@@ -55,6 +55,7 @@ class Choice:
     first_token_s: float | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     @property
     def finished(self) -> bool:
@@ -94,17 +95,20 @@ class Generation:
         priority: int = 0,
         trace=None,
         lora_id: int = 0,
+        cache_salt: str | None = None,
     ) -> None:
         """One engine request per prompt; choices numbered prompt_index * n + i.
         `trace`: the request's RequestTracer when sampled for tracing, else None.
-        `lora_id`: the LoRA adapter of every choice (0: the base model)."""
+        `lora_id`: the LoRA adapter of every choice (0: the base model).
+        `cache_salt`: separates the requests' prefix-cache entries (AddRequest)."""
         arrival_s = time.monotonic()
         self._submitting = True
         try:
             for prompt_index, (ids, prompt_params) in enumerate(zip(prompts, params)):
                 engine_id = request_id if len(prompts) == 1 else f"{request_id}-{prompt_index}"
                 streams = await self._client.generate(engine_id, ids, prompt_params, eos_token_ids,
-                                                      priority=priority, trace=trace, lora_id=lora_id)
+                                                      priority=priority, trace=trace, lora_id=lora_id,
+                                                      cache_salt=cache_salt)
                 for i, stream in enumerate(streams):
                     self.choices.append(Choice(prompt_index * prompt_params.n + i, prompt_index, stream, arrival_s))
         except BaseException:
@@ -156,6 +160,7 @@ class Generation:
                 return  # the reader left; abort_unfinished takes it from here
 
     def _observe(self, choice: Choice, delta: RequestOutputDelta) -> None:
+        choice.num_cached_tokens = max(choice.num_cached_tokens, delta.num_cached_tokens)
         if delta.new_token_ids:
             if choice.first_token_s is None:
                 choice.first_token_s = time.monotonic()
