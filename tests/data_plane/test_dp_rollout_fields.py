@@ -1,6 +1,8 @@
 """vLLM's rollout fields on a real `trillium serve`, through the openai SDK and raw httpx.
 
-Each field's name, type, default and response shape mirror vLLM's own code:
+Each field's name, type, default and response shape mirror vLLM's own code
+(vllm-project/vllm; in older trees these were vllm/entrypoints/openai/
+protocol.py, serving_completion.py and serving_chat.py):
 vllm/entrypoints/openai/completion/protocol.py and chat_completion/protocol.py
 (the request fields, `CompletionResponseChoice.prompt_token_ids / token_ids /
 prompt_logprobs`, `ChatCompletionResponse.prompt_token_ids / prompt_logprobs`,
