@@ -41,6 +41,12 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Constraints, applied by the executor's per-request logits processors
+    # (actors/executor/logits_processors.py): only these ids may be sampled
+    # (None: any), and token sequences that must never be completed (the api
+    # tokenizes vLLM's `bad_words` strings into them).
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
 
     def __attrs_post_init__(self) -> None:
         # WHY: callers pass lists (JSON, vLLM habits); store tuples so the
@@ -55,6 +61,11 @@ class SamplingParams:
             object.__setattr__(
                 self, "logit_bias", {int(k): float(v) for k, v in self.logit_bias.items()}
             )
+        if self.allowed_token_ids is not None and not isinstance(self.allowed_token_ids, tuple):
+            object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
+        words = self.bad_words_token_ids
+        if not (isinstance(words, tuple) and all(isinstance(w, tuple) for w in words)):
+            object.__setattr__(self, "bad_words_token_ids", tuple(tuple(w) for w in words))
 
     @property
     def greedy(self) -> bool:
@@ -96,10 +107,19 @@ class SamplingParams:
                 bad(name, f"must be an integer in [0, 20], got {value!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             bad("stop", "must be non-empty strings")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            bad("allowed_token_ids", "must not be empty")  # vLLM: nothing could be sampled
+        if any(not word for word in self.bad_words_token_ids):
+            bad("bad_words", "every entry must tokenize to at least one token")
         if vocab_size is not None:
             for tid in self.stop_token_ids:
                 if not (0 <= tid < vocab_size):
                     bad("stop_token_ids", f"token id {tid} outside the vocabulary [0, {vocab_size})")
+            for name, ids in (("allowed_token_ids", self.allowed_token_ids or ()),
+                              ("bad_words", [t for word in self.bad_words_token_ids for t in word])):
+                for tid in ids:
+                    if not (0 <= tid < vocab_size):
+                        bad(name, f"token id {tid} outside the vocabulary [0, {vocab_size})")
             for tid, bias in (self.logit_bias or {}).items():
                 if not (0 <= tid < vocab_size):
                     bad("logit_bias", f"token id {tid} outside the vocabulary [0, {vocab_size})")

@@ -11,10 +11,12 @@ from trillium.actors.kv_tiers.block_pool import BlockPool
 class FakeRequest:
     """The PoolRequest protocol, nothing more."""
 
-    def __init__(self, rid: str, tokens, lora_id: int = 0, reads_prefix_cache: bool = True) -> None:
+    def __init__(self, rid: str, tokens, lora_id: int = 0, reads_prefix_cache: bool = True,
+                 cache_salt: str | None = None) -> None:
         self.request_id = rid
         self.all_token_ids = list(tokens)
         self.lora_id = lora_id
+        self.cache_salt = cache_salt
         self.num_computed_tokens = 0
         self.block_hashes = []
         self.reads_prefix_cache = reads_prefix_cache

@@ -145,9 +145,10 @@ class EngineClient:
         group_id: str | None = None,
         trace=None,
         lora_id: int = 0,
+        cache_salt: str | None = None,
     ) -> RequestStream:
         """`trace`: the HTTP request's `RequestTracer` when it is sampled for
-        tracing (observability/tracing.py), else None."""
+        tracing (observability/tracing.py), else None. `cache_salt`: see AddRequest."""
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
         span = None if trace is None else trace.start(request_id, params, len(prompt_token_ids))
@@ -165,6 +166,7 @@ class EngineClient:
                 group_id=group_id,
                 lora_id=lora_id,
                 trace_context=None if span is None else span.carrier,
+                cache_salt=cache_salt,
             )
         )
         return stream
@@ -179,6 +181,7 @@ class EngineClient:
         priority: int = 0,
         trace=None,
         lora_id: int = 0,
+        cache_salt: str | None = None,
     ) -> list[RequestStream]:
         """Submit a request with `params.n` choices: one stream per choice.
 
@@ -189,7 +192,7 @@ class EngineClient:
         """
         if params.n == 1:
             return [await self.submit(request_id, prompt_token_ids, params, eos_token_ids, priority=priority,
-                                      trace=trace, lora_id=lora_id)]
+                                      trace=trace, lora_id=lora_id, cache_salt=cache_salt)]
         streams = []
         for i in range(params.n):
             child = attrs.evolve(params, n=1, seed=None if params.seed is None else params.seed + i)
@@ -197,6 +200,7 @@ class EngineClient:
                 await self.submit(
                     f"{request_id}-{i}", prompt_token_ids, child, eos_token_ids,
                     priority=priority, group_id=request_id, trace=trace, lora_id=lora_id,
+                    cache_salt=cache_salt,
                 )
             )
         return streams

@@ -75,6 +75,7 @@ def create_app(engine: DataPlaneEngine) -> QuartTrio:
     for module in _ROUTE_MODULES:
         app.register_blueprint(module.blueprint(state))
     app.before_request(_read_body)
+    app.after_request(_echo_request_id)
     if engine.api_key:
         app.before_request(functools.partial(_check_api_key, engine.api_key))
     app.register_error_handler(ApiError, _api_error)
@@ -94,6 +95,15 @@ async def _read_body() -> None:
     # never gets a response. Reading it first (bounded by MAX_CONTENT_LENGTH;
     # Quart caches it for the route) keeps the connection in step.
     await request.get_data()
+
+
+async def _echo_request_id(response):
+    # vLLM's --enable-request-id-headers: a client's X-Request-Id comes back on
+    # every response, errors included (the generation routes set it themselves).
+    request_id = request.headers.get("X-Request-Id")
+    if request_id and "X-Request-Id" not in response.headers:
+        response.headers["X-Request-Id"] = request_id
+    return response
 
 
 async def _check_api_key(api_key: str) -> None:

@@ -55,6 +55,7 @@ class Choice:
     first_token_s: float | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     @property
     def finished(self) -> bool:
@@ -95,12 +96,14 @@ class Generation:
         trace=None,
         lora_id: int | Sequence[int] = 0,
         request_ids: Sequence[str] | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         """One engine request per prompt; choices numbered prompt_index * n + i.
         `trace`: the request's RequestTracer when sampled for tracing, else None.
         `lora_id`: the LoRA adapter of every choice (0: the base model), or one per prompt.
         `request_ids`: the engine id of each prompt's request (default: `request_id`,
-        or `request_id-<prompt_index>` for several prompts)."""
+        or `request_id-<prompt_index>` for several prompts).
+        `cache_salt`: separates the requests' prefix-cache entries (AddRequest)."""
         arrival_s = time.monotonic()
         lora_ids = [lora_id] * len(prompts) if isinstance(lora_id, int) else list(lora_id)
         self._submitting = True
@@ -111,7 +114,8 @@ class Generation:
                 else:
                     engine_id = request_id if len(prompts) == 1 else f"{request_id}-{prompt_index}"
                 streams = await self._client.generate(engine_id, ids, prompt_params, eos_token_ids, priority=priority,
-                                                      trace=trace, lora_id=lora_ids[prompt_index])
+                                                      trace=trace, lora_id=lora_ids[prompt_index],
+                                                      cache_salt=cache_salt)
                 for i, stream in enumerate(streams):
                     self.choices.append(Choice(prompt_index * prompt_params.n + i, prompt_index, stream, arrival_s))
         except BaseException:
@@ -163,6 +167,7 @@ class Generation:
                 return  # the reader left; abort_unfinished takes it from here
 
     def _observe(self, choice: Choice, delta: RequestOutputDelta) -> None:
+        choice.num_cached_tokens = max(choice.num_cached_tokens, delta.num_cached_tokens)
         if delta.new_token_ids:
             if choice.first_token_s is None:
                 choice.first_token_s = time.monotonic()

@@ -87,15 +87,23 @@ class CompletionLogprobs:
         return self.to_json(start)
 
 
-def _chat_token(token: str, logprob: float) -> dict:
-    return {"token": token, "logprob": _clamp(logprob), "bytes": list(token.encode("utf-8"))}
+def _chat_token(token: str, logprob: float, text: str | None = None) -> dict:
+    raw = token if text is None else text
+    return {"token": token, "logprob": _clamp(logprob), "bytes": list(raw.encode("utf-8"))}
 
 
-def chat_logprobs(entries: Sequence[TokenLogprobs], token_text: TokenText, num_top: int) -> list[dict]:
-    """The `content` list of chat logprobs for these sampled positions."""
+def chat_logprobs(
+    entries: Sequence[TokenLogprobs], token_text: TokenText, num_top: int, bytes_text: TokenText | None = None
+) -> list[dict]:
+    """The `content` list of chat logprobs for these sampled positions.
+
+    `bytes_text`: where the sampled token's `bytes` come from when `token_text`
+    is not its text (vLLM's return_tokens_as_token_ids keeps the decoded bytes
+    there, and the placeholder's in top_logprobs)."""
     content = []
     for entry in entries:
-        item = _chat_token(token_text(entry.token_id), entry.logprob)
+        text = None if bytes_text is None else bytes_text(entry.token_id)
+        item = _chat_token(token_text(entry.token_id), entry.logprob, text)
         item["top_logprobs"] = [
             _chat_token(token_text(token_id), logprob)
             for token_id, logprob in zip(entry.top_token_ids[:num_top], entry.top_logprobs[:num_top])

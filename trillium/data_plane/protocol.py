@@ -1,8 +1,10 @@
 """Pydantic models of the data plane's request bodies (OpenAI names, vLLM extras).
 
 Strict types (a string is not a number, `1` is not `true`), finite floats,
-integers within int64 (everything here crosses msgpack), and unknown fields
-ignored (as vLLM does; their names are logged). Fields that OpenAI types as
+integers within int64 (everything here crosses msgpack), and no field
+silently ignored: a field a model does not declare is a 400 naming it unless
+its value asks for nothing (null, or the "off" value of a vLLM / OpenAI field
+Trillium lacks; request_fields.py). Fields that OpenAI types as
 unions (`prompt`, `stop`, message `content`) are validated by hand so a
 wrong value reports the field itself as `param`, not a union member.
 
@@ -12,15 +14,13 @@ into a 400 `ApiError` naming the parameter.
 
 from __future__ import annotations
 
-import logging
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 from trillium.data_plane.errors import bad_request
-
-log = logging.getLogger(__name__)
+from trillium.data_plane.request_fields import CHAT_OFF_VALUES, COMMON_OFF_VALUES, refuse_unimplemented
 
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 MAX_N = 128  # OpenAI's limit on choices per request
@@ -58,9 +58,11 @@ _CONTENT_SCHEMA = WithJsonSchema(
 
 
 class _Body(BaseModel):
-    # WHY extra="allow": unknown fields are kept aside (model_extra) only so
-    # they can be logged; nothing reads them.
+    # WHY extra="allow": undeclared fields are kept aside (model_extra) so that
+    # refuse_unimplemented can name them (a 400 unless they ask for nothing).
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+    # Undeclared fields accepted with these values (request_fields.py).
+    off_values: ClassVar[dict[str, tuple[Any, ...]]] = {}
 
 
 class StreamOptions(_Body):
@@ -107,6 +109,22 @@ class SamplingRequest(_Body):
     include_stop_str_in_output: bool | None = False
     priority: Int64 | None = 0
     stop_token_ids: list[Int64] | None = None
+    # vLLM's rollout fields (trillium/data_plane/rollout_fields.py)
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
+    prompt_logprobs: Int64 | None = None
+    allowed_token_ids: list[Int64] | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=2**63 - 1)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    cache_salt: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+    request_id: str | None = None
+    add_special_tokens: bool | None = None  # default: True for a completion prompt, False for chat
+    # Informational (request_fields.INFORMATIONAL_FIELDS): accepted, never acted on.
+    metadata: dict[str, Any] | None = None
+    session_id: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
 
     @field_validator("stop")
     @classmethod
@@ -120,6 +138,8 @@ class SamplingRequest(_Body):
 
 class CompletionRequest(SamplingRequest):
     """POST /v1/completions. `prompt` is normalized to a list of str | list[int]."""
+
+    off_values: ClassVar[dict[str, tuple[Any, ...]]] = dict(COMMON_OFF_VALUES)
 
     prompt: Annotated[Any, _PROMPT_SCHEMA]
     suffix: str | None = None
@@ -178,6 +198,8 @@ class ChatMessage(_Body):
 class ChatCompletionRequest(SamplingRequest):
     """POST /v1/chat/completions."""
 
+    off_values: ClassVar[dict[str, tuple[Any, ...]]] = dict(CHAT_OFF_VALUES)
+
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Int64 | None = None
     max_completion_tokens: Int64 | None = None
@@ -189,7 +211,9 @@ class ChatCompletionRequest(SamplingRequest):
     response_format: dict[str, Any] | None = None
     # vLLM extras
     add_generation_prompt: bool | None = True
+    continue_final_message: bool | None = False
     chat_template_kwargs: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # informational: tools are refused anyway
 
 
 class TokenizeRequest(_Body):
@@ -238,13 +262,8 @@ def parse_request(model: type[_Body], body: bytes) -> Any:
         param = _param_path(tuple(first["loc"]))
         message = first["msg"].removeprefix("Value error, ")
         raise bad_request(f"{param}: {message}" if param else message, param) from None
-    _log_ignored_fields(model, parsed)
+    refuse_unimplemented(parsed)
     return parsed
-
-
-def _log_ignored_fields(model: type[_Body], parsed: BaseModel) -> None:
-    if parsed.model_extra:
-        log.info("%s: ignoring unknown fields %s", model.__name__, sorted(parsed.model_extra))
 
 
 __all__ = [

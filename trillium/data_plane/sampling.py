@@ -35,6 +35,12 @@ def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
 def _common(req: SamplingRequest) -> dict:
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options: only allowed when stream is true", "stream_options")
+    if req.stream_options is not None and req.stream_options.continuous_usage_stats:
+        raise bad_request("stream_options.continuous_usage_stats: is not supported",
+                          "stream_options.continuous_usage_stats")
+    if req.prompt_logprobs is not None and req.stream:
+        # vLLM: prompt logprobs are never streamed, so asking for them is an error.
+        raise bad_request("prompt_logprobs: not available when stream is true", "prompt_logprobs")
     if req.seed is not None and req.seed + req.n - 1 > _INT64_MAX:
         raise bad_request("seed: seed + n - 1 must fit in int64", "seed")
     kwargs = dict(
@@ -47,6 +53,7 @@ def _common(req: SamplingRequest) -> dict:
         skip_special_tokens=req.skip_special_tokens is not False,
         include_stop_str_in_output=bool(req.include_stop_str_in_output),
         stop_token_ids=tuple(req.stop_token_ids or ()),
+        allowed_token_ids=None if req.allowed_token_ids is None else tuple(req.allowed_token_ids),
     )
     if req.top_k is not None:
         kwargs["top_k"] = req.top_k
@@ -62,12 +69,15 @@ def completion_params(req: CompletionRequest) -> SamplingParams:
         raise bad_request("suffix: is not supported", "suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request(f"best_of: only best_of == n ({req.n}) is supported, got {req.best_of}", "best_of")
-    echo_logprobs = req.echo and req.logprobs is not None
+    # vLLM: an explicit prompt_logprobs wins; echo alone asks for `logprobs` of the prompt.
+    prompt_logprobs = req.prompt_logprobs
+    if prompt_logprobs is None and req.echo:
+        prompt_logprobs = req.logprobs
     return SamplingParams(
         **_common(req),
         max_tokens=req.max_tokens,
         logprobs=req.logprobs,
-        prompt_logprobs=req.logprobs if echo_logprobs else None,
+        prompt_logprobs=prompt_logprobs,
     )
 
 
@@ -85,6 +95,7 @@ def chat_params(req: ChatCompletionRequest) -> SamplingParams:
         **_common(req),
         max_tokens=max_tokens,
         logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+        prompt_logprobs=req.prompt_logprobs,
     )
 
 
@@ -97,6 +108,20 @@ def chat_renames(req: ChatCompletionRequest) -> dict[str, str]:
 
 
 COMPLETION_RENAMES = {"prompt_token_ids": "prompt", "prompt_logprobs": "logprobs"}
+
+
+def completion_renames(req: CompletionRequest) -> dict[str, str]:
+    """COMPLETION_RENAMES, but prompt_logprobs is its own name when the client sent it."""
+    if req.prompt_logprobs is None:
+        return COMPLETION_RENAMES
+    return {"prompt_token_ids": "prompt"}
+
+
+def check_priority(priority: int, scheduling_policy: str) -> None:
+    """vLLM: a priority other than 0 is an error unless the engine schedules by priority."""
+    if priority != 0 and scheduling_policy != "priority":
+        raise bad_request(f"priority: {priority} needs the priority scheduling policy "
+                          f"(--scheduling-policy priority); this server uses {scheduling_policy!r}", "priority")
 
 
 def check_prompt(
@@ -113,4 +138,5 @@ def check_prompt(
         raise from_value_error(exc, renames) from None
 
 
-__all__ = ["chat_params", "chat_renames", "check_prompt", "completion_params", "COMPLETION_RENAMES"]
+__all__ = ["chat_params", "chat_renames", "check_priority", "check_prompt", "completion_params", "completion_renames",
+           "COMPLETION_RENAMES"]

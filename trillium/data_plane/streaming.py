@@ -51,11 +51,14 @@ def error_event(error: ApiError) -> bytes:
     return event(error.body())
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage; `prompt_tokens_details.cached_tokens`: prompt tokens served
+    from the prefix cache (vLLM's with --enable-prompt-tokens-details; always here)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 

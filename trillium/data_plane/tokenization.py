@@ -45,6 +45,10 @@ class TokenizerRunner:
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return await self._run(len(text) <= INLINE_MAX_CHARS, self._encode, text, add_special_tokens)
 
+    async def encode_plain(self, text: str) -> list[int]:
+        """Token ids of `text` alone, no special tokens (a word to ban, say)."""
+        return await self.encode(text, add_special_tokens=False)
+
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
@@ -55,13 +59,18 @@ class TokenizerRunner:
         add_generation_prompt: bool = True,
         add_special_tokens: bool = False,
         template_kwargs: dict | None = None,
+        continue_final_message: bool = False,
     ) -> list[int]:
-        """Token ids of the templated conversation; 400 (param messages) if it cannot render."""
+        """Token ids of the templated conversation; 400 (param messages) if it cannot render.
+        `continue_final_message`: the last message is left open for the model to continue
+        (HF's apply_chat_template argument, as vLLM passes it)."""
         num_chars = sum(len(str(m.get("content") or "")) for m in messages)
+        template_kwargs = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
+        if continue_final_message:
+            template_kwargs["continue_final_message"] = True
         return await self._run(
             num_chars <= INLINE_MAX_CHARS, self._encode_chat, messages,
-            add_generation_prompt, add_special_tokens,
-            {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS},
+            add_generation_prompt, add_special_tokens, template_kwargs,
         )
 
     def _encode_chat(self, messages, add_generation_prompt, add_special_tokens, template_kwargs) -> list[int]:

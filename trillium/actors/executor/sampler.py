@@ -12,6 +12,7 @@ sequence's seeded `torch.Generator` and, only for requests with penalties, a
 The idea (vLLM v1's `Sampler.forward`, same order and semantics):
 
     raw logprobs = log_softmax(logits)          # before anything else
+    per-request logits processors               # allowed_token_ids, bad_words
     logits += logit_bias                        # non-argmax-invariant
     logits[eos, stop ids] = -inf                # while outputs < min_tokens
     repetition (prompt+output), frequency, presence penalties
@@ -29,7 +30,7 @@ NOTE: the order min_p -> top_k -> top_p is vLLM's (min_p is an argmax-invariant
 logits processor applied before its top-k/top-p sampler), not top_k -> top_p
 -> min_p.
 
-NOTE on size (~410 lines): the per-request sampling state and the batched
+NOTE on size (~420 lines): the per-request sampling state and the batched
 logits processors it feeds are one pipeline; splitting them would put
 the order above in two places.
 """
@@ -41,6 +42,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 
+from trillium.actors.executor.logits_processors import LogitsProcessor, build_logits_processors
 from trillium.actors.protocol.execute import TokenLogprobs
 from trillium.sampling_params import SamplingParams
 
@@ -58,7 +60,7 @@ class SamplingState:
     __slots__ = (
         "params", "vocab_size", "device", "is_greedy", "generator", "output_token_ids",
         "has_penalties", "output_counts", "prompt_mask", "bias_token_ids", "bias_values",
-        "min_tokens_stop_ids",
+        "min_tokens_stop_ids", "processors",
     )  # fmt: skip
 
     def __init__(
@@ -81,6 +83,7 @@ class SamplingState:
             self.generator = torch.Generator(device=self.device)
             self.generator.manual_seed(params.seed + sample_index)
         self.output_token_ids: list[int] = []
+        self.processors: tuple[LogitsProcessor, ...] = build_logits_processors(params, vocab_size, self.device)
         # WHY: vLLM masks `all_stop_token_ids`, which holds the model's EOS even
         # when ignore_eos is set, so min_tokens masks EOS either way.
         stop_ids = set(params.stop_token_ids) | {int(t) for t in eos_token_ids}
@@ -207,7 +210,9 @@ def sample(logits: torch.Tensor, states: Sequence[SamplingState]) -> SamplerOutp
 
 
 def process_logits(logits: torch.Tensor, states: Sequence[SamplingState]) -> torch.Tensor:
-    """The argmax-changing stages, in place: logit_bias, min_tokens, penalties."""
+    """The argmax-changing stages, in place: the requests' own logits
+    processors, logit_bias, min_tokens, penalties."""
+    _apply_request_processors(logits, states)
     _apply_logit_bias(logits, states)
     _apply_min_tokens(logits, states)
     _apply_penalties(logits, states)
@@ -238,6 +243,12 @@ def _long_tensor(values: Sequence[int], device: torch.device) -> torch.Tensor:
 
 def _float_column(values: Sequence[float], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)
+
+
+def _apply_request_processors(logits: torch.Tensor, states: Sequence[SamplingState]) -> None:
+    for i, s in enumerate(states):
+        for processor in s.processors:
+            processor.apply(logits[i], s.output_token_ids)
 
 
 def _apply_logit_bias(logits: torch.Tensor, states: Sequence[SamplingState]) -> None:

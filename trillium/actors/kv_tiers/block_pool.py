@@ -33,7 +33,10 @@ Hash: SHA-256 over (parent hash, extra key, int64 token ids). Stable across
 processes and hosts, so the same hashes can later key host and disk tiers,
 and collision-resistant, so a crafted prompt cannot alias another user's KV.
 The extra key is the LoRA id (0 = base model), mixed into every block, so
-adapters never share blocks.
+adapters never share blocks. A request's cache salt (vLLM's `cache_salt`)
+stands in for the first block's missing parent, H(salt); since every later
+block chains from the first, requests with different salts (or none) share
+no block at all, in any tier.
 
 Lower tier (optional, kv_tiers/host.py): a slower cache under the device.
 The pool tells it about every cached block it evicts (`evicted`), and
@@ -61,6 +64,14 @@ BlockId = NewType("BlockId", int)
 BlockHash = NewType("BlockHash", bytes)
 
 
+def salt_root(cache_salt: str | None) -> BlockHash | None:
+    """The parent hash of a request's first block: None unsalted, else H(salt)."""
+    if cache_salt is None:
+        return None
+    # WHY a domain prefix: the root must never equal a real block's hash.
+    return BlockHash(hashlib.sha256(b"trillium-cache-salt\0" + cache_salt.encode()).digest())
+
+
 def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int], extra_key: int) -> BlockHash:
     """Chained hash of one full block: H(parent, extra_key, tokens)."""
     h = hashlib.sha256(parent or b"")
@@ -74,6 +85,7 @@ class PoolRequest(Protocol):
 
     request_id: str
     lora_id: int
+    cache_salt: str | None
     num_computed_tokens: int
     block_hashes: list[BlockHash]  # hashes of the request's full blocks, in order
 
@@ -128,7 +140,7 @@ class PrefixIndex:
     def extend_block_hashes(self, request: PoolRequest) -> None:
         """Append hashes for the request's full blocks not hashed yet."""
         hashes, tokens, size = request.block_hashes, request.all_token_ids, self.block_size
-        parent = hashes[-1] if hashes else None
+        parent = hashes[-1] if hashes else salt_root(request.cache_salt)
         for start in range(len(hashes) * size, len(tokens) - size + 1, size):
             parent = hash_block_tokens(parent, tokens[start : start + size], request.lora_id)
             hashes.append(parent)

@@ -26,6 +26,9 @@ class AddRequest:
     group_id: str | None = None
     lora_id: int = 0
     trace_context: dict[str, str] | None = None
+    # vLLM's cache_salt: mixed into the first block's prefix-cache hash, so
+    # only requests with the same salt share cached blocks (None: unsalted).
+    cache_salt: str | None = None
 
 
 @attrs.frozen

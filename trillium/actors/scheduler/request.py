@@ -95,6 +95,7 @@ class Request:
         self.priority = msg.priority
         self.group_id = msg.group_id
         self.lora_id = msg.lora_id
+        self.cache_salt = msg.cache_salt
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.block_hashes: list[BlockHash] = []

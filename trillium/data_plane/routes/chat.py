@@ -12,12 +12,22 @@ finish_reason, then (with stream_options.include_usage) a usage chunk and
 Every response reports the weight version current when it was admitted:
 `weight_version` in the body (in each chunk when streamed) and the
 `X-Weight-Version` header.
+
+vLLM's rollout fields (rollout_fields.py; vllm/entrypoints/openai/
+chat_completion/serving.py): `continue_final_message` renders the last
+message open for the model to continue (the reply's role is then that
+message's); `return_token_ids` adds `prompt_token_ids` to the response (to
+the first chunks when streamed) and `token_ids` to each choice (chunk);
+`prompt_logprobs` adds the prompt's logprobs to the response;
+`return_tokens_as_token_ids` writes logprob tokens as "token_id:N";
+`usage.prompt_tokens_details.cached_tokens` counts prefix-cache hits.
 """
 
 from __future__ import annotations
 
 import time
 
+import attrs
 import trio
 from quart import Blueprint, request
 
@@ -25,8 +35,16 @@ from trillium.data_plane.errors import bad_request, internal_error
 from trillium.data_plane.generation import Choice, Generation
 from trillium.data_plane.logprobs import chat_logprobs
 from trillium.data_plane.protocol import ChatCompletionRequest, parse_request
-from trillium.data_plane.sampling import chat_params, chat_renames, check_prompt
-from trillium.data_plane.state import WEIGHT_VERSION_HEADER, AppState, new_id
+from trillium.data_plane.rollout_fields import (
+    REQUEST_ID_HEADER,
+    RequestIds,
+    bad_words_token_ids,
+    logprob_token_text,
+    prompt_logprobs_json,
+    truncate_prompt,
+)
+from trillium.data_plane.sampling import chat_params, chat_renames, check_priority, check_prompt
+from trillium.data_plane.state import WEIGHT_VERSION_HEADER, AppState
 from trillium.data_plane.streaming import DONE, ChunkEvents, error_event, event, json_response, sse_response, usage
 from trillium.observability.tracing import sample_request
 
@@ -34,24 +52,35 @@ from trillium.observability.tracing import sample_request
 class _Chat:
     """One response being built: ids, the prompt, each choice's text and logprobs."""
 
-    def __init__(self, state: AppState, req: ChatCompletionRequest, model: str, prompt_ids: list[int]) -> None:
-        self.id = new_id("chatcmpl")
+    def __init__(self, state: AppState, req: ChatCompletionRequest, ids: RequestIds, model: str,
+                 prompt_ids: list[int], role: str) -> None:
+        self.id = ids.response_id
         self.created = int(time.time())
         self.model = model
         self.prompt_ids = prompt_ids
+        self.role = role  # of the reply: "assistant", or the continued message's
         self.include_usage = req.include_usage
         self.num_top = (req.top_logprobs or 0) if req.logprobs else None
-        self._token_text = state.tokenizer.token_text
+        self.return_token_ids = bool(req.return_token_ids)
+        self.num_prompt_top = req.prompt_logprobs
+        self._text = state.tokenizer.token_text
+        self._token_text = logprob_token_text(state.tokenizer.token_text, req.return_tokens_as_token_ids)
+        self._bytes_text = state.tokenizer.token_text if req.return_tokens_as_token_ids else None
         self.weight_version: str | None = None  # set at admission
         self.texts: dict[int, list[str]] = {}
+        self.token_ids: dict[int, list[int]] = {}
         self.logprobs: dict[int, list[dict]] = {}
+        self.prompt_logprobs = None  # the engine's PromptLogprobs (first choice's first delta)
 
     def add(self, choice: Choice, delta) -> list[dict] | None:
         """Record a delta; returns its logprob entries (None when not asked for)."""
         self.texts.setdefault(choice.index, []).append(delta.text)
+        self.token_ids.setdefault(choice.index, []).extend(delta.new_token_ids)
+        if choice.index == 0 and delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
         if self.num_top is None:
             return None
-        entries = chat_logprobs(delta.logprobs, self._token_text, self.num_top)
+        entries = chat_logprobs(delta.logprobs, self._token_text, self.num_top, self._bytes_text)
         self.logprobs.setdefault(choice.index, []).extend(entries)
         return entries
 
@@ -60,7 +89,17 @@ class _Chat:
                 "system_fingerprint": None, "weight_version": self.weight_version}
 
     def usage(self, generation: Generation) -> dict:
-        return usage(len(self.prompt_ids), sum(c.num_generated_tokens for c in generation.choices))
+        cached = next((c.num_cached_tokens for c in generation.choices if c.index == 0), 0)
+        return usage(len(self.prompt_ids), sum(c.num_generated_tokens for c in generation.choices), cached)
+
+    def response_extras(self) -> dict:
+        """vLLM's response-level extras of a non-streamed reply (null unless asked for)."""
+        prompt_logprobs = None
+        if self.num_prompt_top is not None:
+            prompt_logprobs = prompt_logprobs_json(self.prompt_ids, self.prompt_logprobs, self.num_prompt_top,
+                                                   self._text)
+        return {"prompt_logprobs": prompt_logprobs,
+                "prompt_token_ids": self.prompt_ids if self.return_token_ids else None}
 
 
 def blueprint(state: AppState) -> Blueprint:
@@ -70,29 +109,55 @@ def blueprint(state: AppState) -> Blueprint:
     async def create_chat_completion():
         req = parse_request(ChatCompletionRequest, await request.get_data())
         model = state.resolve_model(req.model)
+        ids = RequestIds("chatcmpl", request.headers, req.request_id)
         trace = sample_request(state.engine.tracing, request.headers, model)  # None unless traced
         params = chat_params(req)
+        engine = state.engine
+        if req.priority:
+            check_priority(req.priority, engine.client.config.engine.scheduling_policy)
+        add_generation_prompt = _add_generation_prompt(req)
         prompt_ids = await state.tokenizer.encode_chat(
             [m.to_template() for m in req.messages],
-            add_generation_prompt=req.add_generation_prompt is not False,
+            add_generation_prompt=add_generation_prompt,
+            add_special_tokens=bool(req.add_special_tokens),
             template_kwargs=req.chat_template_kwargs,
+            continue_final_message=bool(req.continue_final_message),
         )
-        engine = state.engine
+        prompt_ids = truncate_prompt(prompt_ids, req.truncate_prompt_tokens, req.truncation_side,
+                                     engine.max_model_len)
+        words = await bad_words_token_ids(req.bad_words, state.tokenizer.encode_plain)
+        if words:
+            params = attrs.evolve(params, bad_words_token_ids=words)
         checked = check_prompt(prompt_ids, params, vocab_size=engine.vocab_size,
                                max_model_len=engine.max_model_len, renames=chat_renames(req))
-        chat = _Chat(state, req, model, prompt_ids)
+        # vLLM's get_chat_request_role: without a generation prompt the reply continues the last message.
+        role = "assistant" if add_generation_prompt else req.messages[-1].role
+        chat = _Chat(state, req, ids, model, prompt_ids, role)
         generation = state.admit()
         chat.weight_version = generation.weight_version
-        await generation.submit(chat.id, [prompt_ids], [checked], engine.resolved_eos_token_ids,
-                                priority=req.priority or 0, trace=trace, lora_id=state.lora_id(model))
+        await generation.submit(ids.engine_id, [prompt_ids], [checked], engine.resolved_eos_token_ids,
+                                priority=req.priority or 0, trace=trace, lora_id=state.lora_id(model),
+                                cache_salt=req.cache_salt)
         if req.stream:
             response = sse_response(_stream(state, generation, chat))
         else:
             response = await _respond(generation, chat)
         response.headers[WEIGHT_VERSION_HEADER] = generation.weight_version
+        response.headers[REQUEST_ID_HEADER] = ids.base
         return response
 
     return bp
+
+
+def _add_generation_prompt(req: ChatCompletionRequest) -> bool:
+    """add_generation_prompt as rendered: off when continuing the final message
+    (sending both as true is vLLM's 400)."""
+    if not req.continue_final_message:
+        return req.add_generation_prompt is not False
+    if "add_generation_prompt" in req.model_fields_set and req.add_generation_prompt:
+        raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                          "continue_final_message")
+    return False
 
 
 async def _respond(generation: Generation, chat: _Chat):
@@ -107,12 +172,14 @@ async def _respond(generation: Generation, chat: _Chat):
     for choice in sorted(generation.choices, key=lambda c: c.index):
         choices.append({
             "index": choice.index,
-            "message": {"role": "assistant", "content": "".join(chat.texts.get(choice.index, []))},
+            "message": {"role": chat.role, "content": "".join(chat.texts.get(choice.index, []))},
             "logprobs": {"content": chat.logprobs.get(choice.index, [])} if chat.num_top is not None else None,
             "finish_reason": choice.finish_reason,
             "stop_reason": choice.stop_reason,
+            "token_ids": chat.token_ids.get(choice.index, []) if chat.return_token_ids else None,
         })
-    return json_response({**chat.header("chat.completion"), "choices": choices, "usage": chat.usage(generation)})
+    return json_response({**chat.header("chat.completion"), "choices": choices, "usage": chat.usage(generation),
+                          **chat.response_extras()})
 
 
 async def _stream(state: AppState, generation: Generation, chat: _Chat):
@@ -120,17 +187,21 @@ async def _stream(state: AppState, generation: Generation, chat: _Chat):
     extra = {"usage": None} if chat.include_usage else {}
     chunk = ChunkEvents(header, extra)
     async with generation.feed(state.nursery) as feed:
+        # vLLM sends the prompt's token ids with these first chunks, one per choice.
+        prompt_ids = {"prompt_token_ids": chat.prompt_ids} if chat.return_token_ids else {}
         for choice in sorted(generation.choices, key=lambda c: c.index):
-            first = {"index": choice.index, "delta": {"role": "assistant", "content": ""},
+            first = {"index": choice.index, "delta": {"role": chat.role, "content": ""},
                      "logprobs": None, "finish_reason": None}
-            yield event({**header, "choices": [first], **extra})
+            yield event({**header, "choices": [first], **extra, **prompt_ids})
         async for choice, delta in feed:
             if choice.rejection:
                 yield error_event(bad_request(choice.rejection))
                 yield DONE
                 return
             entries = chat.add(choice, delta)
-            if not delta.text and not delta.finished and not entries:
+            # vLLM: with return_token_ids every token id goes out, text or not.
+            token_ids = list(delta.new_token_ids) if chat.return_token_ids else None
+            if not delta.text and not delta.finished and not entries and not token_ids:
                 continue
             item = {
                 "index": choice.index,
@@ -140,6 +211,8 @@ async def _stream(state: AppState, generation: Generation, chat: _Chat):
             }
             if delta.finished:
                 item["stop_reason"] = choice.stop_reason
+            if token_ids is not None:
+                item["token_ids"] = token_ids
             yield chunk(item)
         if not generation.finished:
             yield error_event(internal_error())
