@@ -17,9 +17,9 @@ import itertools
 import json
 import os
 import socket
+import subprocess
 import sys
 import textwrap
-import threading
 from functools import partial
 from pathlib import Path
 
@@ -32,7 +32,6 @@ from support.gguf_writer import write_gguf
 from trillium import LLM, SamplingParams
 from trillium.actors.client import EngineClient
 from trillium.actors.assembly import ActorConfig, Addresses, engine_specs
-from trillium.distributed.update_group import open_group
 from trillium.actors.protocol import admin as lc
 from trillium.actors.supervisor import run_in_process, run_in_subprocesses
 from trillium.config import EngineConfig
@@ -328,14 +327,26 @@ TRAINER = textwrap.dedent(
     """
     import sys
     from safetensors.torch import load_file
-    from trillium.distributed.update_group import broadcast, open_group
+    from trillium.distributed.update_group import broadcast, close_group, open_group
     port, path = int(sys.argv[1]), sys.argv[2]
     weights = load_file(path)
     group = open_group("127.0.0.1", port, rank=0, world_size=2, group_name="rl", timeout_s=60)
     for name in sorted(weights):
         broadcast(group, weights[name].contiguous())
-    del group  # NOTE: a gloo group still alive at interpreter exit aborts the process
+    close_group(group)  # NOTE: a gloo group still alive at interpreter exit aborts the process
     print("sent", len(weights), flush=True)
+    """
+)
+
+
+SILENT_TRAINER = textwrap.dedent(
+    """
+    import sys
+    from trillium.distributed.update_group import close_group, open_group
+    print("ready", flush=True)  # imports done: the store is up a moment later
+    group = open_group("127.0.0.1", int(sys.argv[1]), rank=0, world_size=2, group_name="quiet", timeout_s=10)
+    sys.stdin.read()  # until the test closes our stdin
+    close_group(group)
     """
 )
 
@@ -377,22 +388,24 @@ async def test_weight_update_over_a_gloo_group_from_a_trainer_process(checkpoint
 
         # A trainer that joins and then never sends: the receive times out,
         # the engine answers 504 and closes the (now misaligned) group.
-        release = threading.Event()
-
-        def silent_trainer(port: int) -> None:
-            group = open_group("127.0.0.1", port, rank=0, world_size=2, group_name="quiet", timeout_s=10)
-            release.wait(30)
-            del group
-
+        # NOTE: a process of its own: torch registers group names per process, and
+        # this engine runs in the test's process.
+        silent = tmp_path / "silent_trainer.py"
+        silent.write_text(SILENT_TRAINER)
         port = _free_port()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(partial(trio.to_thread.run_sync, silent_trainer, port))
+            trainer_process = await nursery.start(partial(
+                trio.run_process, [sys.executable, str(silent), str(port)], env=env, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            ))
+            # WHY wait for it: this join's 2 s timeout is shorter than a Python start with torch.
+            assert b"ready" in await trainer_process.stdout.receive_some()
             joined = await e.control(lc.InitWeightsUpdateGroup, master_address="127.0.0.1", master_port=port,
                                      rank_offset=1, world_size=2, group_name="quiet", timeout_s=2)
             assert joined.ok, joined.message
             stuck = await e.control(lc.UpdateWeightsFromDistributed, names=(names[0],), dtypes=("float32",),
                                     shapes=(tuple(weights[names[0]].shape),))
-            release.set()
+            await trainer_process.stdin.aclose()  # release it
         assert stuck.status == 504 and stuck.data["weights_update_group"] is None, stuck
         assert stuck.data["weight_version"] == "dist-1" and stuck.data["state"] == "serving"
 

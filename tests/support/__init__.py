@@ -26,5 +26,6 @@ Servers and processes:
     admin_server       the same with its admin port, for the control-plane tests
     data_plane_server  an engine and data-plane apps on a background thread
     broadcast_trainer  a trainer process pushing weights by broadcast (run as a script)
+    sglang_trainer     a trainer written as SGLang's RL test writes it; no Trillium import (script)
     waiting            wait_until / wait_until_async: bounded polls of real time
 """

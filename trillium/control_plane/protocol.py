@@ -137,6 +137,7 @@ class UpdateFromDistributedRequest(_UpdateBody):
     names: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
     dtypes: list[str]
     shapes: list[list[Annotated[int, Field(ge=0)]]]
+    group_name: Annotated[str, Field(min_length=1)] | None = None  # SGLang's: must be the open group
 
     @field_validator("dtypes")
     @classmethod
@@ -186,6 +187,10 @@ class AbortRequestsRequest(_Body):
 
 class EmptyRequest(_Body):
     pass
+
+
+class DestroyGroupRequest(_Body):
+    group_name: Annotated[str, Field(min_length=1)] | None = None  # SGLang's: must be the open group
 
 
 def parse_body(model: type[_Body], raw: bytes) -> Any:

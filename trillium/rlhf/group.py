@@ -6,11 +6,12 @@
     group.close()
 
 The group is built by the recipe the engine's executor uses too,
-`trillium.distributed.update_group.open_group` (a TCPStore rendezvous,
-a `PrefixStore("<group_name>/")`, then `ProcessGroupGloo` or
-`ProcessGroupNCCL`), so both ends always agree on how it is formed. It is a
-standalone group: a trainer's default process group (FSDP, DDP) is left
-alone. That module imports only torch: a trainer never loads the engine.
+`trillium.distributed.update_group.open_group`, which is SGLang's
+`init_custom_process_group` (a TCPStore rendezvous, `PrefixStore(group_name)`,
+then torch's `_new_process_group_helper`), so this client, the engine and
+trainers written for SGLang all meet in the store. It is a standalone
+group: a trainer's default process group (FSDP, DDP) is left alone. That
+module imports only torch: a trainer never loads the engine.
 """
 
 from __future__ import annotations

@@ -105,6 +105,7 @@ class Harness:
         self.detokenizer: list = []  # forwarded commands sent to the detokenizer
         self.batch = None  # the step in flight
         self.outstanding = False  # a lifecycle message is out on the executor
+        self.joins: list = []  # InitWeightsUpdateGroup out on the executor: beside steps, not a job
         self.now = 0.0
 
     def apply(self, sends) -> None:
@@ -115,6 +116,10 @@ class Harness:
                     assert message.command_id not in self.replies, "answered twice"
                     self.replies[message.command_id] = message
             elif send.to is Peer.EXECUTOR:
+                if isinstance(message, InitWeightsUpdateGroup):
+                    assert not self.joins, "two joins out on the executor"
+                    self.joins.append(message)
+                    continue
                 assert not self.outstanding and self.batch is None, "two messages out on the executor"
                 if isinstance(message, ExecuteBatch):
                     self.batch = message
@@ -159,6 +164,12 @@ class Harness:
         assert self.outstanding
         self.outstanding = False
         self.deliver(ControlReply(job.command_id, status, "", data))
+        self.advance()
+
+    def answer_join(self, status: int = 200, **data) -> None:
+        """The executor's reply to the join out on it (the trainer came, or the timeout passed)."""
+        join = self.joins.pop()
+        self.deliver(ControlReply(join.command_id, status, "", data))
         self.advance()
 
     @property
@@ -355,12 +366,48 @@ def test_bad_arguments_and_no_ops():
 def test_update_group_is_tracked():
     h = Harness()
     h.send(InitWeightsUpdateGroup("g", "127.0.0.1", 1234, rank_offset=1, world_size=2))
-    h.answer()
+    h.answer_join()
     assert h.replies["g"].data["weights_update_group"] == "weight_update_group"
     assert h.send(InitWeightsUpdateGroup("g2", "127.0.0.1", 1234, rank_offset=1, world_size=2)).status == 409
     h.send(DestroyWeightsUpdateGroup("d"))
     h.answer()
     assert h.control.update_group is None
+
+
+def test_a_pending_join_holds_neither_the_steps_nor_the_lane():
+    h = Harness()
+    h.add("a")
+    assert h.batch is not None
+    assert h.send(InitWeightsUpdateGroup("g", "127.0.0.1", 1234, rank_offset=1, world_size=2)) is None
+    assert len(h.joins) == 1 and h.batch is not None, "sent at once, beside the step in flight"
+    assert h.control.info()["weights_update_group_forming"] == "weight_update_group"
+    h.add("b")
+    h.run_steps()  # the requests run to the end while the trainer has not joined
+    assert h.core.request_ids() == [] and "g" not in h.replies
+    # Refused at once while it forms; other commands take the lane meanwhile.
+    assert h.send(InitWeightsUpdateGroup("g2", "127.0.0.1", 1234, rank_offset=1, world_size=2)).status == 409
+    assert h.send(UpdateWeightsFromDistributed("u", ("x",), ("float32",), ((1,),))).status == 409
+    assert h.send(DestroyWeightsUpdateGroup("d")).status == 409
+    assert h.send(Pause("p", mode="keep")).ok and h.send(Resume("r")).ok
+    h.answer_join()
+    assert h.replies["g"].ok and h.replies["g"].data["weights_update_group"] == "weight_update_group"
+    assert h.replies["g"].data["weights_update_group_forming"] is None
+    named = UpdateWeightsFromDistributed("u2", ("x",), ("float32",), ((1,),), group_name="other")
+    assert h.send(named).status == 409, "SGLang's group_name must name the open group"
+    assert h.send(DestroyWeightsUpdateGroup("d2", group_name="other")).status == 409
+    h.send(DestroyWeightsUpdateGroup("d3", group_name="weight_update_group"))
+    h.answer()
+    assert h.replies["d3"].ok and h.control.update_group is None
+
+
+def test_a_join_that_times_out_leaves_no_group():
+    h = Harness()
+    h.send(InitWeightsUpdateGroup("g", "127.0.0.1", 1234, rank_offset=1, world_size=2))
+    h.answer_join(504)
+    assert h.replies["g"].status == 504 and h.control.update_group is None
+    assert h.replies["g"].data["weights_update_group_forming"] is None
+    h.send(InitWeightsUpdateGroup("g2", "127.0.0.1", 1234, rank_offset=1, world_size=2))
+    assert len(h.joins) == 1, "a new init may follow a failed one"
 
 
 def test_abort_requests_and_reset_prefix_cache_skip_the_lane():

@@ -7,13 +7,16 @@ when a step raises (the scheduler then stops the engine), and one
 ControlReply per lifecycle command (a failed command does not stop the
 engine). Weights load, every step and every command run on one dedicated
 torch thread (`torch_thread.py`), so the trio loop (and in-process
-neighbours) never block on torch.
+neighbours) never block on torch; the one exception is the rendezvous of
+InitWeightsUpdateGroup, which runs on a thread of its own while steps go
+on (`executor/control.py`).
 """
 
 from __future__ import annotations
 
 import logging
 import traceback
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -37,11 +40,20 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
     mailbox = Mailbox.bind(cfg.addresses.executor, codec)
     to_scheduler = Outbox.connect(cfg.addresses.scheduler, codec)
     control = ExecutorControl(core, torch_thread)
+    send_lock = trio.Lock()
+
+    async def send(message) -> None:
+        # WHY a lock: a join's reply is sent from its own task; two tasks waiting
+        # on one socket's FD (HWM reached) would be a trio BusyResourceError.
+        async with send_lock:
+            await to_scheduler.send(message)
+
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(mailbox.pump)
+            control.start(nursery, send)
             task_status.started()
-            await _serve(core, control, torch_thread, mailbox, to_scheduler)
+            await _serve(core, control, torch_thread, mailbox, send)
             nursery.cancel_scope.cancel()
     finally:
         await control.aclose()
@@ -52,7 +64,7 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
 
 
 async def _serve(core: ExecutorCore, control: ExecutorControl, torch_thread: TorchThread, mailbox: Mailbox,
-                 to_scheduler: Outbox) -> None:
+                 send: Callable[[object], Awaitable[None]]) -> None:
     while True:
         message = await mailbox.receive(deadline=control.profile_deadline)
         if message is None:  # the profile's time is up
@@ -61,7 +73,9 @@ async def _serve(core: ExecutorCore, control: ExecutorControl, torch_thread: Tor
         if isinstance(message, Shutdown):
             return
         if isinstance(message, ExecutorControl.COMMANDS):
-            await to_scheduler.send(await control.handle(message))
+            reply = await control.handle(message)
+            if reply is not None:  # None: a join, answered from its own task when it ends
+                await send(reply)
             continue
         if not isinstance(message, ExecuteBatch):
             log.error("executor: unexpected message %r", type(message).__name__)
@@ -70,8 +84,8 @@ async def _serve(core: ExecutorCore, control: ExecutorControl, torch_thread: Tor
             result = await torch_thread.run(core.execute, message)
         except Exception as exc:
             log.exception("executor step %d failed", message.step_id)
-            await to_scheduler.send(
+            await send(
                 ExecutorFailed(step_id=message.step_id, error="".join(traceback.format_exception_only(exc)).strip())
             )
             raise
-        await to_scheduler.send(result)
+        await send(result)

@@ -11,11 +11,18 @@ StopProfile. Produces one ControlReply each, same command_id:
     504  a trainer did not join / send within the group's timeout
     500  anything else (logged with its traceback)
 
-State owned: `DeviceMemory` (what is asleep), the weights update group,
-the torch profiler. Every blocking call (file reads, copies, collectives)
-runs on the executor's torch thread, so the trio loop stays free; the
-collectives carry the group's timeout, so none of them can hold the
-executor forever.
+State owned: `DeviceMemory` (what is asleep), the weights update group
+(and the join in progress), the torch profiler. Every blocking call (file
+reads, copies, collectives) runs on the executor's torch thread, so the
+trio loop stays free; the collectives carry the group's timeout, so none
+of them can hold the executor forever.
+
+One exception, InitWeightsUpdateGroup: the rendezvous waits for the
+trainer, so it runs on a thread of its own (`group_join.py`) in a
+background task, and `handle` returns None at once: steps go on while it
+waits, and the reply is sent when the group is formed or the timeout
+passes. Receiving over the group (UpdateWeightsFromDistributed) stays on
+the torch thread, between two steps.
 """
 
 from __future__ import annotations
@@ -23,11 +30,13 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Awaitable, Callable
+from functools import partial
 
 import torch
 import trio
 
-from trillium.actors.executor import shadow_weights, weights
+from trillium.actors.executor import group_join, shadow_weights, weights
 from trillium.actors.executor.memory import DeviceMemory
 from trillium.actors.executor.profiling import TorchProfiler
 from trillium.actors.protocol.admin import (
@@ -69,12 +78,15 @@ class ExecutorControl:
         self._group = None
         self._group_name = ""
         self._group_backend = "gloo"
+        self._joining: str | None = None  # the group being formed, off the torch thread
+        self._nursery: trio.Nursery | None = None
+        self._send: Callable[[ControlReply], Awaitable[None]] | None = None
         self._shadow: shadow_weights.ShadowWeights | None = None
         self._handlers = {
             Sleep: self._sleep, WakeUp: self._wake_up,
             UpdateWeightsFromDisk: self._from_disk, UpdateWeightsFromTensors: self._from_tensors,
             UpdateWeightsFromDistributed: self._from_distributed,
-            InitWeightsUpdateGroup: self._init_group, DestroyWeightsUpdateGroup: self._destroy_group,
+            DestroyWeightsUpdateGroup: self._destroy_group,
             StartProfile: self._start_profile, StopProfile: self._stop_profile,
             LoadLoRAAdapter: self._load_lora, UnloadLoRAAdapter: self._unload_lora,
         }
@@ -83,9 +95,25 @@ class ExecutorControl:
     def profile_deadline(self) -> float:
         return self.profiler.deadline
 
-    async def handle(self, message) -> ControlReply:
+    def start(self, nursery: trio.Nursery, send: Callable[[ControlReply], Awaitable[None]]) -> None:
+        """Where background work (a join) runs, and how its reply reaches the scheduler."""
+        self._nursery, self._send = nursery, send
+
+    async def handle(self, message) -> ControlReply | None:
+        """The command's reply; None when it comes later through `send` (a join)."""
+        if isinstance(message, InitWeightsUpdateGroup):
+            try:
+                self._check_init(message)
+            except ControlError as exc:
+                return exc.reply(message.command_id)
+            self._joining = message.group_name
+            self._nursery.start_soon(self._join, message)
+            return None
+        return await self._answer(message, self._handlers[type(message)])
+
+    async def _answer(self, message, handler) -> ControlReply:
         try:
-            data = await self._handlers[type(message)](message)
+            data = await handler(message)
         except ControlError as exc:
             return exc.reply(message.command_id)
         except TimeoutError as exc:
@@ -214,9 +242,11 @@ class ExecutorControl:
 
     # -- update group ---------------------------------------------------------
 
-    async def _init_group(self, msg: InitWeightsUpdateGroup) -> dict:
+    def _check_init(self, msg: InitWeightsUpdateGroup) -> None:
         if self._group is not None:
             raise ControlError(409, f"weights update group {self._group_name!r} is already open")
+        if self._joining is not None:
+            raise ControlError(409, f"weights update group {self._joining!r} is being formed")
         if msg.backend == "nccl" and self.core.device.type != "cuda":
             raise ControlError(400, "backend nccl needs a CUDA device; use gloo on CPU")
         if msg.backend not in ("gloo", "nccl"):
@@ -226,14 +256,26 @@ class ExecutorControl:
         if not 0 < msg.rank_offset < msg.world_size:
             raise ControlError(400, f"rank_offset must be in 1..world_size-1 (rank 0 is the trainer), got {msg.rank_offset}")
 
-        def join():
-            return update_group.open_group(
-                msg.master_address, msg.master_port, msg.rank_offset, msg.world_size,
-                msg.group_name, msg.backend, msg.timeout_s,
-            )
+    async def _join(self, msg: InitWeightsUpdateGroup) -> None:
+        """Background task: form the group, then send the reply (not when cancelled: shutdown)."""
+        try:
+            reply = await self._answer(msg, self._form_group)
+        finally:
+            self._joining = None
+        await self._send(reply)
 
-        self._group = await self.torch.run(join)
+    async def _form_group(self, msg: InitWeightsUpdateGroup) -> dict:
+        # SGLang's engine joins as rank_offset + tp_rank; one executor here: tp_rank 0.
+        form = partial(update_group.open_group, msg.master_address, msg.master_port, msg.rank_offset,
+                       msg.world_size, msg.group_name, msg.backend, msg.timeout_s)
+        try:
+            self._group = await group_join.form_off_thread(form, update_group.close_group,
+                                                           "trillium-update-group-join")
+        except ValueError as exc:  # torch: the name is taken in this process (a trainer beside an in-process engine)
+            raise ControlError(409, f"weights update group {msg.group_name!r}: {exc}") from None
         self._group_name, self._group_backend = msg.group_name, msg.backend
+        log.info("joined weights update group %r as rank %d of %d (%s)", msg.group_name, msg.rank_offset,
+                 msg.world_size, msg.backend)
         return {"group_name": msg.group_name, "rank": msg.rank_offset, "world_size": msg.world_size}
 
     async def _destroy_group(self, msg: DestroyWeightsUpdateGroup) -> dict:

@@ -109,11 +109,13 @@ class UpdateWeightsFromDistributed:
     weight_version: str | None = None
     flush_cache: bool = True
     drain_timeout_s: float | None = None
+    group_name: str | None = None  # SGLang's clients name the group; None: the open one
 
 
 @attrs.frozen
 class DestroyWeightsUpdateGroup:
     command_id: str
+    group_name: str | None = None  # as above
 
 
 @attrs.frozen

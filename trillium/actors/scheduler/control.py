@@ -32,8 +32,16 @@ holder's executor work) is sent only from `executor_idle`, which the loop
 calls only when no step is in flight, and no step is scheduled while a job
 is pending (`may_step`). So sleep, wake and weight swaps run strictly
 between two steps: no forward ever sees mixed weights or freed memory.
+The one message outside that rule is an InitWeightsUpdateGroup: it takes
+its turn on the lane but neither holds it nor becomes a job. It goes out
+at once (`_joining`); the executor starts the rendezvous on a thread of
+its own and answers when the trainer has joined or the timeout passed,
+while steps and other commands go on (WHY: a rendezvous waits for another
+process, up to its timeout; holding the executor for it froze every step).
+The join touches nothing a step uses; the transfers over the group are an
+UpdateWeightsFromDistributed job like any other.
 
-NOTE on size (~620 lines): one class, because the lane, the job slot, the
+NOTE on size (~645 lines): one class, because the lane, the job slot, the
 drain and the state are one piece of state; each handler is a few lines
 and they read in the order of the protocol. Profile bookkeeping lives in
 profiling.py, the table in engine_state.py.
@@ -155,6 +163,7 @@ class EngineControl:
         self._job: _Job | None = None
         self._at_idle: list[Callable[[], list[Effect]]] = []  # run once no step is out
         self._drain: _Drain | None = None
+        self._joining: lc.InitWeightsUpdateGroup | None = None  # out on the executor, not a job
         self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
             lc.Pause: self._pause, lc.Resume: self._resume, lc.Sleep: self._sleep, lc.WakeUp: self._wake_up,
             lc.UpdateWeightsFromDisk: self._update, lc.UpdateWeightsFromTensors: self._update,
@@ -217,6 +226,7 @@ class EngineControl:
             "dtype": engine.dtype,
             "device": engine.device,
             "weights_update_group": self.update_group,
+            "weights_update_group_forming": self._joining.group_name if self._joining is not None else None,
             "profiling": self.profiling.active,
         }
 
@@ -244,6 +254,10 @@ class EngineControl:
         command_id, _, actor = reply.command_id.rpartition("@")
         if actor == "detokenizer":
             return self._gathered(command_id, actor, reply) + self._pump(now)
+        joining = self._joining
+        if joining is not None and reply.command_id == forwarded_id(joining.command_id, "executor"):
+            self._joining = None
+            return self._group_changed(joining, joining.group_name, reply) + self._pump(now)
         job = self._job
         if job is None or not job.sent or job.message.command_id != reply.command_id:
             log.error("scheduler: unexpected executor reply %s", reply.command_id)
@@ -476,8 +490,8 @@ class EngineControl:
     # -- weights ----------------------------------------------------------------
 
     def _update(self, msg, now: float) -> list[Effect]:
-        if isinstance(msg, lc.UpdateWeightsFromDistributed) and self.update_group is None:
-            raise ControlError(409, "no weights update group is open: send init_weights_update_group first")
+        if isinstance(msg, lc.UpdateWeightsFromDistributed):
+            self._check_group_name(msg.group_name)
         self._check(Op.UPDATE_WEIGHTS)
         self._hold(msg)
         num_requests = len(self.core.request_ids())
@@ -519,17 +533,26 @@ class EngineControl:
         self._check(Op.UPDATE_GROUP)
         if self.update_group is not None:
             raise ControlError(409, f"weights update group {self.update_group!r} is open: destroy it first")
-        forwarded = attrs.evolve(msg, command_id=forwarded_id(msg.command_id, "executor"))
-        self._hold(msg, _Job(forwarded, partial(self._group_changed, msg, msg.group_name)))
-        return []
+        if self._joining is not None:
+            raise ControlError(409, f"weights update group {self._joining.group_name!r} is being formed")
+        # Not held, not a job: the executor joins off its step path (see the INVARIANT above).
+        self._joining = msg
+        return [ToExecutor(attrs.evolve(msg, command_id=forwarded_id(msg.command_id, "executor")))]
 
     def _destroy_group(self, msg: lc.DestroyWeightsUpdateGroup, now: float) -> list[Effect]:
         self._check(Op.UPDATE_GROUP)
-        if self.update_group is None:
-            raise ControlError(409, "no weights update group is open")
+        self._check_group_name(msg.group_name)
         forwarded = attrs.evolve(msg, command_id=forwarded_id(msg.command_id, "executor"))
         self._hold(msg, _Job(forwarded, partial(self._group_changed, msg, None)))
         return []
+
+    def _check_group_name(self, group_name: str | None) -> None:
+        """409 unless a group is open and (when the command names one, as SGLang's do) it is that one."""
+        if self.update_group is None:
+            forming = f" ({self._joining.group_name!r} is still being formed)" if self._joining is not None else ""
+            raise ControlError(409, f"no weights update group is open{forming}: send init_weights_update_group first")
+        if group_name is not None and group_name != self.update_group:
+            raise ControlError(409, f"weights update group {group_name!r} is not open (open: {self.update_group!r})")
 
     def _group_changed(self, msg, group: str | None, reply: ControlReply) -> list[Effect]:
         if not reply.ok:

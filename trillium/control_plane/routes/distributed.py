@@ -4,15 +4,22 @@
                                      "world_size": 2, "group_name", "backend": "gloo" | "nccl",
                                      "timeout_s": 60}
         The engine's executor joins the trainer's group as rank
-        `rank_offset` (the trainer is rank 0 and hosts the TCPStore). The
-        reply comes once the group is formed, or with an error after
-        timeout_s if the trainer never joins; the server keeps serving.
+        `rank_offset` (the trainer is rank 0 and hosts the TCPStore), by
+        SGLang's recipe (`trillium/distributed/update_group.py`), so a
+        trainer using `init_custom_process_group` meets it. The reply comes
+        once the group is formed, or with a 504 after timeout_s if the
+        trainer never joins; meanwhile the engine keeps generating (the
+        join runs off the step path) and other admin calls are answered (a
+        second init: 409 at once).
     POST /update_weights_from_distributed {"names", "dtypes", "shapes", "weight_version"?,
-                                           "flush_cache": true, "abort_all_requests": false}
+                                           "group_name"?, "flush_cache": true,
+                                           "abort_all_requests": false}
         The engine receives each tensor by broadcast from rank 0, in the
-        order given, then loads them all at once. The trainer broadcasts
-        while this call is in flight (`trillium.rlhf.WeightSync.push`).
-    POST /destroy_weights_update_group
+        order given, then loads them all at once, between two steps. The
+        trainer broadcasts while this call is in flight
+        (`trillium.rlhf.WeightSync.push`). A `group_name` other than the
+        open group's is a 409.
+    POST /destroy_weights_update_group {"group_name"?}
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from trillium.actors.protocol.admin import (
     UpdateWeightsFromDistributed,
 )
 from trillium.control_plane.protocol import (
-    EmptyRequest,
+    DestroyGroupRequest,
     InitGroupRequest,
     UpdateFromDistributedRequest,
     parse_body,
@@ -48,8 +55,9 @@ def blueprint(state: AdminState) -> Blueprint:
             rank_offset=req.rank_offset, world_size=req.world_size, group_name=req.group_name,
             backend=req.backend, timeout_s=req.timeout_s,
         )
-        async with state.exclusive:
-            reply = await state.run(command, timeout_s=req.timeout_s + _INIT_REPLY_MARGIN_S)
+        # WHY not under state.exclusive: the join may wait timeout_s for the trainer; the
+        # engine orders it (a second init is refused there at once, not after this one).
+        reply = await state.run(command, timeout_s=req.timeout_s + _INIT_REPLY_MARGIN_S)
         return success(reply, f"joined weight update group {req.group_name!r} as rank {req.rank_offset}")
 
     @bp.post("/update_weights_from_distributed")
@@ -58,7 +66,7 @@ def blueprint(state: AdminState) -> Blueprint:
         command = UpdateWeightsFromDistributed(
             new_command_id(), names=tuple(req.names), dtypes=tuple(req.dtypes),
             shapes=tuple(tuple(shape) for shape in req.shapes),
-            weight_version=req.weight_version, flush_cache=req.flush_cache,
+            weight_version=req.weight_version, flush_cache=req.flush_cache, group_name=req.group_name,
         )
         reply = await state.update_weights(command, source="distributed",
                                           abort_all_requests=req.abort_all_requests)
@@ -66,9 +74,9 @@ def blueprint(state: AdminState) -> Blueprint:
 
     @bp.post("/destroy_weights_update_group")
     async def destroy_group():
-        parse_body(EmptyRequest, await request.get_data())
+        req = parse_body(DestroyGroupRequest, await request.get_data())
         async with state.exclusive:
-            reply = await state.run(DestroyWeightsUpdateGroup(new_command_id()))
+            reply = await state.run(DestroyWeightsUpdateGroup(new_command_id(), group_name=req.group_name))
         return success(reply, "weight update group destroyed")
 
     return bp
