@@ -86,7 +86,8 @@ def main() -> None:
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     result: dict = {}
 
-    init_body = {"master_address": "localhost", "master_port": args.port, "rank_offset": 1, "world_size": 2,
+    init_body = {"master_address": "localhost", "master_port": str(args.port),  # a string, as SGLang's test sends it
+                 "rank_offset": 1, "world_size": 2,
                  "group_name": GROUP_NAME, "backend": "gloo", "timeout_s": args.timeout_s}
 
     def post_init() -> httpx.Response:
