@@ -1,0 +1,86 @@
+"""AReaL's vLLM backend, its calls replayed against `trillium serve --admin-on-data-port`.
+
+AReaL talks to vLLM's OpenAI server plus its own `/areal_*` routes (areal_vllm_server.py), all on
+the server's one address, plain aiohttp, no auth header (`arequest_with_retry`,
+areal/infra/utils/http.py). The bodies mirror inclusionAI/AReaL (commit 4aef98d8),
+areal/engine/vllm_remote.py:
+
+- health: `GET /health` (`get_health_check_request`);
+- rollout: `POST /v1/completions {prompt: token ids, top_p, top_k, max_tokens, temperature,
+  stop_token_ids, ignore_eos, skip_special_tokens, return_tokens_as_token_ids: true,
+  logprobs: 0, use_beam_search: false, stream: false}`, no `model` field
+  (`build_generation_request`); it reads `choices[0].finish_reason` and
+  `choices[0].logprobs.tokens` as `"token_id:N"` (split on ":") with
+  `choices[0].logprobs.token_logprobs` (`parse_generation_response`);
+- weight push (disk): `POST /areal_pause_generation {}`, `POST /areal_update_weights
+  {model_path}`, `POST /areal_continue_generation {}` (`get_pause_request`,
+  `build_disk_weight_update_requests`, `get_resume_request`; the routes and their
+  `{success, message}` answers: areal/engine/vllm_ext/areal_vllm_server.py);
+- offload / onload: `POST /sleep` (no query: level 1) and `POST /wake_up?tags=weights&tags=kv_cache`
+  (`get_offload_request`, `get_onload_request`).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from support.replay import Replay, hf_greedy_ids, oracle_greedy, start_server, weights_root
+
+PROMPT = [11, 230, 5, 77, 102, 8]
+N_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return weights_root(tmp_path_factory.mktemp("areal-vllm-weights"))
+
+
+@pytest.fixture(scope="module")
+def server(root):
+    proc = start_server(root, "--admin-on-data-port")
+    yield proc
+    assert proc.stop() == 0, proc.log()
+
+
+@pytest.fixture(scope="module")
+def areal(server):
+    client = Replay(server.base_url, "AReaL (vLLM backend)")
+    yield client
+    client.close()
+
+
+def completion_body(greedy: bool = False) -> dict:
+    return {"top_p": 1.0, "top_k": 100000000, "max_tokens": N_TOKENS, "temperature": 0.0 if greedy else 1.0,
+            "stop_token_ids": [2], "ignore_eos": False, "skip_special_tokens": True,
+            "return_tokens_as_token_ids": True, "logprobs": 0, "use_beam_search": False, "stream": False,
+            "prompt": list(PROMPT)}
+
+
+def parse(response: dict) -> tuple[list[int], list[float], str]:
+    choice = response["choices"][0]
+    tokens = [int(t.split(":")[1]) for t in choice["logprobs"]["tokens"]]
+    return tokens, choice["logprobs"]["token_logprobs"], choice["finish_reason"]
+
+
+def test_health_and_rollout(areal, root):
+    areal.call("GET", "/health")
+    tokens, logprobs, reason = parse(areal.json("POST", "/v1/completions", json=completion_body()))
+    assert reason in ("stop", "length") and 1 <= len(tokens) <= N_TOKENS
+    assert len(logprobs) == len(tokens) and all(lp <= 0 for lp in logprobs)
+    tokens, _, _ = parse(areal.json("POST", "/v1/completions", json=completion_body(greedy=True)))
+    assert tokens == hf_greedy_ids(root / "base", PROMPT, N_TOKENS)[: len(tokens)]
+
+
+def test_disk_update(areal, root):
+    areal.json("POST", "/areal_pause_generation", json={})
+    answer = areal.json("POST", "/areal_update_weights", json={"model_path": str(root / "next")})
+    assert answer["success"] is True, answer
+    areal.json("POST", "/areal_continue_generation", json={})
+    assert oracle_greedy(areal, PROMPT, N_TOKENS) == hf_greedy_ids(root / "next", PROMPT, N_TOKENS)
+
+
+def test_sleep_and_wake_with_tags(areal):
+    areal.call("POST", "/sleep", json={})
+    areal.call("POST", "/wake_up?tags=weights&tags=kv_cache", json={})
+    tokens, _, _ = parse(areal.json("POST", "/v1/completions", json=completion_body()))
+    assert tokens
