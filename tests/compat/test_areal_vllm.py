@@ -71,6 +71,7 @@ def test_health_and_rollout(areal, root):
     assert tokens == hf_greedy_ids(root / "base", PROMPT, N_TOKENS)[: len(tokens)]
 
 
+@pytest.mark.xfail(strict=True, reason="not yet: AReaL's vLLM extension routes /areal_pause_generation, /areal_update_weights, /areal_continue_generation are not implemented")
 def test_disk_update(areal, root):
     areal.json("POST", "/areal_pause_generation", json={})
     answer = areal.json("POST", "/areal_update_weights", json={"model_path": str(root / "next")})

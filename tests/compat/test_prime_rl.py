@@ -67,6 +67,7 @@ def test_health_models_rollout(prime):
     assert answer["usage"]["completion_tokens"] == len(logprobs)
 
 
+@pytest.mark.xfail(strict=True, reason="not yet: prime-rl's POST /update_weights {weight_dir} is not implemented")
 def test_update_weights_keeps_inflight_requests(prime, root):
     prompt = [3, 14, 15, 92, 65]
     assert oracle_greedy(prime, prompt, N_TOKENS) == hf_greedy_ids(root / "base", prompt, N_TOKENS)

@@ -56,6 +56,7 @@ def generate_body(n: int, temperature: float) -> dict:
             "structured_outputs_regex": None, "generation_kwargs": {}}
 
 
+@pytest.mark.xfail(strict=True, reason="not yet: TRL's own vllm-serve routes (/health/, /generate/ with TRL's body) are not implemented")
 def test_health_and_generate(trl, root):
     trl.call("GET", "/health/")
     answer = trl.json("POST", "/generate/", json=generate_body(n=2, temperature=1.0))
@@ -69,6 +70,7 @@ def test_health_and_generate(trl, root):
         assert ids == hf_greedy_ids(root / "base", prompt, N_TOKENS)[: len(ids)]
 
 
+@pytest.mark.xfail(strict=True, reason="not yet: TRL's own vllm-serve routes (/reset_prefix_cache/, /get_world_size/, /close_communicator/) are not implemented")
 def test_reset_prefix_cache_and_world_size(trl):
     trl.call("POST", "/reset_prefix_cache/")
     assert trl.json("GET", "/get_world_size/")["world_size"] == 1
