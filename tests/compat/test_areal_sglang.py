@@ -27,24 +27,12 @@ from __future__ import annotations
 
 import pytest
 
-from support.replay import GroupTrainer, Replay, hf_greedy_ids, oracle_greedy, start_server, weights_root
+from support.replay import GroupTrainer, Replay, hf_greedy_ids, oracle_greedy
 from support.serve_process import free_port
 
 PROMPT = [7, 120, 33, 204, 65, 9]
 N_TOKENS = 8
 GROUP = "update_weight_group_0"
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return weights_root(tmp_path_factory.mktemp("areal-sglang-weights"))
-
-
-@pytest.fixture(scope="module")
-def server(root):
-    proc = start_server(root, "--admin-on-data-port")
-    yield proc
-    assert proc.stop() == 0, proc.log()
 
 
 @pytest.fixture(scope="module")

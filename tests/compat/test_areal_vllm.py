@@ -24,22 +24,10 @@ from __future__ import annotations
 
 import pytest
 
-from support.replay import Replay, hf_greedy_ids, oracle_greedy, start_server, weights_root
+from support.replay import Replay, hf_greedy_ids, oracle_greedy
 
 PROMPT = [11, 230, 5, 77, 102, 8]
 N_TOKENS = 8
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return weights_root(tmp_path_factory.mktemp("areal-vllm-weights"))
-
-
-@pytest.fixture(scope="module")
-def server(root):
-    proc = start_server(root, "--admin-on-data-port")
-    yield proc
-    assert proc.stop() == 0, proc.log()
 
 
 @pytest.fixture(scope="module")

@@ -26,23 +26,12 @@ import concurrent.futures
 
 import pytest
 
-from support.replay import Replay, hf_greedy_ids, oracle_greedy, start_server, weights_root
+from support.replay import Replay, hf_greedy_ids, oracle_greedy
 
 TOKEN = "prime-rl-admin-token"
 N_TOKENS = 8
 MESSAGES = [{"role": "user", "content": "Count to five."}]
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return weights_root(tmp_path_factory.mktemp("prime-rl-weights"))
-
-
-@pytest.fixture(scope="module")
-def server(root):
-    proc = start_server(root, "--admin-on-data-port", env={"TRILLIUM_ADMIN_TOKEN": TOKEN})
-    yield proc
-    assert proc.stop() == 0, proc.log()
+SERVE_ENV = {"TRILLIUM_ADMIN_TOKEN": TOKEN}  # the client sends it as its API key (conftest.py)
 
 
 @pytest.fixture(scope="module")

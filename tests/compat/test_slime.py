@@ -35,24 +35,12 @@ import concurrent.futures
 
 import pytest
 
-from support.replay import GroupTrainer, Replay, hf_greedy_ids, oracle_greedy, start_server, weights_root
+from support.replay import GroupTrainer, Replay, hf_greedy_ids, oracle_greedy
 from support.serve_process import free_port
 
 PROMPT = [5, 17, 99, 250, 31, 400, 3]
 N_TOKENS = 8
 GROUP = "slime-pp_0"
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return weights_root(tmp_path_factory.mktemp("slime-weights"))
-
-
-@pytest.fixture(scope="module")
-def server(root):
-    proc = start_server(root, "--admin-on-data-port")
-    yield proc
-    assert proc.stop() == 0, proc.log()
 
 
 @pytest.fixture(scope="module")

@@ -33,22 +33,10 @@ import pickle
 import pytest
 import torch
 
-from support.replay import Replay, hf_greedy_ids, oracle_greedy, start_server, weights_root
+from support.replay import Replay, hf_greedy_ids, oracle_greedy
 
 PROMPT = [19, 402, 56, 7, 300, 61, 12]
 N_TOKENS = 8
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return weights_root(tmp_path_factory.mktemp("verl-weights"))
-
-
-@pytest.fixture(scope="module")
-def server(root):
-    proc = start_server(root, "--admin-on-data-port")
-    yield proc
-    assert proc.stop() == 0, proc.log()
 
 
 @pytest.fixture(scope="module")
