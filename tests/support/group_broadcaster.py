@@ -26,25 +26,8 @@ import sys
 import torch
 import torch.distributed
 from safetensors.torch import load_file
-
-
-def init_custom_process_group(backend: str, init_method: str, timeout, world_size: int, rank: int, group_name: str):
-    from torch.distributed.distributed_c10d import (
-        Backend,
-        PrefixStore,
-        _new_process_group_helper,
-        _world,
-        rendezvous,
-    )
-
-    store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
-    store.set_timeout(timeout)
-    store = PrefixStore(group_name, store)
-    group, _ = _new_process_group_helper(
-        world_size, rank, [], Backend(backend), store, group_name=group_name, backend_options=None, timeout=timeout,
-    )
-    _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
-    return group
+# WHY a plain import: this file runs as a script, so tests/support is on sys.path.
+from sglang_trainer import init_custom_process_group
 
 
 def main(port: int, group_name: str, world_size: int, checkpoint: str, names_path: str, timeout_s: float) -> None:
