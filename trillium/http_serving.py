@@ -61,10 +61,15 @@ async def serve_quart_app(
     name: str,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     graceful_timeout_s: float = 5.0,
+    certfile: str | None = None,
+    keyfile: str | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until cancelled or `shutdown_trigger` returns; started() reports the bound port."""
+    """Serve until cancelled or `shutdown_trigger` returns; started() reports the bound port.
+    `certfile` + `keyfile` (PEM files): TLS (vLLM's --ssl-certfile / --ssl-keyfile)."""
     config = HypercornConfig()
+    config.certfile = certfile
+    config.keyfile = keyfile
     config.bind = [_bind_address(host, port)]
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")

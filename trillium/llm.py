@@ -45,12 +45,25 @@ class LLM:
     adapter; one call may mix adapters and the base model (a list with one
     LoRARequest or None per prompt)."""
 
-    def __init__(self, model: str, **engine_args) -> None:
+    def __init__(self, model: str, *, revision: str | None = None, download_dir: str | None = None,
+                 trust_remote_code: bool = False, **engine_args) -> None:
+        from trillium.generation_defaults import load_sampling_defaults
+        from trillium.hub import check_no_remote_code, resolve_model_path
         from trillium.models.tokenizer import load_tokenizer
         from trillium.observability.tracing import RequestTracing
 
+        # vLLM's LLM(model=...) arguments: a Hub id resolves into the HF cache (trillium/hub.py).
+        model = resolve_model_path(model, revision, download_dir)
+        check_no_remote_code(model, trust_remote_code)
+        if engine_args.get("tokenizer"):
+            engine_args["tokenizer"] = resolve_model_path(engine_args["tokenizer"], None, download_dir)
         self.config = EngineConfig.build(model=model, **engine_args).resolve()
-        self.tokenizer = load_tokenizer(model)
+        self.tokenizer = load_tokenizer(self.config.tokenizer_path)
+        # vLLM's LLM.get_default_sampling_params: generation_config.json's defaults when
+        # generate() / chat() get no SamplingParams.
+        self.sampling_defaults = load_sampling_defaults(model, self.config.generation_config,
+                                                        self.config.override_generation_config)
+        log.info("%s", self.sampling_defaults.describe())
         self.tracing = RequestTracing.from_config(self.config, "api")
         self._actor_config = ActorConfig(self.config, Addresses.inproc())
         self._ids = itertools.count()
@@ -114,6 +127,14 @@ class LLM:
     def get_tokenizer(self):
         return self.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams() with the model's generation_config.json defaults (vLLM's method)."""
+        defaults = self.sampling_defaults
+        kwargs = defaults.fill({})
+        if defaults.default_max_tokens is not None:
+            kwargs["max_tokens"] = defaults.default_max_tokens
+        return SamplingParams(**kwargs)
+
     def get_stats(self):
         """The engine's latest per-step SchedulerStats (None before the first step)."""
         return self._client.last_stats if self._client is not None else None
@@ -130,7 +151,7 @@ class LLM:
 
         `lora`: a LoRARequest for every prompt, or one LoRARequest / None per prompt."""
         items = self._normalize_prompts(prompts)
-        params = _broadcast_params(sampling_params, len(items))
+        params = _broadcast_params(sampling_params, len(items), self.get_default_sampling_params())
         prepared = [self._prepare(text, ids, p) for (text, ids), p in zip(items, params)]
         priorities = list(priority) if priority is not None else [0] * len(prepared)
         if len(priorities) != len(prepared):
@@ -272,9 +293,9 @@ class LLM:
         return result
 
 
-def _broadcast_params(params, count: int) -> list[SamplingParams]:
+def _broadcast_params(params, count: int, default: SamplingParams) -> list[SamplingParams]:
     if params is None:
-        return [SamplingParams()] * count
+        return [default] * count
     if isinstance(params, SamplingParams):
         return [params] * count
     params = list(params)

@@ -48,6 +48,7 @@ from trillium.actors.client import EngineClient
 from trillium.actors.assembly import ActorConfig, Addresses, engine_specs
 from trillium.actors.supervisor import ActorFailed, Supervision, run_in_subprocesses
 from trillium.config import EngineConfig
+from trillium.http_cors import CorsPolicy, with_cors
 
 log = logging.getLogger("trillium.serve")
 
@@ -68,6 +69,15 @@ class ServerConfig:
     allowed_lora_paths: tuple[str, ...] | None = None  # None: the directories of lora_modules
     admin_on_data_port: bool = False  # also mount the admin routes on the data port
     data_port_admin_open: bool = False  # resolved: those routes need no token (loopback, no token given)
+    # vLLM-compatible flags (cli_compat.py): more names the model answers to, the chat reply
+    # role, the logprobs cap, request logging, CORS (None: off), TLS on the data port.
+    extra_model_names: tuple[str, ...] = ()
+    response_role: str = "assistant"
+    max_logprobs: int = 20
+    log_requests: bool = False
+    cors: "CorsPolicy | None" = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
 
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
@@ -132,7 +142,12 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
 
     ipc_dir = tempfile.mkdtemp(prefix="trillium-ipc-")
     config = ActorConfig(engine_config, Addresses.ipc(ipc_dir))
-    tokenizer = await trio.to_thread.run_sync(load_tokenizer, engine_config.model)
+    from trillium.generation_defaults import load_sampling_defaults
+
+    tokenizer = await trio.to_thread.run_sync(load_tokenizer, engine_config.tokenizer_path)
+    defaults = load_sampling_defaults(engine_config.model, engine_config.generation_config,
+                                      engine_config.override_generation_config)
+    log.info("%s", defaults.describe())
     vocab_size = load_model_config(engine_config.model).vocab_size
     client = EngineClient(config)
     status = EngineStatus(lambda: client.last_stats)
@@ -158,7 +173,7 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
             engine = DataPlaneEngine(
                 client=client,
                 tokenizer=tokenizer,
-                served_model_name=engine_config.served_model_name,
+                served_model_name=(engine_config.served_model_name, *server_config.extra_model_names),
                 max_model_len=engine_config.max_model_len,
                 vocab_size=vocab_size,
                 api_key=server_config.api_key,
@@ -169,6 +184,10 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
                 metrics_registry=registry,
                 tracing=tracing,
                 loras=loras,
+                sampling_defaults=defaults,
+                max_logprobs=server_config.max_logprobs,
+                response_role=server_config.response_role,
+                log_requests=server_config.log_requests,
             )
             app = create_app(engine)
             admin = _admin_engine(
@@ -183,14 +202,17 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
                 shutdown_trigger=shutdown.wait, graceful_timeout_s=server_config.shutdown_timeout_s,
             )
             data_app = app
+            if server_config.cors is not None:
+                data_app = with_cors(data_app, server_config.cors)
             if server_config.admin_on_data_port:
                 # WHY the admin port first: it runs the admin app's lifespan, which the mount relies on.
                 admin_port = await nursery.start(serve_admin)
-                data_app = _with_admin_routes(app, admin_app, server_config)
+                data_app = _with_admin_routes(data_app, admin_app, server_config)
             port = await nursery.start(
                 functools.partial(
                     serve_app, data_app, server_config.host, server_config.port,
                     shutdown_trigger=shutdown.wait, graceful_timeout_s=server_config.shutdown_timeout_s,
+                    certfile=server_config.ssl_certfile, keyfile=server_config.ssl_keyfile,
                 )
             )
             if not server_config.admin_on_data_port:
@@ -201,8 +223,9 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
                 ", ".join(admin.weight_paths.roots) or "nowhere", admin.profile_dir,
             )
             log.info(
-                "serving %s on http://%s:%d  (KV cache: %d tokens = %d blocks x %d; max_model_len %d)",
-                engine_config.served_model_name, server_config.host, port,
+                "serving %s on %s://%s:%d  (KV cache: %d tokens = %d blocks x %d; max_model_len %d)",
+                ", ".join((engine_config.served_model_name, *server_config.extra_model_names)),
+                "https" if server_config.ssl_certfile else "http", server_config.host, port,
                 engine_config.num_kv_tokens, engine_config.num_blocks, engine_config.block_size,
                 engine_config.max_model_len,
             )

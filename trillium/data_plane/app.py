@@ -137,10 +137,13 @@ async def serve_app(
     *,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     graceful_timeout_s: float = 5.0,
+    certfile: str | None = None,
+    keyfile: str | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until cancelled or `shutdown_trigger` returns; started() reports the bound port."""
+    """Serve until cancelled or `shutdown_trigger` returns; started() reports the bound port.
+    `certfile` + `keyfile` (PEM): HTTPS instead of HTTP."""
     await serve_quart_app(
         app, host, port, name="data plane", shutdown_trigger=shutdown_trigger,
-        graceful_timeout_s=graceful_timeout_s, task_status=task_status,
+        graceful_timeout_s=graceful_timeout_s, certfile=certfile, keyfile=keyfile, task_status=task_status,
     )

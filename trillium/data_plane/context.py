@@ -79,6 +79,19 @@ class DataPlaneEngine:
     metrics_registry: Any = None
     tracing: "RequestTracing | None" = None
     loras: Any = None  # trillium.lora.registry.LoRARegistry shared with the control plane; None: LoRA off
+    # vLLM compatibility (cli_compat.py): the generation_config.json defaults
+    # (generation_defaults.SamplingDefaults; None: none), the largest logprobs a request
+    # may ask for, the chat reply's role, and --enable-log-requests.
+    sampling_defaults: Any = None
+    max_logprobs: int = 20
+    response_role: str = "assistant"
+    log_requests: bool = False
+
+    @property
+    def defaults(self):
+        from trillium.generation_defaults import NO_DEFAULTS
+
+        return self.sampling_defaults or NO_DEFAULTS
 
     @property
     def model_name(self) -> str:

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trillium.data_plane.errors import bad_request, param_of
 from trillium.data_plane.protocol import MAX_N, Int64
+from trillium.generation_defaults import NO_DEFAULTS, SamplingDefaults
 from trillium.sampling_params import SamplingParams
 from trillium.validation import check_request
 
@@ -247,9 +248,11 @@ def parse_generate(body: bytes) -> GenerateRequest:
                            prompt_field=prompt_field)
 
 
-def engine_params(spec: PromptSpec, num_prompt_tokens: int) -> SamplingParams:
+def engine_params(spec: PromptSpec, num_prompt_tokens: int,
+                  defaults: SamplingDefaults = NO_DEFAULTS) -> SamplingParams:
     """The engine's SamplingParams for one prompt (prompt logprobs only where
-    `logprob_start_len` asks for positions before the last prompt token)."""
+    `logprob_start_len` asks for positions before the last prompt token);
+    `defaults`: generation_config.json's, for the sampling fields left null."""
     sp = spec.sampling
     kwargs: dict[str, Any] = dict(
         n=sp.n or 1,
@@ -260,12 +263,13 @@ def engine_params(spec: PromptSpec, num_prompt_tokens: int) -> SamplingParams:
         ignore_eos=bool(sp.ignore_eos),
         skip_special_tokens=sp.skip_special_tokens is not False,
         include_stop_str_in_output=bool(sp.no_stop_trim),
-        top_k=-1 if sp.top_k is None else sp.top_k,
     )
-    for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
+    for name in ("top_k", "temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
+                 "repetition_penalty"):
         value = getattr(sp, name)
         if value is not None:
             kwargs[name] = value
+    kwargs = defaults.fill(kwargs)
     if spec.return_logprob:
         kwargs["logprobs"] = spec.top_logprobs_num
         if 0 <= spec.logprob_start_len < num_prompt_tokens - 1:
@@ -294,14 +298,18 @@ def _wire_error(exc: ValueError, prompt_field: str):
 
 
 def check_generate_prompt(
-    token_ids: Sequence[int], spec: PromptSpec, *, prompt_field: str, vocab_size: int, max_model_len: int
+    token_ids: Sequence[int], spec: PromptSpec, *, prompt_field: str, vocab_size: int, max_model_len: int,
+    defaults: SamplingDefaults = NO_DEFAULTS, max_logprobs: int = 20,
 ) -> SamplingParams:
     """The engine's params for one tokenized prompt, checked; a 400 in the wire's names."""
     if spec.return_logprob and spec.logprob_start_len >= len(token_ids):
         raise bad_request(f"logprob_start_len: ({spec.logprob_start_len}) is not below the number of prompt "
                           f"tokens ({len(token_ids)})", "logprob_start_len")
+    if spec.return_logprob and spec.top_logprobs_num > max_logprobs:
+        raise bad_request(f"top_logprobs_num: at most {max_logprobs} (the server's --max-logprobs), got "
+                          f"{spec.top_logprobs_num}", "top_logprobs_num")
     try:
-        return check_request(token_ids, engine_params(spec, len(token_ids)), vocab_size=vocab_size,
+        return check_request(token_ids, engine_params(spec, len(token_ids), defaults), vocab_size=vocab_size,
                              max_model_len=max_model_len)
     except ValueError as exc:
         raise _wire_error(exc, prompt_field) from None

@@ -75,9 +75,10 @@ class Generation:
     `weight_version` is the engine's weight version when the request was
     admitted: the one every part of its response reports."""
 
-    def __init__(self, client, weight_version: str = "0") -> None:
+    def __init__(self, client, weight_version: str = "0", *, log_requests: bool = False) -> None:
         self._client = client
         self.weight_version = weight_version
+        self._log_requests = log_requests  # --enable-log-requests
         self.choices: list[Choice] = []
         self._submitting = False
 
@@ -113,6 +114,9 @@ class Generation:
                     engine_id = request_ids[prompt_index]
                 else:
                     engine_id = request_id if len(prompts) == 1 else f"{request_id}-{prompt_index}"
+                if self._log_requests:
+                    log.info("request %s: %d prompt tokens, lora %d, params %s", engine_id, len(ids),
+                             lora_ids[prompt_index], prompt_params)
                 streams = await self._client.generate(engine_id, ids, prompt_params, eos_token_ids, priority=priority,
                                                       trace=trace, lora_id=lora_ids[prompt_index],
                                                       cache_salt=cache_salt)

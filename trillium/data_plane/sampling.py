@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
+
 from trillium.data_plane.errors import bad_request, from_value_error
 from trillium.data_plane.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from trillium.generation_defaults import NO_DEFAULTS, SamplingDefaults
 from trillium.sampling_params import SamplingParams
 from trillium.validation import check_request
 
@@ -32,7 +35,13 @@ def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
     return bias
 
 
-def _common(req: SamplingRequest) -> dict:
+def _check_max_logprobs(name: str, value: int | None, max_logprobs: int) -> None:
+    # vLLM's --max-logprobs: asking for more is a 400 naming the field.
+    if value is not None and value > max_logprobs:
+        raise bad_request(f"{name}: at most {max_logprobs} (the server's --max-logprobs), got {value}", name)
+
+
+def _common(req: SamplingRequest, defaults: SamplingDefaults) -> dict:
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options: only allowed when stream is true", "stream_options")
     if req.stream_options is not None and req.stream_options.continuous_usage_stats:
@@ -61,10 +70,11 @@ def _common(req: SamplingRequest) -> dict:
         value = getattr(req, name)
         if value is not None:
             kwargs[name] = value
-    return kwargs
+    return defaults.fill(kwargs)  # generation_config.json's defaults where the request left a field unset
 
 
-def completion_params(req: CompletionRequest) -> SamplingParams:
+def completion_params(req: CompletionRequest, defaults: SamplingDefaults = NO_DEFAULTS,
+                      max_logprobs: int = 20) -> SamplingParams:
     if req.suffix:
         raise bad_request("suffix: is not supported", "suffix")
     if req.best_of is not None and req.best_of != req.n:
@@ -73,15 +83,18 @@ def completion_params(req: CompletionRequest) -> SamplingParams:
     prompt_logprobs = req.prompt_logprobs
     if prompt_logprobs is None and req.echo:
         prompt_logprobs = req.logprobs
+    _check_max_logprobs("logprobs", req.logprobs, max_logprobs)
+    _check_max_logprobs("prompt_logprobs", req.prompt_logprobs, max_logprobs)
     return SamplingParams(
-        **_common(req),
-        max_tokens=req.max_tokens,
+        **_common(req, defaults),
+        max_tokens=req.max_tokens if req.max_tokens is None else defaults.max_tokens(req.max_tokens),
         logprobs=req.logprobs,
         prompt_logprobs=prompt_logprobs,
     )
 
 
-def chat_params(req: ChatCompletionRequest) -> SamplingParams:
+def chat_params(req: ChatCompletionRequest, defaults: SamplingDefaults = NO_DEFAULTS,
+                max_logprobs: int = 20) -> SamplingParams:
     if req.tools:
         raise bad_request("tools: tool calling is not supported", "tools")
     if req.tool_choice is not None and req.tool_choice != "none":
@@ -91,9 +104,11 @@ def chat_params(req: ChatCompletionRequest) -> SamplingParams:
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs: requires logprobs to be true", "top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    _check_max_logprobs("top_logprobs", req.top_logprobs, max_logprobs)
+    _check_max_logprobs("prompt_logprobs", req.prompt_logprobs, max_logprobs)
     return SamplingParams(
-        **_common(req),
-        max_tokens=max_tokens,
+        **_common(req, defaults),
+        max_tokens=max_tokens if max_tokens is None else defaults.max_tokens(max_tokens),
         logprobs=(req.top_logprobs or 0) if req.logprobs else None,
         prompt_logprobs=req.prompt_logprobs,
     )
@@ -131,7 +146,12 @@ def check_prompt(
     vocab_size: int,
     max_model_len: int,
     renames: dict[str, str],
+    default_max_tokens: int | None = None,
 ) -> SamplingParams:
+    """`default_max_tokens` (generation_config.json's max_new_tokens): the cap of a request
+    without max_tokens, within what the context leaves (vLLM's get_max_tokens)."""
+    if params.max_tokens is None and default_max_tokens is not None and len(prompt_token_ids) < max_model_len:
+        params = attrs.evolve(params, max_tokens=min(default_max_tokens, max_model_len - len(prompt_token_ids)))
     try:
         return check_request(prompt_token_ids, params, vocab_size=vocab_size, max_model_len=max_model_len)
     except ValueError as exc:

@@ -70,7 +70,7 @@ class AppState:
         engine_state, weight_version = self.engine.current_status()
         if engine_state != EngineState.SERVING:  # the one state in which requests are admitted
             raise engine_not_ready(engine_state, RETRY_AFTER_S)
-        generation = Generation(self.engine.client, weight_version)
+        generation = Generation(self.engine.client, weight_version, log_requests=self.engine.log_requests)
         self.inflight.admit(generation)
         return generation
 

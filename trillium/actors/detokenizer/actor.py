@@ -35,7 +35,7 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
 
     cfg = ActorConfig.from_bytes(config)
     codec = engine_codec()
-    tokenizer = await trio.to_thread.run_sync(load_tokenizer, cfg.engine.model)
+    tokenizer = await trio.to_thread.run_sync(load_tokenizer, cfg.engine.tokenizer_path)
     registry = DetokenizerRegistry(tokenizer.backend)
     mailbox = Mailbox.bind(cfg.addresses.detokenizer, codec)
     to_api = Outbox.connect(cfg.addresses.api, codec)

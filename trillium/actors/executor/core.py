@@ -64,6 +64,8 @@ class ExecutorCore:
         self.dtype = _DTYPES[config.dtype]
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        # vLLM's --seed: requests without their own seed draw from the default generator.
+        torch.manual_seed(config.seed)
         self.model, self.model_config = load_model(
             config.model, dtype=config.dtype, device=config.device, max_positions=config.max_model_len
         )

@@ -111,7 +111,7 @@ def blueprint(state: AppState) -> Blueprint:
         model = state.resolve_model(req.model)
         ids = RequestIds("chatcmpl", request.headers, req.request_id)
         trace = sample_request(state.engine.tracing, request.headers, model)  # None unless traced
-        params = chat_params(req)
+        params = chat_params(req, state.engine.defaults, state.engine.max_logprobs)
         engine = state.engine
         if req.priority:
             check_priority(req.priority, engine.client.config.engine.scheduling_policy)
@@ -129,9 +129,10 @@ def blueprint(state: AppState) -> Blueprint:
         if words:
             params = attrs.evolve(params, bad_words_token_ids=words)
         checked = check_prompt(prompt_ids, params, vocab_size=engine.vocab_size,
-                               max_model_len=engine.max_model_len, renames=chat_renames(req))
+                               max_model_len=engine.max_model_len, renames=chat_renames(req),
+                               default_max_tokens=engine.defaults.default_max_tokens)
         # vLLM's get_chat_request_role: without a generation prompt the reply continues the last message.
-        role = "assistant" if add_generation_prompt else req.messages[-1].role
+        role = engine.response_role if add_generation_prompt else req.messages[-1].role
         chat = _Chat(state, req, ids, model, prompt_ids, role)
         generation = state.admit()
         chat.weight_version = generation.weight_version

@@ -154,7 +154,7 @@ def blueprint(state: AppState) -> Blueprint:
         model = state.resolve_model(req.model)
         ids = RequestIds("cmpl", request.headers, req.request_id)
         trace = sample_request(state.engine.tracing, request.headers, model)  # None unless traced
-        params = completion_params(req)
+        params = completion_params(req, state.engine.defaults, state.engine.max_logprobs)
         engine = state.engine
         if req.priority:
             check_priority(req.priority, engine.client.config.engine.scheduling_policy)
@@ -166,7 +166,7 @@ def blueprint(state: AppState) -> Blueprint:
             params = attrs.evolve(params, bad_words_token_ids=words)
         checked = [
             check_prompt(p, params, vocab_size=engine.vocab_size, max_model_len=engine.max_model_len,
-                         renames=completion_renames(req))
+                         renames=completion_renames(req), default_max_tokens=engine.defaults.default_max_tokens)
             for p in prompts
         ]
         echo_texts = await _echo_texts(state, req.prompt, encoded, prompts, params) if req.echo else None

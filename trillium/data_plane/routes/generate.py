@@ -180,7 +180,8 @@ def blueprint(state: AppState) -> Blueprint:
                    for spec in req.prompts]
         checked = [
             check_generate_prompt(ids, spec, prompt_field=req.prompt_field, vocab_size=engine.vocab_size,
-                                  max_model_len=engine.max_model_len)
+                                  max_model_len=engine.max_model_len, defaults=engine.defaults,
+                                  max_logprobs=engine.max_logprobs)
             for ids, spec in zip(prompts, req.prompts)
         ]
         trace = sample_request(engine.tracing, request.headers, req.prompts[0].lora_path or engine.model_name)

@@ -1,0 +1,251 @@
+"""vLLM's and SGLang's command lines, read by `trillium serve`.
+
+A `vllm serve MODEL ...` or `python -m sglang.launch_server --model-path
+MODEL ...` line starts Trillium unchanged (the model swapped for a path or
+a Hub id). This module holds what that needs beyond Trillium's own flags:
+
+- `human_readable_int` / `model_len`: vLLM's integer syntax (`32k` = 32000,
+  `32K` = 32768, `-1` / `auto`), vllm/engine/arg_utils.py.
+- `expand_config_file(argv)`: vLLM's `--config config.yaml` (a mapping of
+  flag names to values), spliced in before the command line's own flags so
+  the command line wins (vllm/utils/argparse_utils.py FlexibleArgumentParser).
+- `add_serve_args(parser)`: the accepted vLLM / SGLang flags that have no
+  home in Trillium's own groups, and the refused ones, each with its help.
+- `check_serve_args(args)`: the refusals (a flag whose vLLM meaning Trillium
+  does not implement exits with a message saying what Trillium does
+  instead: never a silent no-op) and the notes logged for flags whose
+  meaning Trillium already has by construction.
+
+No state; the parser holds the values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+
+log = logging.getLogger("trillium.cli")
+
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def human_readable_int(value: str) -> int:
+    """vLLM's: '1k' -> 1000, '1K' -> 1024, '25.6k' -> 25600; decimals only with k/m/g/t."""
+    text = str(value).strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text)
+    if match is None:
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid integer {value!r} (e.g. 4096, 32k, 32K)") from None
+    number, suffix = match.groups()
+    if suffix in _DECIMAL:
+        return int(float(number) * _DECIMAL[suffix])
+    if "." in number:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: decimals are not allowed with binary suffixes like {suffix}; "
+            f"did you mean {number}{suffix.lower()}?")
+    return int(number) * _BINARY[suffix]
+
+
+def model_len(value: str) -> int:
+    """--max-model-len: a human-readable int, or -1 / auto (the longest context the KV cache holds)."""
+    text = str(value).strip()
+    if text == "-1" or text.lower() == "auto":
+        return -1
+    number = human_readable_int(text)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"--max-model-len {value!r}: must be positive, -1 or auto")
+    return number
+
+
+def json_object(value: str) -> dict:
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {value!r}") from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}")
+    return parsed
+
+
+# -- --config config.yaml ------------------------------------------------------
+
+def _config_path(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(the --config path, argv without it)."""
+    for i, arg in enumerate(argv):
+        if arg == "--config":
+            if i + 1 >= len(argv):
+                raise SystemExit("--config needs a path to a YAML file")
+            return argv[i + 1], argv[:i] + argv[i + 2:]
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1], argv[:i] + argv[i + 1:]
+    return None, argv
+
+
+def _yaml_flags(path: str) -> list[str]:
+    import yaml
+
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SystemExit(f"--config {path}: cannot read it as YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise SystemExit(f"--config {path}: expected a mapping of flag names to values")
+    flags: list[str] = []
+    for key, value in data.items():
+        # WHY a separate flag for the model: a positional MODEL on the command line
+        # overrides the file's, and only two MODELs given on the command line conflict.
+        flag = "--config-model" if key == "model" else "--" + str(key).replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is False:
+            flags.append("--no-" + flag[2:])  # BooleanOptionalAction flags; store_true ones refuse it
+        elif isinstance(value, list):
+            flags += [flag, *(str(v) for v in value)]
+        elif isinstance(value, dict):
+            flags += [flag, json.dumps(value)]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def expand_config_file(argv: list[str]) -> list[str]:
+    """Splice `--config FILE`'s flags in right after the subcommand: later (command-line) flags win."""
+    path, rest = _config_path(argv)
+    if path is None:
+        return argv
+    if not rest or rest[0] != "serve":
+        raise SystemExit("--config is read by `trillium serve` only")
+    return [rest[0], *_yaml_flags(path), *rest[1:]]
+
+
+# -- flags ---------------------------------------------------------------------
+
+def add_model_source_args(group) -> None:
+    """Where the model, tokenizer and sampling defaults come from (serve and generate)."""
+    group.add_argument("--revision", default=None,
+                       help="Hub branch, tag or commit of MODEL when it is a Hub id (default: main)")
+    group.add_argument("--download-dir", default=None,
+                       help="Hugging Face cache directory for Hub models (default: HF_HUB_CACHE, "
+                            "under HF_HOME); with HF_HUB_OFFLINE=1 only the cache is read")
+    group.add_argument("--tokenizer", default=None,
+                       help="tokenizer folder or Hub id (default: the model's)")
+    group.add_argument("--trust-remote-code", action="store_true",
+                       help="accepted for vLLM compatibility; Trillium never runs a model repository's "
+                            "code: a model that needs it (auto_map, unknown architecture) is refused")
+    group.add_argument("--generation-config", default="auto", metavar="auto|vllm|DIR",
+                       help="default sampling parameters (temperature, top_p, top_k, min_p, "
+                            "repetition_penalty, max_new_tokens as max_tokens): auto, from the model's "
+                            "generation_config.json; vllm, none (the API's neutral defaults); DIR, from "
+                            "DIR/generation_config.json. A request's own values win")
+    group.add_argument("--override-generation-config", type=json_object, default=None, metavar="JSON",
+                       help="JSON object of generation-config fields that override the loaded ones, "
+                            "e.g. '{\"temperature\": 0.5}' (applies with --generation-config vllm too)")
+
+
+def add_serve_args(serve) -> None:
+    """vLLM / SGLang flags of `trillium serve` outside Trillium's own groups (see README's flag table)."""
+    compat = serve.add_argument_group(
+        "vLLM / SGLang compatibility (accepted with their meaning, or refused naming what Trillium does)")
+    compat.add_argument("--seed", "--random-seed", type=int, default=0,
+                        help="seed of the executor's random state: requests without their own seed "
+                             "sample reproducibly for the same request order (vLLM's default 0)")
+    compat.add_argument("--gpu-memory-utilization", "--mem-fraction-static", type=float, default=None,
+                        help="CUDA: size the KV cache as this fraction of device memory minus the weights "
+                             "and an activation reserve (instead of --kv-cache-memory). CPU: refused; use "
+                             "--kv-cache-memory or VLLM_CPU_KVCACHE_SPACE (GiB)")
+    compat.add_argument("--enable-sleep-mode", action="store_true",
+                        help="accepted: sleep / wake_up are always available on the admin API (--admin-port)")
+    compat.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
+                        help="Trillium always prefills long prompts in chunks of --max-num-batched-tokens; "
+                             "--no-enable-chunked-prefill is refused")
+    compat.add_argument("--enforce-eager", action="store_true",
+                        help="accepted: Trillium runs eagerly (no CUDA graphs)")
+    compat.add_argument("--disable-log-requests", action="store_true",
+                        help="accepted: Trillium does not log request contents")
+    compat.add_argument("--enable-log-requests", action="store_true",
+                        help="log each request's id, prompt length and sampling parameters at info level")
+    compat.add_argument("--disable-log-stats", action="store_true",
+                        help="accepted: Trillium logs no periodic stats (they are on /metrics)")
+    compat.add_argument("--max-logprobs", type=int, default=20,
+                        help="most logprobs / top_logprobs a request may ask for (at most 20)")
+    compat.add_argument("--response-role", default="assistant",
+                        help="role of chat replies when the request adds a generation prompt")
+    compat.add_argument("--enable-prompt-tokens-details", action="store_true",
+                        help="accepted: usage.prompt_tokens_details.cached_tokens is always reported")
+    compat.add_argument("--uvicorn-log-level", default=None,
+                        choices=["critical", "error", "warning", "info", "debug", "trace"],
+                        help="log level of the HTTP server (Hypercorn); trace also logs every access")
+    compat.add_argument("--tensor-parallel-size", "-tp", "--tp", "--tp-size", type=int, default=1,
+                        help="only 1: Trillium serves one device (--device cuda:N)")
+    compat.add_argument("--pipeline-parallel-size", "-pp", "--pp-size", type=int, default=1, help="only 1")
+    compat.add_argument("--data-parallel-size", "-dp", "--dp", "--dp-size", type=int, default=1,
+                        help="only 1: start one Trillium per device behind a load balancer")
+    compat.add_argument("--quantization", "-q", default=None,
+                        help="refused: Trillium loads float safetensors or GGUF (dequantized at load); "
+                             "for a smaller KV cache use --kv-cache-dtype fp8")
+    compat.add_argument("--load-format", default="auto", help="auto or safetensors (never pickle)")
+    compat.add_argument("--swap-space", type=float, default=None,
+                        help="refused: use --kv-host-bytes with --preemption-mode swap")
+    compat.add_argument("--disable-radix-cache", dest="enable_prefix_caching", action="store_false",
+                        help="SGLang's spelling of --no-enable-prefix-caching")
+    compat.add_argument("--config-model", default=None, help=argparse.SUPPRESS)  # `model:` of --config
+    cors = serve.add_argument_group("CORS (vLLM's flags; off unless one is given)")
+    cors.add_argument("--allowed-origins", type=json.loads, default=None, metavar="JSON",
+                      help="JSON list of origins browsers may call from, e.g. '[\"*\"]'")
+    cors.add_argument("--allowed-methods", type=json.loads, default=None, metavar="JSON",
+                      help="JSON list of methods (default with CORS on: [\"*\"])")
+    cors.add_argument("--allowed-headers", type=json.loads, default=None, metavar="JSON",
+                      help="JSON list of request headers (default with CORS on: [\"*\"])")
+    cors.add_argument("--allow-credentials", action="store_true", help="allow credentials (cookies)")
+    tls = serve.add_argument_group("TLS (the data plane, --port)")
+    tls.add_argument("--ssl-keyfile", default=None, help="PEM private key: serve HTTPS")
+    tls.add_argument("--ssl-certfile", default=None, help="PEM certificate chain: serve HTTPS")
+
+
+def serve_model(args) -> str | None:
+    """MODEL from the positional, --model / --model-path, or --config's `model:`; two different ones exit."""
+    given = [m for m in (args.model_tag, args.model) if m]
+    if len(set(given)) > 1:
+        raise SystemExit(f"two models given: positional {args.model_tag!r} and --model {args.model!r}; "
+                         "give one")
+    return given[0] if given else args.config_model
+
+
+def check_serve_args(args) -> None:
+    """Refuse what Trillium does not implement; log what it does by construction."""
+    for flag, value in (("--tensor-parallel-size", args.tensor_parallel_size),
+                        ("--pipeline-parallel-size", args.pipeline_parallel_size),
+                        ("--data-parallel-size", args.data_parallel_size)):
+        if value != 1:
+            raise SystemExit(f"{flag} {value}: Trillium has no model parallelism yet and serves on one "
+                             "device (--device cuda:N); use 1, or one server per device")
+    refusals = (
+        (args.quantization is not None, f"--quantization {args.quantization}: Trillium loads float safetensors "
+                                        "or GGUF (dequantized at load); use --kv-cache-dtype fp8 for a smaller "
+                                        "KV cache"),
+        (args.load_format not in ("auto", "safetensors"),
+         f"--load-format {args.load_format}: Trillium reads safetensors or GGUF only (auto), never pickle"),
+        (args.swap_space is not None, "--swap-space: Trillium swaps preempted requests' KV to its host tier: "
+                                      "give --kv-host-bytes (e.g. 4GiB) and --preemption-mode swap"),
+        (not args.enable_chunked_prefill, "--no-enable-chunked-prefill: Trillium always prefills in chunks of "
+                                          "--max-num-batched-tokens; set it >= --max-model-len to prefill "
+                                          "every prompt in one step"),
+        (not 0 <= args.max_logprobs <= 20, f"--max-logprobs {args.max_logprobs}: Trillium returns at most 20"),
+        (bool(args.ssl_keyfile) != bool(args.ssl_certfile), "--ssl-keyfile and --ssl-certfile go together"),
+    )
+    for refused, message in refusals:
+        if refused:
+            raise SystemExit(message)
+    notes = ((args.enable_sleep_mode, "--enable-sleep-mode: sleep / wake_up are always on the admin API"),
+             (args.enforce_eager, "--enforce-eager: Trillium always runs eagerly"),
+             (args.disable_log_stats, "--disable-log-stats: Trillium logs no periodic stats (see /metrics)"),
+             (args.trust_remote_code, "--trust-remote-code: accepted; no remote code is ever run"))
+    for given, note in notes:
+        if given:
+            log.info("%s", note)
