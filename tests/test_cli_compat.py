@@ -1,0 +1,163 @@
+"""vLLM's and SGLang's command lines as `trillium serve` reads them (no server started here).
+
+Mirrors vLLM's argument definitions: vllm-project/vllm vllm/engine/arg_utils.py
+(`human_readable_int`, `human_readable_int_or_auto` for --max-model-len,
+--tensor-parallel-size, --gpu-memory-utilization, --seed, --generation-config),
+vllm/entrypoints/openai/cli_args.py (--served-model-name nargs="+",
+--allowed-origins/--allowed-methods/--allowed-headers as JSON lists,
+--allow-credentials, --response-role, --max-logprobs, --ssl-*), and the
+--config YAML of vllm/utils/argparse_utils.py FlexibleArgumentParser (the
+file's flags first, the command line overrides them). SGLang spellings from
+sgl-project/sglang python/sglang/srt/server_args.py (--model-path, --tp /
+--tp-size, --context-length, --mem-fraction-static, --random-seed,
+--max-running-requests, --disable-radix-cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from trillium.cli import build_parser, main
+from trillium.cli_compat import check_serve_args, expand_config_file, human_readable_int, model_len, serve_model
+from trillium.config import EngineConfig, kv_cache_memory_default
+from trillium.http_cors import CorsPolicy
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(expand_config_file(["serve", *argv]))
+
+
+@pytest.mark.parametrize("text, value", [
+    ("1k", 1000), ("1K", 1024), ("25.6k", 25600), ("32k", 32000), ("32K", 32768),
+    ("1m", 10**6), ("1M", 2**20), ("2g", 2 * 10**9), ("1G", 2**30), ("4096", 4096),
+])
+def test_human_readable_int_matches_vllm(text, value):
+    assert human_readable_int(text) == value
+
+
+def test_binary_suffix_refuses_decimals_and_garbage():
+    with pytest.raises(argparse.ArgumentTypeError, match="did you mean 1.5k"):
+        human_readable_int("1.5K")
+    with pytest.raises(argparse.ArgumentTypeError):
+        human_readable_int("lots")
+
+
+def test_max_model_len_auto_and_minus_one():
+    assert model_len("-1") == model_len("auto") == -1
+    assert parse("m", "--max-model-len", "32k").max_model_len == 32000
+    assert parse("m", "--context-length", "2K").max_model_len == 2048  # SGLang's spelling
+    with pytest.raises(SystemExit):
+        parse("m", "--max-model-len", "-5")
+
+
+def test_positional_model_and_aliases():
+    args = parse("org/name", "--tp", "1", "--mem-fraction-static", "0.8", "--random-seed", "7",
+                 "--max-running-requests", "8", "--disable-radix-cache")
+    assert serve_model(args) == "org/name"
+    assert (args.tensor_parallel_size, args.gpu_memory_utilization, args.seed) == (1, 0.8, 7)
+    assert args.max_num_seqs == 8 and args.enable_prefix_caching is False
+    assert serve_model(parse("--model-path", "org/name")) == "org/name"
+    assert serve_model(parse("org/name", "--model", "org/name")) == "org/name"  # same one twice is fine
+    with pytest.raises(SystemExit, match="two models given"):
+        serve_model(parse("org/a", "--model", "org/b"))
+
+
+def test_several_served_model_names():
+    assert parse("m", "--served-model-name", "a", "b", "c").served_model_name == ["a", "b", "c"]
+
+
+def test_config_yaml_then_command_line_overrides(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("model: org/from-yaml\nmax_model_len: 1k\nserved-model-name: [x, y]\nport: 9000\n"
+                    "enable_prefix_caching: false\noverride_generation_config: {temperature: 0.5}\n")
+    args = parse("--config", str(path), "--port", "9001")
+    assert serve_model(args) == "org/from-yaml"
+    assert (args.max_model_len, args.served_model_name, args.port) == (1000, ["x", "y"], 9001)
+    assert args.enable_prefix_caching is False
+    assert args.override_generation_config == {"temperature": 0.5}
+    # A positional MODEL on the command line wins over the file's model.
+    assert serve_model(parse("org/cli", "--config", str(path))) == "org/cli"
+
+
+def test_config_file_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    with pytest.raises(SystemExit, match="mapping"):
+        expand_config_file(["serve", "--config", str(bad)])
+    with pytest.raises(SystemExit, match="cannot read"):
+        expand_config_file(["serve", "--config", str(tmp_path / "missing.yaml")])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tensor-parallel-size", "2"], "--tensor-parallel-size 2: Trillium has no model parallelism"),
+    (["--tp", "4"], "--tensor-parallel-size 4"),
+    (["-pp", "2"], "--pipeline-parallel-size 2"),
+    (["--dp-size", "2"], "--data-parallel-size 2"),
+    (["--quantization", "awq"], "--quantization awq: .*--kv-cache-dtype fp8"),
+    (["--load-format", "pt"], "never pickle"),
+    (["--swap-space", "4"], "--kv-host-bytes"),
+    (["--no-enable-chunked-prefill"], "always prefills in chunks"),
+    (["--max-logprobs", "50"], "at most 20"),
+    (["--ssl-keyfile", "k.pem"], "go together"),
+])
+def test_unsupported_flags_say_what_trillium_does(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        check_serve_args(parse("m", *argv))
+
+
+def test_accepted_flags_pass_the_checks(caplog):
+    args = parse("m", "--enable-sleep-mode", "--enforce-eager", "--enable-chunked-prefill", "--disable-log-stats",
+                 "--disable-log-requests", "--trust-remote-code", "--enable-prompt-tokens-details",
+                 "--tensor-parallel-size", "1", "--load-format", "safetensors", "--uvicorn-log-level", "warning")
+    with caplog.at_level("INFO", logger="trillium.cli"):
+        check_serve_args(args)
+    assert "sleep / wake_up are always on the admin API" in caplog.text
+    assert "no remote code is ever run" in caplog.text
+
+
+def test_serve_exits_before_loading_on_a_refused_flag(tmp_path):
+    with pytest.raises(SystemExit, match="--tensor-parallel-size 2"):
+        main(["serve", str(tmp_path), "--tensor-parallel-size", "2"])
+
+
+def test_gpu_memory_utilization_is_cuda_only():
+    with pytest.raises(ValueError, match="VLLM_CPU_KVCACHE_SPACE"):
+        EngineConfig(model="m", device="cpu", gpu_memory_utilization=0.9)
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        EngineConfig(model="m", device="cuda", gpu_memory_utilization=1.5)
+
+
+def test_vllm_cpu_kvcache_space_sizes_the_cpu_kv_cache():
+    assert kv_cache_memory_default("cpu", {"VLLM_CPU_KVCACHE_SPACE": "2"}) == f"{2 * 2**30}B"
+    assert kv_cache_memory_default("cpu", {}) == "512MiB"
+    assert kv_cache_memory_default("cuda", {"VLLM_CPU_KVCACHE_SPACE": "2"}) == "512MiB"
+    with pytest.raises(ValueError, match="GiB"):
+        kv_cache_memory_default("cpu", {"VLLM_CPU_KVCACHE_SPACE": "lots"})
+    args = parse("m")
+    assert args.kv_cache_memory is None  # so the environment can fill it (cli._engine_kwargs)
+
+
+def test_max_model_len_minus_one_is_what_the_kv_cache_holds(checkpoint):
+    path = str(checkpoint("llama"))  # max_position_embeddings 256
+    small = EngineConfig(model=path, max_model_len=-1, kv_cache_memory="64KiB", block_size=16).resolve()
+    assert small.max_model_len == small.num_kv_tokens < 256
+    large = EngineConfig(model=path, max_model_len=-1, kv_cache_memory="64MiB").resolve()
+    assert large.max_model_len == 256
+
+
+def test_cors_policy_preflight_and_simple_headers():
+    policy = CorsPolicy(["https://app.example"], ["GET", "POST"], ["authorization", "content-type"], True)
+    status, headers, _ = policy.preflight("https://app.example", "POST", "Authorization, Content-Type")
+    names = dict(headers)
+    assert status == 200 and names[b"access-control-allow-origin"] == b"https://app.example"
+    assert names[b"access-control-allow-credentials"] == b"true"
+    assert policy.preflight("https://evil.example", "POST", "")[0] == 400
+    assert policy.preflight("https://app.example", "DELETE", "")[0] == 400
+    assert policy.preflight("https://app.example", "POST", "x-custom")[0] == 400
+    anyone = CorsPolicy()
+    assert dict(anyone.simple_headers("https://a.example"))[b"access-control-allow-origin"] == b"*"
+    with pytest.raises(ValueError):
+        CorsPolicy(json.loads('{"not": "a list"}'))
