@@ -20,14 +20,15 @@ import json
 
 import pytest
 
-from trillium.cli import build_parser, main
+from trillium.cli import build_parser, main, serve_parser
 from trillium.cli_compat import check_serve_args, expand_config_file, human_readable_int, model_len, serve_model
 from trillium.config import EngineConfig, kv_cache_memory_default
 from trillium.http_cors import CorsPolicy
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    return build_parser().parse_args(expand_config_file(["serve", *argv]))
+    parser = build_parser()
+    return parser.parse_args(expand_config_file(["serve", *argv], serve_parser(parser)))
 
 
 @pytest.mark.parametrize("text, value", [
@@ -72,11 +73,12 @@ def test_several_served_model_names():
 def test_config_yaml_then_command_line_overrides(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("model: org/from-yaml\nmax_model_len: 1k\nserved-model-name: [x, y]\nport: 9000\n"
-                    "enable_prefix_caching: false\noverride_generation_config: {temperature: 0.5}\n")
+                    "enable_prefix_caching: false\noverride_generation_config: {temperature: 0.5}\n"
+                    "enable_sleep_mode: false\ntrust_remote_code: true\n")
     args = parse("--config", str(path), "--port", "9001")
     assert serve_model(args) == "org/from-yaml"
     assert (args.max_model_len, args.served_model_name, args.port) == (1000, ["x", "y"], 9001)
-    assert args.enable_prefix_caching is False
+    assert args.enable_prefix_caching is False and args.enable_sleep_mode is False and args.trust_remote_code
     assert args.override_generation_config == {"temperature": 0.5}
     # A positional MODEL on the command line wins over the file's model.
     assert serve_model(parse("org/cli", "--config", str(path))) == "org/cli"
@@ -161,3 +163,22 @@ def test_cors_policy_preflight_and_simple_headers():
     assert dict(anyone.simple_headers("https://a.example"))[b"access-control-allow-origin"] == b"*"
     with pytest.raises(ValueError):
         CorsPolicy(json.loads('{"not": "a list"}'))
+
+
+def test_gpu_memory_utilization_counts_the_checkpoints_weights(checkpoint):
+    """The weight bytes subtracted from --gpu-memory-utilization's share: every tensor of the checkpoint
+    (CPU-checkable part of trillium/gpu_memory.py; the CUDA sizing itself needs a device)."""
+    from safetensors import safe_open
+
+    from trillium.gpu_memory import activation_reserve_bytes, checkpoint_numel
+    from trillium.models.loader import load_model_config
+
+    path = checkpoint("qwen2", sharded=True)
+    expected = 0
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            expected += sum(f.get_tensor(name).numel() for name in f.keys())
+    assert checkpoint_numel(str(path)) == expected
+    config = EngineConfig(model=str(path), max_num_batched_tokens=256, max_num_seqs=4)
+    reserve = activation_reserve_bytes(config, load_model_config(path), "bfloat16")
+    assert reserve > 512 * 2**20

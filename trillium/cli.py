@@ -341,11 +341,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The `serve` subcommand's parser of `build_parser()`."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
+    return sub.choices["serve"]
+
+
 def main(argv: list[str] | None = None) -> int:
     from trillium.cli_compat import expand_config_file
 
-    argv = expand_config_file(list(sys.argv[1:] if argv is None else argv))
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    argv = expand_config_file(list(sys.argv[1:] if argv is None else argv), serve_parser(parser))
+    args = parser.parse_args(argv)
     from trillium.observability import logs
 
     logs.configure(args.log_level)

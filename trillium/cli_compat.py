@@ -86,7 +86,15 @@ def _config_path(argv: list[str]) -> tuple[str | None, list[str]]:
     return None, argv
 
 
-def _yaml_flags(path: str) -> list[str]:
+def _false_flag(flag: str, serve) -> list[str]:
+    """`key: false`: --no-KEY for an on/off flag, nothing for a switch that is off by default."""
+    action = None if serve is None else serve._option_string_actions.get(flag)  # noqa: SLF001
+    if isinstance(action, argparse._StoreTrueAction):  # noqa: SLF001 - off already
+        return []
+    return ["--no-" + flag[2:]]
+
+
+def _yaml_flags(path: str, serve=None) -> list[str]:
     import yaml
 
     try:
@@ -104,7 +112,7 @@ def _yaml_flags(path: str) -> list[str]:
         if value is True:
             flags.append(flag)
         elif value is False:
-            flags.append("--no-" + flag[2:])  # BooleanOptionalAction flags; store_true ones refuse it
+            flags += _false_flag(flag, serve)
         elif isinstance(value, list):
             flags += [flag, *(str(v) for v in value)]
         elif isinstance(value, dict):
@@ -114,14 +122,15 @@ def _yaml_flags(path: str) -> list[str]:
     return flags
 
 
-def expand_config_file(argv: list[str]) -> list[str]:
-    """Splice `--config FILE`'s flags in right after the subcommand: later (command-line) flags win."""
+def expand_config_file(argv: list[str], serve=None) -> list[str]:
+    """Splice `--config FILE`'s flags in right after the subcommand: later (command-line) flags win.
+    `serve`: the serve subparser, to tell on/off flags from switches for `key: false`."""
     path, rest = _config_path(argv)
     if path is None:
         return argv
     if not rest or rest[0] != "serve":
         raise SystemExit("--config is read by `trillium serve` only")
-    return [rest[0], *_yaml_flags(path), *rest[1:]]
+    return [rest[0], *_yaml_flags(path, serve), *rest[1:]]
 
 
 # -- flags ---------------------------------------------------------------------
