@@ -182,3 +182,39 @@ def test_gpu_memory_utilization_counts_the_checkpoints_weights(checkpoint):
     config = EngineConfig(model=str(path), max_num_batched_tokens=256, max_num_seqs=4)
     reserve = activation_reserve_bytes(config, load_model_config(path), "bfloat16")
     assert reserve > 512 * 2**20
+
+
+def test_a_remote_code_model_is_refused_before_anything_starts(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["FancyForCausalLM"], "auto_map": {"AutoModelForCausalLM": "modeling_fancy.FancyLM"}}))
+    with pytest.raises(SystemExit, match="never runs remote code"):
+        main(["serve", str(tmp_path), "--trust-remote-code"])
+
+
+def test_an_unsupported_architecture_fails_at_start_naming_it(tmp_path, checkpoint, caplog):
+    config = json.loads((checkpoint("llama") / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["FalconForCausalLM"],
+                                                      "model_type": "falcon"}))
+    with caplog.at_level("ERROR", logger="trillium.serve"):
+        assert main(["serve", str(tmp_path), "--admin-port", "0"]) == 2
+    assert "FalconForCausalLM" in caplog.text and "LlamaForCausalLM" in caplog.text
+
+
+def test_http_flags_become_server_settings():
+    import logging
+
+    from trillium.cli import _compat_server_kwargs
+
+    args = parse("m", "--allowed-origins", '["https://a.example"]', "--allow-credentials",
+                 "--uvicorn-log-level", "warning", "--response-role", "bot", "--enable-log-requests",
+                 "--max-logprobs", "5")
+    previous = logging.getLogger("hypercorn").level
+    try:
+        kwargs = _compat_server_kwargs(args, ("first", "second"))
+        assert logging.getLogger("hypercorn").level == logging.WARNING
+    finally:
+        logging.getLogger("hypercorn").setLevel(previous)
+    assert kwargs["cors"] == CorsPolicy(["https://a.example"], ["*"], ["*"], True)
+    assert (kwargs["extra_model_names"], kwargs["response_role"], kwargs["max_logprobs"]) == (("second",), "bot", 5)
+    assert kwargs["log_requests"] is True
+    assert _compat_server_kwargs(parse("m"), ("m",))["cors"] is None  # CORS off unless asked for

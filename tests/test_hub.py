@@ -97,3 +97,15 @@ def test_offline_llm_from_the_cache_applies_generation_defaults_and_seed(hub_cac
     assert sampled[0] != sampled[1]
     with LLM(REPO, download_dir=hub_cache["cache"], kv_cache_memory="4MiB", seed=11) as again:
         assert sample_twice(again) == sampled  # --seed: the same unseeded requests in order sample the same
+
+
+def test_tokenizer_from_another_folder(checkpoint):
+    """vLLM's --tokenizer / LLM(tokenizer=...): the api and the detokenizer load that folder's tokenizer
+    (qwen2's adds no BOS; the llama checkpoint's own does)."""
+    model, tokenizer = checkpoint("llama"), checkpoint("qwen2")
+    with LLM(str(model), tokenizer=str(tokenizer), kv_cache_memory="4MiB") as llm:
+        assert llm.config.tokenizer_path == str(tokenizer)
+        assert not llm.tokenizer.adds_bos
+        out = llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=4))[0]
+    assert out.prompt_token_ids[0] != llm.tokenizer.bos_token_id
+    assert out.outputs[0].text == llm.tokenizer.decode(out.outputs[0].token_ids, skip_special_tokens=True)

@@ -57,6 +57,12 @@ class LLM:
         check_no_remote_code(model, trust_remote_code)
         if engine_args.get("tokenizer"):
             engine_args["tokenizer"] = resolve_model_path(engine_args["tokenizer"], None, download_dir)
+        if engine_args.get("kv_cache_memory") is None:  # vLLM's VLLM_CPU_KVCACHE_SPACE on CPU
+            import os
+
+            from trillium.config import kv_cache_memory_default
+
+            engine_args["kv_cache_memory"] = kv_cache_memory_default(engine_args.get("device", "cpu"), os.environ)
         self.config = EngineConfig.build(model=model, **engine_args).resolve()
         self.tokenizer = load_tokenizer(self.config.tokenizer_path)
         # vLLM's LLM.get_default_sampling_params: generation_config.json's defaults when

@@ -101,7 +101,11 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
                     "on http://%s:%d need no token; anyone who can reach that loopback port can use them",
                     server_config.host, server_config.port)
     server_config = attrs.evolve(server_config, admin_token=admin_token, data_port_admin_open=open_mount)
-    engine_config = engine_config.resolve()
+    try:
+        engine_config = engine_config.resolve()
+    except (ValueError, FileNotFoundError) as exc:  # an unsupported model, a context that does not fit, ...
+        log.error("cannot serve %s: %s", engine_config.model, exc)
+        return 2
     try:
         trio.run(_serve, engine_config, server_config)
     except ActorFailed as exc:
