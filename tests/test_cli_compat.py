@@ -218,3 +218,8 @@ def test_http_flags_become_server_settings():
     assert (kwargs["extra_model_names"], kwargs["response_role"], kwargs["max_logprobs"]) == (("second",), "bot", 5)
     assert kwargs["log_requests"] is True
     assert _compat_server_kwargs(parse("m"), ("m",))["cors"] is None  # CORS off unless asked for
+
+
+def test_gpu_memory_utilization_on_cpu_exits_naming_the_cpu_flags(checkpoint):
+    with pytest.raises(SystemExit, match="--kv-cache-memory .*VLLM_CPU_KVCACHE_SPACE"):
+        main(["serve", str(checkpoint("llama")), "--gpu-memory-utilization", "0.5"])

@@ -73,6 +73,10 @@ def _diff_dict(folder: str) -> dict[str, Any]:
     path = os.path.join(folder, "generation_config.json")
     if not os.path.isfile(path):
         return {}
+    with open(path) as f:
+        raw = json.load(f)
+    if not isinstance(raw, dict) or not any(name in raw for name in _READ_FIELDS):
+        return {}  # WHY: no sampling field, so no need to import transformers' generation package
     try:
         from transformers import GenerationConfig
 
@@ -80,9 +84,7 @@ def _diff_dict(folder: str) -> dict[str, Any]:
     except Exception as exc:  # WHY: a config transformers refuses still has readable numbers
         log.warning("generation_config.json in %s: transformers could not read it (%s); "
                     "using its raw values", folder, exc)
-        with open(path) as f:
-            raw = json.load(f)
-        return raw if isinstance(raw, dict) else {}
+        return raw
 
 
 def _checked(values: dict[str, Any]) -> dict[str, Any]:
