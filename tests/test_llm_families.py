@@ -15,6 +15,8 @@ vllm/model_executor/models/qwen2_moe.py `packed_modules_mapping`).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from support.llm_parity import assert_parity, mixed_prompts
@@ -58,10 +60,9 @@ def test_lora_on_moe_experts_is_refused(checkpoint, tmp_path, targets):
     base = checkpoint("qwen3-moe")
     adapter = make_peft_adapter(base, tmp_path / "adapter", seed=3, r=4, lora_alpha=8, target_modules=["q_proj"])
     config_file = adapter / "adapter_config.json"
-    import json
-
     config = json.loads(config_file.read_text())
     config["target_modules"] = targets
     config_file.write_text(json.dumps(config))
     with pytest.raises(AdapterError, match="mixture-of-experts model Qwen3MoeForCausalLM is not supported"):
         load_adapter(adapter, load_model_config(base), max_rank=8)
+

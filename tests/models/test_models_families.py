@@ -15,9 +15,15 @@ masking_utils.py `sliding_window_overlay` (key j visible from query q iff q - wi
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+import sys
+
 import pytest
 import torch
 
+from support.serve_process import free_port
 from support.paged_runner import hf_logits, load_hf, max_abs_diff, random_sequences, run_schedule
 from trillium.kernels import moe as moe_kernels
 from trillium.models import load_model
@@ -142,3 +148,19 @@ def test_fused_moe_matches_the_per_expert_loop(num_tokens):
     ours = moe_kernels.fused_moe(x, w13, w2, weights, ids)
     assert ours.shape == x.shape
     assert torch.allclose(ours, _hf_style_moe(x, w13, w2, weights, ids), atol=1e-5)
+
+
+def test_serve_refuses_an_unsupported_architecture_at_start(checkpoint, tmp_path):
+    """Gemma 3's multimodal checkpoints are what people try first; the text-only class loads."""
+    architecture = "Gemma3ForConditionalGeneration"
+    model = tmp_path / "model"
+    shutil.copytree(checkpoint("llama"), model)
+    config = json.loads((model / "config.json").read_text())
+    config["architectures"] = [architecture]
+    (model / "config.json").write_text(json.dumps(config))
+    cmd = [sys.executable, "-m", "trillium.cli", "serve", "--model", str(model), "--port", str(free_port()),
+           "--admin-port", str(free_port())]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert f"unsupported architecture '{architecture}'" in done.stderr
+    assert "supported: LlamaForCausalLM" in done.stderr and "MixtralForCausalLM, Gemma2ForCausalLM" in done.stderr
