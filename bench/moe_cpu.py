@@ -13,10 +13,26 @@ Three implementations of the same sum over top-k experts, float32:
 Shapes: "mixtral-ish" E 8, k 2, H 512, I 1024 and "qwen3-moe-ish" E 64, k 8,
 H 512, I 256, at 1..1024 tokens; median of --repeats calls, milliseconds.
 
-Measured on the 2-core shared dev box (threads 2, torch 2.13 CPU), ms:
+Measured on the 2-core dev box shared with other jobs (load average ~11,
+so +-30% noise; --threads 1 --repeats 10, torch 2.13 CPU), ms:
 
-    shape          tokens  grouped  hf-loop  bmm
-    (filled in from the run in the commit message / README)
+    shape          tokens  grouped  hf-loop      bmm
+    mixtral-ish         1     3.79     1.89    12.16
+    mixtral-ish         8    17.68    17.34   249.23
+    mixtral-ish        32    44.26    50.00   981.32
+    mixtral-ish       256    90.70    95.83        -
+    mixtral-ish      1024   280.98   351.74        -
+    qwen3-moe-ish       1     6.05    10.61    12.12
+    qwen3-moe-ish       8    31.26    39.30   300.41
+    qwen3-moe-ish      32    72.90    85.75  1015.70
+    qwen3-moe-ish     256   147.47   184.78        -
+    qwen3-moe-ish    1024   442.41   658.76        -
+
+The gathered bmm copies a full expert matrix per (token, expert) pair and
+loses everywhere; grouping wins over HF's loop as experts and tokens grow
+(1.05-1.5x at 256-1024 tokens), ties at decode sizes. The matmuls dominate:
+NOTE the kernel calls F.linear; the oneDNN path `llama.linear` uses was not
+tried here.
 """
 
 from __future__ import annotations
