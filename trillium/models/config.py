@@ -33,6 +33,7 @@ from trillium.models.config_families import (
     GemmaSpec,
     MoeSpec,
     gemma_rope,
+    gguf_moe,
     parse_gemma,
     parse_layer_types,
     parse_moe,
@@ -219,8 +220,12 @@ class ModelConfig:
             raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {sorted(_ARCH_BY_GGUF)}")
         architecture = _ARCH_BY_GGUF[arch]
         name = str(metadata.get("general.name", "")).lower()
-        if arch == "llama" and "mistral" in name:
+        if arch == "llama" and metadata.get("llama.expert_count"):
+            architecture = "MixtralForCausalLM"  # llama.cpp writes Mixtral as llama with experts
+        elif arch == "llama" and "mistral" in name:
             architecture = "MistralForCausalLM"  # same weights layout; as transformers does
+        if any(n.startswith("rope_factors_") for n in tensor_names):
+            raise NotImplementedError(f"GGUF {arch}: longrope (rope_factors_long/short) is not supported")
 
         def get(key: str, default: Any = None) -> Any:
             return metadata.get(f"{arch}.{key}", default)
@@ -237,14 +242,16 @@ class ModelConfig:
         eos = _as_id_tuple(metadata.get("tokenizer.ggml.eos_token_id"))
         for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
             eos += _as_id_tuple(metadata.get(key))
-        has_bias = "blk.0.attn_q.bias" in tensor_names
+        has_bias = "blk.0.attn_q.bias" in tensor_names or "blk.0.attn_qkv.bias" in tensor_names
+        num_layers = int(get("block_count"))
+        window = get("attention.sliding_window")
         return ModelConfig(
             architecture=architecture,
             model_type=_MODEL_TYPE_BY_ARCH[architecture],
             vocab_size=int(vocab_size),
             hidden_size=hidden_size,
             intermediate_size=int(get("feed_forward_length")),
-            num_layers=int(get("block_count")),
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
@@ -261,7 +268,8 @@ class ModelConfig:
             eos_token_ids=_unique(eos),
             # NOTE: GGUF weights are dequantized to float32; callers may ask for less.
             dtype="float32",
-            sliding_window=None,
+            sliding_window=int(window) if window else None,
+            moe=gguf_moe(get, architecture, num_layers),
         )
 
 
@@ -291,6 +299,9 @@ _ARCH_BY_GGUF = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 _MODEL_TYPE_BY_ARCH = {
     "LlamaForCausalLM": "llama",

@@ -70,6 +70,26 @@ def parse_moe(hf: dict[str, Any], architecture: str, num_layers: int) -> MoeSpec
     )
 
 
+def gguf_moe(get: Any, architecture: str, num_layers: int) -> MoeSpec | None:
+    """MoeSpec from llama.cpp metadata (`get(key)` reads `{arch}.key`); every layer is sparse there.
+
+    norm_topk_prob is not stored: llama.cpp's qwen2moe does not renormalise,
+    qwen3moe and Mixtral do (as transformers' GGUF_CONFIG_DEFAULTS_MAPPING).
+    """
+    if architecture not in MOE_ARCHITECTURES:
+        return None
+    mixtral = architecture == "MixtralForCausalLM"
+    norm = get("expert_weights_norm")
+    return MoeSpec(
+        num_experts=int(get("expert_count")),
+        top_k=int(get("expert_used_count")),
+        expert_intermediate_size=int(get("feed_forward_length") if mixtral else get("expert_feed_forward_length")),
+        norm_topk_prob=bool(norm) if norm is not None else architecture != "Qwen2MoeForCausalLM",
+        sparse_layers=tuple(range(num_layers)),
+        shared_expert_intermediate_size=int(get("expert_shared_feed_forward_length") or 0),
+    )
+
+
 def gemma_rope(hf: dict[str, Any], architecture: str) -> tuple[dict[str, Any], float | None]:
     """(the dict `parse_rope_config` reads for the global layers, local rope base or None).
 
