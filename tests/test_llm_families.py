@@ -6,8 +6,9 @@ prefill in chunks, far past every sliding window (16..32 tokens), and
 decode with full and sliding layers side by side (Gemma). Oracle:
 transformers' `generate` (support/oracles.py `hf_greedy`).
 
-LoRA: PEFT adapters (peft installed) on the attention of an MoE model and
-on Phi-3's fused qkv_proj / gate_up_proj, against peft's own greedy tokens;
+LoRA: PEFT adapters (peft installed) on the attention of an MoE model, on
+Phi-3's fused qkv_proj / gate_up_proj and on Gemma 2 (gelu MLP, post-norms),
+against peft's own greedy tokens;
 adapters on an MoE model's MLP are refused, naming the model (vLLM's
 Qwen2-MoE / Mixtral LoRA also leaves experts out: vllm-project/vllm
 vllm/model_executor/models/qwen2_moe.py `packed_modules_mapping`).
@@ -41,7 +42,11 @@ def test_family_greedy_parity_with_transformers(checkpoint, variant):
 
 @pytest.mark.parametrize(
     "variant, targets",
-    [("qwen3-moe", ["q_proj", "k_proj", "v_proj", "o_proj"]), ("phi3", ["qkv_proj", "o_proj", "gate_up_proj"])],
+    [
+        ("qwen3-moe", ["q_proj", "k_proj", "v_proj", "o_proj"]),
+        ("phi3", ["qkv_proj", "o_proj", "gate_up_proj"]),
+        ("gemma2", ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"]),
+    ],
 )
 def test_lora_matches_peft(checkpoint, tmp_path, variant, targets):
     base = checkpoint(variant)
