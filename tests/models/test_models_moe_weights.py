@@ -78,3 +78,14 @@ def test_shadow_update_of_one_expert_copies_only_its_rows(checkpoint):
     untouched = torch.ones(live.shape[0], dtype=torch.bool)
     untouched[rows[0] : rows[0] + inter] = False
     assert torch.equal(live[untouched], before[untouched])
+
+
+def test_update_from_disk_refuses_other_routing(checkpoint):
+    """Same shapes, another top-k: every tensor would fit, so the config must be compared too."""
+    from trillium.actors.executor.weights import read_checkpoint
+
+    model, _ = load_model(checkpoint("qwen2-moe"), progress=False)
+    same = read_checkpoint(str(checkpoint("qwen2-moe", seed=1)), model)
+    assert {name for name, _ in same} == set(model.checkpoint_weight_names())
+    with pytest.raises(ControlError, match="different model: moe="):
+        read_checkpoint(str(checkpoint("qwen2-moe", num_experts_per_tok=1)), model)
