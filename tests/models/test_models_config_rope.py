@@ -107,8 +107,16 @@ def test_config_agrees_with_transformers(tmp_path, variant):
     assert ours.num_heads == hf.num_attention_heads
     assert ours.num_kv_heads == hf.num_key_value_heads
     assert ours.head_dim == (getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
-    assert ours.rope_theta == hf.rope_parameters["rope_theta"]
-    assert (ours.rope_scaling or {}).get("rope_type", "default") == hf.rope_parameters["rope_type"]
+    rope = hf.rope_parameters
+    if "full_attention" in rope:  # Gemma 3: one entry per layer type
+        assert ours.gemma.local_rope_theta == rope["sliding_attention"]["rope_theta"]
+        rope = rope["full_attention"]
+    assert ours.rope_theta == rope["rope_theta"]
+    assert (ours.rope_scaling or {}).get("rope_type", "default") == rope["rope_type"]
+    assert ours.sliding_window == (getattr(hf, "sliding_window", None) or None)
+    if getattr(hf, "layer_types", None) is not None and ours.sliding_window is not None:
+        windows = [ours.layer_window(i) for i in range(ours.num_layers)]
+        assert windows == [hf.sliding_window if t == "sliding_attention" else None for t in hf.layer_types]
     assert ours.tie_word_embeddings == hf.tie_word_embeddings
     assert ours.dtype == "float32"
 

@@ -3,11 +3,20 @@
 Float32 tensors (exact), llama.cpp names, Q/K rows permuted for the llama
 architecture, and for llama3 rope scaling a `rope_freqs.weight` tensor
 (convert_hf_to_gguf.py LlamaModel.generate_extra_tensors) instead of metadata.
+
+Families: the dense Llama ones, Phi-3 (`attn_qkv`, fused gate/up as `ffn_up`)
+and the MoE ones: qwen2moe / qwen3moe, and Mixtral as `llama` with
+`expert_count`; experts stacked into `ffn_{gate,up,down}_exps` [E, rows, cols],
+the router as `ffn_gate_inp`, Qwen2-MoE's shared expert as `*_shexp` with its
+gate squeezed to [H] (the names gguf-py's MODEL_TENSORS lists for those
+architectures; the stacking and squeeze as transformers' GGUF loader undoes them,
+modeling_gguf_pytorch_utils.py `Qwen2MoeTensorProcessor`).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +38,21 @@ _HF_TO_GGUF_BLOCK = {
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
 }
+_HF_TO_GGUF_BLOCK.update({
+    "self_attn.qkv_proj": "attn_qkv",
+    "mlp.gate_up_proj": "ffn_up",
+    "mlp.gate": "ffn_gate_inp",
+    "block_sparse_moe.gate": "ffn_gate_inp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+})
+_EXPERT = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight$")
+_EXPERT_STACK = {"gate_proj": "ffn_gate_exps", "w1": "ffn_gate_exps", "up_proj": "ffn_up_exps", "w3": "ffn_up_exps",
+                 "down_proj": "ffn_down_exps", "w2": "ffn_down_exps"}  # fmt: skip
+_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
+         "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "mixtral": "llama"}  # fmt: skip
 _HF_TO_GGUF_TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 
@@ -64,9 +88,31 @@ def _llama3_rope_factors(config: ModelConfig) -> np.ndarray:
     return np.array(factors, dtype=np.float32)
 
 
+def _stack_experts(writer: GGUFWriter, config: ModelConfig, weights: dict[str, np.ndarray]) -> dict:
+    """Write the MoE metadata and the stacked expert tensors; the other weights, to write as usual."""
+    moe = config.moe
+    writer.add_expert_count(moe.num_experts)
+    writer.add_expert_used_count(moe.top_k)
+    if config.architecture != "MixtralForCausalLM":
+        writer.add_expert_feed_forward_length(moe.expert_intermediate_size)
+    if moe.shared_expert_intermediate_size:
+        writer.add_expert_shared_feed_forward_length(moe.shared_expert_intermediate_size)
+    stacks: dict[tuple[int, str], dict[int, np.ndarray]] = {}
+    rest = {}
+    for name, w in weights.items():
+        if match := _EXPERT.match(name):
+            layer, expert, proj = int(match[1]), int(match[2]), match[3]
+            stacks.setdefault((layer, _EXPERT_STACK[proj]), {})[expert] = w.astype(np.float32)
+        else:
+            rest[name] = w
+    for (layer, stacked), per_expert in sorted(stacks.items()):
+        writer.add_tensor(f"blk.{layer}.{stacked}.weight", np.stack([per_expert[e] for e in sorted(per_expert)]))
+    return rest
+
+
 def write_gguf(hf_dir: Path, out: Path) -> Path:
     config = ModelConfig.from_hf_dir(hf_dir)
-    arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}[config.model_type]
+    arch = _ARCH[config.model_type]
     writer = GGUFWriter(str(out), arch)
     writer.add_name(f"synthetic {config.model_type}")
     writer.add_context_length(config.max_position_embeddings)
@@ -84,8 +130,15 @@ def write_gguf(hf_dir: Path, out: Path) -> Path:
     writer.add_eos_token_id(config.eos_token_ids[0])
     if config.rope_scaling and config.rope_scaling["rope_type"] == "llama3":
         writer.add_tensor("rope_freqs.weight", _llama3_rope_factors(config))
-    for name, w in load_file(str(hf_dir / "model.safetensors")).items():
+    if config.sliding_window:
+        writer.add_sliding_window(config.sliding_window)
+    weights = load_file(str(hf_dir / "model.safetensors"))
+    if config.moe is not None:
+        weights = _stack_experts(writer, config, weights)
+    for name, w in weights.items():
         w = w.astype(np.float32)
+        if name.endswith("shared_expert_gate.weight"):
+            w = w.reshape(-1)
         if arch == "llama" and ".q_proj." in name:
             w = _permute(w, config.num_heads)
         elif arch == "llama" and ".k_proj." in name:

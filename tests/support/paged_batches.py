@@ -72,8 +72,14 @@ def make_paged_batch(
     return PagedBatch(q, k_cache, v_cache, meta, tuple(keys), tuple(values), head_dim**-0.5)
 
 
-def dense_causal_attention(batch: PagedBatch) -> torch.Tensor:
-    """Plain per-sequence, per-head softmax(q k^T) v in float64 -> [T, H, D] float64."""
+def dense_causal_attention(
+    batch: PagedBatch, sliding_window: int | None = None, softcap: float | None = None
+) -> torch.Tensor:
+    """Plain per-sequence, per-head softmax(q k^T) v in float64 -> [T, H, D] float64.
+
+    sliding_window: keys j with p - window < j <= p only (HF masking_utils
+    `sliding_window_overlay`); softcap: cap * tanh(scores / cap) first (HF Gemma 2).
+    """
     q = batch.q.double()
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = batch.k_cache.shape[2]
@@ -84,8 +90,12 @@ def dense_causal_attention(batch: PagedBatch) -> torch.Tensor:
         ctx = slen - qlen
         query_pos = torch.arange(ctx, slen)[:, None]
         visible = torch.arange(slen)[None, :] <= query_pos  # [Q, S]
+        if sliding_window is not None:
+            visible &= torch.arange(slen)[None, :] > query_pos - sliding_window
         for h in range(num_heads):
             scores = q[start : start + qlen, h] @ k[:, h // group].double().T * batch.scale
+            if softcap is not None:
+                scores = torch.tanh(scores / softcap) * softcap
             scores = scores.masked_fill(~visible, float("-inf"))
             probs = torch.exp(scores - scores.max(dim=-1, keepdim=True).values)
             probs = probs / probs.sum(dim=-1, keepdim=True)

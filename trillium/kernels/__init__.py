@@ -6,7 +6,9 @@ Public API (dispatching on the tensors' device):
     silu_and_mul(x) -> y
     rotary_embedding(positions, q, k, cos_sin_cache) -> (q, k)
     write_kv_cache(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None (in place)
-    paged_attention(q, k_cache, v_cache, meta, scale, k_scale=None, v_scale=None) -> out
+    paged_attention(q, k_cache, v_cache, meta, scale, k_scale=None, v_scale=None,
+                    *, sliding_window=None, softcap=None) -> out
+    fused_moe(x, w13, w2, topk_weights, topk_ids, activation) -> y   (moe.py; torch on every device)
 
 KV caches are float32 / bfloat16 / float16, or fp8 (float8_e4m3fn,
 float8_e5m2) with per-tensor float32 scales: values are stored divided by

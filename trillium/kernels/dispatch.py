@@ -101,11 +101,18 @@ def paged_attention(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    if wants_triton(q):
+    # NOTE: the Triton kernel has neither a window nor soft-capping; those
+    # layers run the torch reference on CUDA too (correct, not fast).
+    if wants_triton(q) and sliding_window is None and softcap is None:
         kernels = _triton("attention")
         if kernels.paged_attention_supported(q, k_cache, v_cache):
             if q.stride(-1) != 1:
                 q = q.contiguous()
             return kernels.paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale)
-    return reference.paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale)
+    return reference.paged_attention(
+        q, k_cache, v_cache, meta, scale, k_scale, v_scale, sliding_window=sliding_window, softcap=softcap
+    )

@@ -6,7 +6,7 @@ this package must match. See `metadata.py` for the batch and cache layout.
 fp8 KV caches hold keys and values divided by a per-tensor scale (see
 `fp8.py`); float caches take no scale and do no extra work.
 
-NOTE on size (~415 lines): every op's torch reference in one module, the
+NOTE on size (~475 lines): every op's torch reference in one module, the
 single oracle the Triton kernels are tested against.
 """
 
@@ -213,18 +213,26 @@ class _Plan:
     decode_rows_in_order: bool  # the chunks' rows, concatenated, are all T rows in order
 
 
-def _plan(meta: AttentionMetadata, k_cache: torch.Tensor, dtype: torch.dtype) -> _Plan:
-    """The plan for this batch and cache geometry, built once per step."""
+def _plan(meta: AttentionMetadata, k_cache: torch.Tensor, dtype: torch.dtype, window: int | None) -> _Plan:
+    """The plan for this batch, cache geometry and sliding window, built once per step.
+
+    NOTE: models with both full and sliding layers (Gemma) keep two plans.
+    """
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     key = ("reference.paged_attention", block_size, num_kv_heads, head_dim,
-           k_cache.element_size(), k_cache.device, dtype, _GATHER_CHUNK_BYTES)  # fmt: skip
+           k_cache.element_size(), k_cache.device, dtype, _GATHER_CHUNK_BYTES, window)  # fmt: skip
     plan = meta.derived.get(key)
     if plan is None:
-        plan = meta.derived[key] = _build_plan(meta, k_cache, dtype)
+        plan = meta.derived[key] = _build_plan(meta, k_cache, dtype, window)
     return plan
 
 
-def _build_plan(meta: AttentionMetadata, k_cache: torch.Tensor, dtype: torch.dtype) -> _Plan:
+def _windowed(slen: int, window: int | None) -> bool:
+    """Does a query at the end of a `slen`-token sequence miss keys behind the window?"""
+    return window is not None and slen > window
+
+
+def _build_plan(meta: AttentionMetadata, k_cache: torch.Tensor, dtype: torch.dtype, window: int | None) -> _Plan:
     device = k_cache.device
     qlens, slens = meta.query_lens_list, meta.seq_lens_list
     starts = [0]
@@ -232,7 +240,7 @@ def _build_plan(meta: AttentionMetadata, k_cache: torch.Tensor, dtype: torch.dty
         starts.append(starts[-1] + n)
     decode_idx = [b for b, n in enumerate(qlens) if n == 1]
     chunks = tuple(
-        _decode_chunk_plan(meta, seqs, starts, k_cache.shape[1], device, dtype)
+        _decode_chunk_plan(meta, seqs, starts, k_cache.shape[1], device, dtype, window)
         for seqs in (_decode_chunks(decode_idx, meta, k_cache, dtype) if decode_idx else [])
     )
     prefill = []
@@ -246,6 +254,10 @@ def _build_plan(meta: AttentionMetadata, k_cache: torch.Tensor, dtype: torch.dty
             # mask); converting it per layer is noise next to prefill attention.
             ctx = slen - qlen
             mask = None if ctx == 0 else torch.ones(qlen, slen, dtype=torch.bool, device=device).tril(ctx)
+            if _windowed(slen, window):
+                # Sliding window (HF `sliding_window_overlay`): query at p sees keys j with p - window < j <= p.
+                base = torch.ones(qlen, slen, dtype=torch.bool, device=device)
+                mask = base.tril(ctx) & base.triu(ctx - window + 1)
             prefill.append(_PrefillSeq(slice(starts[b], starts[b + 1]), meta.block_tables[b, :nblk], slen, mask))
     in_order = len(decode_idx) == len(qlens) and decode_idx == list(range(len(qlens)))
     return _Plan(chunks, tuple(prefill), in_order)
@@ -253,7 +265,7 @@ def _build_plan(meta: AttentionMetadata, k_cache: torch.Tensor, dtype: torch.dty
 
 def _decode_chunk_plan(
     meta: AttentionMetadata, seqs: list[int], starts: list[int], block_size: int,
-    device: torch.device, dtype: torch.dtype,
+    device: torch.device, dtype: torch.dtype, window: int | None,
 ) -> _DecodeChunk:  # fmt: skip
     lens = [meta.seq_lens_list[b] for b in seqs]
     max_len = max(lens)
@@ -266,8 +278,12 @@ def _decode_chunk_plan(
         rows = torch.tensor([starts[b] for b in seqs], device=device)
         table = meta.block_tables.index_select(0, torch.tensor(seqs, device=device))[:, :max_blocks]
     mask = None
-    if min(lens) != max_len:
-        valid = torch.arange(max_len, device=device)[None, :] < torch.tensor(lens, device=device)[:, None]
+    if min(lens) != max_len or _windowed(max_len, window):
+        keys = torch.arange(max_len, device=device)[None, :]
+        ends = torch.tensor(lens, device=device)[:, None]
+        valid = keys < ends
+        if window is not None:
+            valid &= keys >= ends - window  # the query sits at ends - 1
         mask = _additive(valid, dtype)[:, None, None, :]
     return _DecodeChunk(rows, table.contiguous(), max_len, mask)
 
@@ -306,6 +322,9 @@ def paged_attention(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of flat varlen queries over the paged KV cache.
 
@@ -331,10 +350,16 @@ def paged_attention(
     they cost least: (q * k_scale) . k == q . (k * k_scale) and
     sum p (v * v_scale) == v_scale * sum p v, on T rows instead of every
     gathered key.
+
+    sliding_window: a query at position p sees keys p - window < j <= p only
+    (Mistral, Gemma's local layers); the cache still holds every key.
+    softcap: scores become softcap * tanh(scores / softcap) before the
+    softmax (Gemma 2); SDPA has no such hook, so those calls run the
+    matmul-softmax-matmul in torch (`_sdpa`).
     """
     if k_scale is not None and is_fp8(k_cache.dtype):
         q = _scaled(q, k_scale)
-    out = _attend(q, k_cache, v_cache, meta, scale)
+    out = _attend(q, k_cache, v_cache, meta, scale, sliding_window, softcap)
     if v_scale is not None and is_fp8(v_cache.dtype):
         out = _scaled(out, v_scale)
     return out
@@ -346,23 +371,24 @@ def _scaled(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def _attend(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
-) -> torch.Tensor:
-    plan = _plan(meta, k_cache, q.dtype)
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+    window: int | None, softcap: float | None,
+) -> torch.Tensor:  # fmt: skip
+    plan = _plan(meta, k_cache, q.dtype, window)
     enable_gqa = q.shape[1] != k_cache.shape[2]
     if plan.decode_rows_in_order and plan.decode:
         # Pure decode batch: no scatter into `out`.
-        outs = [_attend_decode(q, k_cache, v_cache, chunk, scale) for chunk in plan.decode]
+        outs = [_attend_decode(q, k_cache, v_cache, chunk, scale, softcap) for chunk in plan.decode]
         return outs[0].contiguous() if len(outs) == 1 else torch.cat(outs)
     out = torch.empty_like(q)
     for chunk in plan.decode:
-        o = _attend_decode(q, k_cache, v_cache, chunk, scale)
+        o = _attend_decode(q, k_cache, v_cache, chunk, scale, softcap)
         if isinstance(chunk.rows, slice):
             out[chunk.rows] = o
         else:
             out.index_copy_(0, chunk.rows, o)
     for seq in plan.prefill:
-        out[seq.rows] = _attend_prefill(q, k_cache, v_cache, seq, scale, enable_gqa)
+        out[seq.rows] = _attend_prefill(q, k_cache, v_cache, seq, scale, enable_gqa, softcap)
     return out
 
 
@@ -372,6 +398,7 @@ def _attend_decode(
     v_cache: torch.Tensor,
     chunk: _DecodeChunk,
     scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """One SDPA call for the decode rows of `chunk` -> [Bc, H, D].
 
@@ -386,12 +413,13 @@ def _attend_decode(
     num_seqs, num_heads, head_dim = qd.shape
     num_kv_heads = k_cache.shape[2]
     keys, values = _gather_kv(k_cache, v_cache, chunk.table, q.dtype)  # [Bc, max_blocks * bs, KH, D]
-    o = F.scaled_dot_product_attention(
+    o = _sdpa(
         qd.reshape(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim),
         keys[:, : chunk.max_len].transpose(1, 2),
         values[:, : chunk.max_len].transpose(1, 2),
-        attn_mask=chunk.mask,
-        scale=scale,
+        chunk.mask,
+        scale,
+        softcap,
     )
     return o.reshape(num_seqs, num_heads, head_dim)
 
@@ -403,9 +431,19 @@ def _attend_prefill(
     seq: _PrefillSeq,
     scale: float,
     enable_gqa: bool,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """SDPA for one sequence with q_len > 1 -> [q_len, H, D]."""
     keys, values = _gather_kv(k_cache, v_cache, seq.table, q.dtype)  # [nblk * bs, KH, D]
+    if softcap is not None:
+        qs = q[seq.rows].transpose(0, 1)
+        ks, vs = keys[: seq.seq_len].transpose(0, 1), values[: seq.seq_len].transpose(0, 1)
+        if enable_gqa:
+            group = qs.shape[0] // ks.shape[0]
+            ks, vs = ks.repeat_interleave(group, 0), vs.repeat_interleave(group, 0)
+        mask = seq.mask if seq.mask is not None else torch.ones(qs.shape[1], ks.shape[1], dtype=torch.bool,
+                                                                  device=qs.device).tril()  # fmt: skip
+        return _sdpa(qs, ks, vs, _additive(mask, q.dtype), scale, softcap).transpose(0, 1)
     o = F.scaled_dot_product_attention(
         q[seq.rows].transpose(0, 1),  # [H, Q, D]
         keys[: seq.seq_len].transpose(0, 1),
@@ -416,3 +454,22 @@ def _attend_prefill(
         enable_gqa=enable_gqa,
     )
     return o.transpose(0, 1)
+
+
+def _sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+    softcap: float | None,
+) -> torch.Tensor:  # fmt: skip
+    """softmax(q k^T * scale [soft-capped] + mask) v; additive mask; same head count in q's group dims.
+
+    Without softcap this is SDPA. With it, the order of HF's eager Gemma 2
+    attention: scale, cap * tanh(s / cap), add the mask, softmax in float32.
+    """
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None:
+        scores = scores + mask
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return torch.matmul(probs, v)

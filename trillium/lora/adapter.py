@@ -10,6 +10,13 @@ adapted Linear, `...layers.{i}.{self_attn|mlp}.{module}.lora_A.weight`
 `scaling * x @ A.T @ B.T` with scaling = alpha / r, or alpha / sqrt(r)
 under rsLoRA.
 
+Phi-3 checkpoints fuse q/k/v (`qkv_proj`) and gate/up (`gate_up_proj`),
+so its adapters target those: each fused pair is split into its parts (the
+same A, B's row slices), which adds exactly the fused delta. On
+mixture-of-experts models (Qwen2-MoE, Qwen3-MoE, Mixtral) LoRA applies to
+the attention projections only; an adapter touching an MLP or expert is
+refused, naming the model.
+
 Only safetensors is read, never pickle: a `.bin`-only adapter is refused.
 Every problem (malformed or missing files, a rank over `max_rank`, a target
 the model lacks or LoRA here does not support, a tensor of the wrong shape,
@@ -41,6 +48,12 @@ _PICKLE_FILES = ("adapter_model.bin", "adapter_model.pt", "adapter_model.pth")
 # The HF Linear modules LoRA applies to, in a fixed order, with their parent.
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _PARENT = {m: "self_attn" if m in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp" for m in LORA_MODULES}
+
+_MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+# Phi-3's fused Linear modules -> the modules LoRA keeps per part (rows in this order).
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+_FUSED_ARCHITECTURES = ("Phi3ForCausalLM",)
+_FUSED_PARENT = {"qkv_proj": "self_attn", "gate_up_proj": "mlp"}
 
 _TENSOR_NAME = re.compile(
     r"^(?:base_model\.model\.)?model\.layers\.(?P<layer>\d+)\.(?P<parent>self_attn|mlp)\."
@@ -187,10 +200,23 @@ def _check_config(config: dict[str, Any], path: Path, max_rank: int) -> tuple[in
     return rank, float(alpha), use_rslora
 
 
+def _moe_refusal(config: ModelConfig, what: str) -> AdapterError:
+    return AdapterError(f"{what}: LoRA on the MLP / expert weights of mixture-of-experts model "
+                        f"{config.architecture} is not supported (attention only: q_proj, k_proj, v_proj, o_proj)")  # fmt: skip
+
+
+def _fused(config: ModelConfig) -> bool:
+    return config.architecture in _FUSED_ARCHITECTURES
+
+
 def _model_module_names(config: ModelConfig) -> list[str]:
     """Full HF module names of the model (the keys PEFT matches target_modules against)."""
     names = ["model", "model.embed_tokens", "model.norm", "model.rotary_emb", "lm_head", "model.layers"]
     layer_children = [f"{parent}.{m}" for m, parent in _PARENT.items()]
+    if _fused(config):
+        unfused = {part for parts in _FUSED.values() for part in parts}
+        layer_children = [c for c in layer_children if c.rpartition(".")[2] not in unfused]
+        layer_children += [f"{_FUSED_PARENT[m]}.{m}" for m in _FUSED]
     layer_children += ["self_attn", "mlp", "input_layernorm", "post_attention_layernorm"]
     if config.qk_norm:
         layer_children += ["self_attn.q_norm", "self_attn.k_norm"]
@@ -202,13 +228,17 @@ def _model_module_names(config: ModelConfig) -> list[str]:
 
 def _is_lora_module(name: str) -> bool:
     parent, _, leaf = name.rpartition(".")
-    return leaf in _PARENT and parent.endswith(_PARENT[leaf])
+    parents = {**_PARENT, **_FUSED_PARENT}
+    return leaf in parents and parent.endswith(parents[leaf])
 
 
 def _check_target_modules(targets: Any, config: ModelConfig) -> None:
     """Every target names a module of the model that LoRA supports here (PEFT's matching rules)."""
     supported = ", ".join(LORA_MODULES)
+    moe = config.moe is not None
     if targets == "all-linear":
+        if moe:
+            raise _moe_refusal(config, "target_modules 'all-linear' includes the experts")
         return  # PEFT: every Linear but the output head, i.e. exactly LORA_MODULES
     names = _model_module_names(config)
     if isinstance(targets, str):
@@ -217,6 +247,8 @@ def _check_target_modules(targets: Any, config: ModelConfig) -> None:
         except re.error as exc:
             raise AdapterError(f"target_modules regex {targets!r} is invalid: {exc}") from None
         matched = [n for n in names if pattern.fullmatch(n)]
+        if moe and any(".mlp" in n for n in matched):
+            raise _moe_refusal(config, f"target_modules {targets!r}")
         bad = [n for n in matched if not _is_lora_module(n)]
         if bad:
             raise AdapterError(f"target_modules {targets!r} matches {bad[0]!r}, which LoRA does not support "
@@ -227,6 +259,8 @@ def _check_target_modules(targets: Any, config: ModelConfig) -> None:
     if not isinstance(targets, (list, tuple)) or not targets or not all(isinstance(t, str) for t in targets):
         raise AdapterError(f"target_modules must be a non-empty list of names or a regex, got {targets!r}")
     for target in targets:
+        if moe and (target.rpartition(".")[2] in _MLP_MODULES or "expert" in target or "mlp" in target):
+            raise _moe_refusal(config, f"target module {target!r}")
         matched = [n for n in names if n == target or n.endswith("." + target)]
         if not matched:
             raise AdapterError(f"target module {target!r} does not exist in this {config.architecture} "
@@ -253,12 +287,16 @@ def _parse_name(name: str, config: ModelConfig, file: Path) -> tuple[int, str, s
     """(layer, HF module, 'A' | 'B') for a tensor name; AdapterError for anything else."""
     if "lora_magnitude_vector" in name:
         raise AdapterError(f"{file}: {name!r} is a DoRA magnitude; DoRA is not supported")
+    if config.moe is not None and (".mlp." in name or ".block_sparse_moe." in name):
+        raise _moe_refusal(config, f"{file}: tensor {name!r}")
     match = _TENSOR_NAME.match(name)
     if match is None:
         raise AdapterError(f"{file}: tensor {name!r} is not a LoRA weight of a supported module "
                            f"({', '.join(LORA_MODULES)})")  # fmt: skip
     layer, parent, module = int(match["layer"]), match["parent"], match["module"]
-    if _PARENT.get(module) != parent:
+    if _fused(config) and _FUSED_PARENT.get(module) == parent:
+        pass  # split into its parts by _read_weights
+    elif _PARENT.get(module) != parent:
         raise AdapterError(f"{file}: tensor {name!r} targets {parent}.{module}, which LoRA does not support")
     if layer >= config.num_layers:
         raise AdapterError(f"{file}: tensor {name!r} is for layer {layer}; the model has {config.num_layers}")
@@ -268,6 +306,8 @@ def _parse_name(name: str, config: ModelConfig, file: Path) -> tuple[int, str, s
 def _read_weights(path: Path, config: ModelConfig, rank: int) -> dict[tuple[int, str], LoRAWeights]:
     file = _weights_file(path)
     dims = module_dims(config)
+    for fused, parts in _FUSED.items():
+        dims[fused] = (dims[parts[0]][0], sum(dims[p][1] for p in parts))
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     try:
         with safe_open(str(file), framework="pt", device="cpu") as f:
@@ -294,5 +334,12 @@ def _read_weights(path: Path, config: ModelConfig, rank: int) -> dict[tuple[int,
             if tuple(tensor.shape) != expected:
                 raise AdapterError(f"{where}: lora_{kind} has shape {tuple(tensor.shape)}, expected "
                                    f"{expected} (r={rank}, model in/out {in_features}/{out_features})")  # fmt: skip
-        weights[(layer, module)] = LoRAWeights(a=a, b=b)
+        if module in _FUSED:
+            start = 0
+            for part in _FUSED[module]:
+                rows = dims[part][1]
+                weights[(layer, part)] = LoRAWeights(a=a, b=b[start : start + rows].contiguous())
+                start += rows
+        else:
+            weights[(layer, module)] = LoRAWeights(a=a, b=b)
     return weights

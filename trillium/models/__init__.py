@@ -1,8 +1,12 @@
-"""Model layer: Llama-family models over the paged KV cache, loaders, tokenizers.
+"""Model layer: decoder models over the paged KV cache, loaders, tokenizers.
 
     config.py            ModelConfig from HF config.json or GGUF metadata
+    config_families.py   MoE / Gemma / per-layer attention-window parts of ModelConfig
     rope.py              cos/sin tables (default, linear, dynamic, llama3, yarn, GGUF freq factors)
-    llama.py             LlamaForCausalLM (forward / compute_logits / load_weights), KV cache helpers
+    llama.py             LlamaForCausalLM (forward / compute_logits / load_weights), Phi3ForCausalLM
+    moe.py               MoeForCausalLM: Qwen2-MoE, Qwen3-MoE, Mixtral
+    gemma.py             GemmaForCausalLM: Gemma 2, Gemma 3 (text)
+    registry.py          architecture -> model class
     loader.py            load_model(path, dtype, device), reload_weights: HF safetensors dir or .gguf
     gguf_checkpoint.py   GGUF config and dequantized, HF-named tensors
     checkpoint_files.py  file discovery and GGUF header reading (no torch)

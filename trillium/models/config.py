@@ -5,13 +5,17 @@ One frozen attrs object built from either an HF `config.json` (plus
 downstream (model construction, KV cache sizing, rope tables) reads this
 object only, never the raw dicts.
 
-Supported architectures: LlamaForCausalLM, MistralForCausalLM,
-Qwen2ForCausalLM, Qwen3ForCausalLM. They differ only in flags:
+Supported architectures: `SUPPORTED_ARCHITECTURES`. The dense Llama family
+(Llama, Mistral, Qwen2, Qwen3, Phi-3) differ only in flags:
 
     attention_bias        q/k/v projections have a bias (Qwen2: always)
     attention_out_bias    o_proj has a bias (Llama/Qwen3 `attention_bias`)
-    qk_norm               per-head RMSNorm on q and k before rope (Qwen3)
-    sliding_window        recorded, not applied (see `LlamaForCausalLM`)
+    qk_norm               per-head RMSNorm on q and k before rope (Qwen3, Gemma 3)
+    sliding_window        keys further back than this are masked, in every
+                          layer or in the layers `layer_types` marks sliding
+
+Mixture-of-experts (Qwen2-MoE, Qwen3-MoE, Mixtral) add `moe`, Gemma 2 / 3
+add `gemma` (`config_families.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,17 @@ from typing import Any
 import attrs
 import torch
 
+from trillium.models.config_families import (
+    GEMMA_ARCHITECTURES,
+    SLIDING,
+    GemmaSpec,
+    MoeSpec,
+    gemma_rope,
+    gguf_moe,
+    parse_gemma,
+    parse_layer_types,
+    parse_moe,
+)
 from trillium.models.rope import parse_rope_config
 
 SUPPORTED_ARCHITECTURES = (
@@ -30,7 +45,15 @@ SUPPORTED_ARCHITECTURES = (
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "Phi3ForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "MixtralForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
 )
+_QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM")
+_QWEN2_STYLE = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")  # q/k/v bias, no o_proj bias
 _DTYPES = {
     "float32": torch.float32,
     "float": torch.float32,
@@ -90,6 +113,17 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     dtype: str
     sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None  # None: every layer uses sliding_window (if any)
+    moe: MoeSpec | None = None
+    gemma: GemmaSpec | None = None
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of `layer`'s attention, or None for full causal."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is None or self.layer_types[layer] == SLIDING:
+            return self.sliding_window
+        return None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -114,19 +148,27 @@ class ModelConfig:
         archs = hf.get("architectures") or []
         architecture = archs[0] if archs else _ARCH_BY_MODEL_TYPE.get(hf.get("model_type", ""), "")
         if architecture not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"unsupported architecture {architecture!r}; supported: {SUPPORTED_ARCHITECTURES}")
-        if hf.get("hidden_act", "silu") not in ("silu", "swish"):
-            raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; Llama-family models use silu")
+            raise ValueError(
+                f"unsupported architecture {architecture or hf.get('model_type')!r}; "
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        is_gemma = architecture in GEMMA_ARCHITECTURES
+        if not is_gemma and hf.get("hidden_act", "silu") not in ("silu", "swish"):
+            raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; {architecture} models use silu")
         num_heads = int(hf["num_attention_heads"])
         hidden_size = int(hf["hidden_size"])
         head_dim = hf.get("head_dim") or hidden_size // num_heads
-        rope_theta, rope_scaling = parse_rope_config(hf)
-        is_qwen2 = architecture == "Qwen2ForCausalLM"
+        rope_source, local_rope_theta = gemma_rope(hf, architecture)
+        _check_full_rotary(rope_source, architecture)
+        rope_theta, rope_scaling = parse_rope_config(rope_source)
+        is_qwen2 = architecture in _QWEN2_STYLE
         attention_bias = bool(hf.get("attention_bias", False))
         sliding_window = hf.get("sliding_window")
-        if is_qwen2 or architecture == "Qwen3ForCausalLM":
+        if architecture.startswith(("Qwen2", "Qwen3")):
             # Qwen configs carry a sliding_window value that is only used when this flag is set.
             sliding_window = sliding_window if hf.get("use_sliding_window", False) else None
+        sliding_window = int(sliding_window) if sliding_window else None
+        num_layers = int(hf["num_hidden_layers"])
         eos = _as_id_tuple(hf.get("eos_token_id"))
         if generation_config:
             eos = eos + _as_id_tuple(generation_config.get("eos_token_id"))
@@ -137,7 +179,7 @@ class ModelConfig:
             vocab_size=int(hf["vocab_size"]),
             hidden_size=hidden_size,
             intermediate_size=int(hf["intermediate_size"]),
-            num_layers=int(hf["num_hidden_layers"]),
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
             head_dim=int(head_dim),
@@ -149,11 +191,14 @@ class ModelConfig:
             attention_bias=True if is_qwen2 else attention_bias,
             attention_out_bias=False if is_qwen2 else attention_bias,
             mlp_bias=bool(hf.get("mlp_bias", False)),
-            qk_norm=architecture == "Qwen3ForCausalLM",
+            qk_norm=architecture in _QK_NORM_ARCHITECTURES,
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=_unique(eos),
             dtype=dtype_name(dtype),
-            sliding_window=int(sliding_window) if sliding_window else None,
+            sliding_window=sliding_window,
+            layer_types=parse_layer_types(hf, architecture, num_layers, sliding_window),
+            moe=parse_moe(hf, architecture, num_layers),
+            gemma=parse_gemma(hf, architecture, local_rope_theta),
         )
 
     @staticmethod
@@ -175,8 +220,12 @@ class ModelConfig:
             raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {sorted(_ARCH_BY_GGUF)}")
         architecture = _ARCH_BY_GGUF[arch]
         name = str(metadata.get("general.name", "")).lower()
-        if arch == "llama" and "mistral" in name:
+        if arch == "llama" and metadata.get("llama.expert_count"):
+            architecture = "MixtralForCausalLM"  # llama.cpp writes Mixtral as llama with experts
+        elif arch == "llama" and "mistral" in name:
             architecture = "MistralForCausalLM"  # same weights layout; as transformers does
+        if any(n.startswith("rope_factors_") for n in tensor_names):
+            raise NotImplementedError(f"GGUF {arch}: longrope (rope_factors_long/short) is not supported")
 
         def get(key: str, default: Any = None) -> Any:
             return metadata.get(f"{arch}.{key}", default)
@@ -193,14 +242,16 @@ class ModelConfig:
         eos = _as_id_tuple(metadata.get("tokenizer.ggml.eos_token_id"))
         for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
             eos += _as_id_tuple(metadata.get(key))
-        has_bias = "blk.0.attn_q.bias" in tensor_names
+        has_bias = "blk.0.attn_q.bias" in tensor_names or "blk.0.attn_qkv.bias" in tensor_names
+        num_layers = int(get("block_count"))
+        window = get("attention.sliding_window")
         return ModelConfig(
             architecture=architecture,
             model_type=_MODEL_TYPE_BY_ARCH[architecture],
             vocab_size=int(vocab_size),
             hidden_size=hidden_size,
             intermediate_size=int(get("feed_forward_length")),
-            num_layers=int(get("block_count")),
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
@@ -217,8 +268,17 @@ class ModelConfig:
             eos_token_ids=_unique(eos),
             # NOTE: GGUF weights are dequantized to float32; callers may ask for less.
             dtype="float32",
-            sliding_window=None,
+            sliding_window=int(window) if window else None,
+            moe=gguf_moe(get, architecture, num_layers),
         )
+
+
+def _check_full_rotary(hf: dict[str, Any], architecture: str) -> None:
+    """Refuse partial rotary embeddings (Phi-4-mini's 0.75): the kernels rotate the whole head."""
+    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    factor = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if factor is not None and float(factor) != 1.0:
+        raise NotImplementedError(f"{architecture}: partial_rotary_factor={factor} is not supported (only 1.0)")
 
 
 def _gguf_rope_scaling(get: Any, metadata: dict[str, Any]) -> dict[str, Any] | None:
@@ -239,11 +299,20 @@ _ARCH_BY_GGUF = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 _MODEL_TYPE_BY_ARCH = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Phi3ForCausalLM": "phi3",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3_text",
 }
 _ARCH_BY_MODEL_TYPE = {v: k for k, v in _MODEL_TYPE_BY_ARCH.items()}

@@ -10,6 +10,14 @@ exactly as transformers' GGUF loader does (`load_gguf_checkpoint` with its
     -> un-permute attn_q / attn_k rows (llama arch only; qwen2/3 are not permuted)
     -> rename to HF names (`model.layers.N.self_attn.q_proj.weight`)
 
+Mixture-of-experts files (qwen2moe, qwen3moe, Mixtral as `llama` with
+`expert_count`) stack each layer's experts into `ffn_{gate,up,down}_exps`
+[E, rows, cols]; they are yielded per expert under the Hub's names
+(`mlp.experts.N.gate_proj.weight`, Mixtral `block_sparse_moe.experts.N.w1.weight`),
+the shared expert's gate `ffn_gate_inp_shexp` [H] as [1, H] (as transformers'
+`Qwen2MoeTensorProcessor`). Phi-3's `attn_qkv` and `ffn_up` are already the
+fused qkv_proj / gate_up_proj.
+
 Where transformers ignores `rope_freqs.weight` (Llama 3.1 style per-frequency
 rope divisors), this module reads it into `rope_scaling`, as llama.cpp
 applies it.
@@ -27,6 +35,7 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from trillium.models.config import ModelConfig
+from trillium.models.config_families import MOE_ARCHITECTURES
 
 # Large tokenizer arrays the model config never needs.
 _SKIPPED_FIELDS = ("tokenizer.ggml.merges", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
@@ -47,7 +56,20 @@ _BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_qkv": "self_attn.qkv_proj",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
+# Stacked experts -> the per-expert Hub name (format: expert index), per naming scheme.
+_EXPERT_NAMES = {
+    "qwen": {"ffn_gate_exps": "mlp.experts.{}.gate_proj", "ffn_up_exps": "mlp.experts.{}.up_proj",
+             "ffn_down_exps": "mlp.experts.{}.down_proj"},
+    "mixtral": {"ffn_gate_exps": "block_sparse_moe.experts.{}.w1", "ffn_up_exps": "block_sparse_moe.experts.{}.w3",
+                "ffn_down_exps": "block_sparse_moe.experts.{}.w2"},
+}  # fmt: skip
 _ROPE_FREQS = "rope_freqs.weight"
 # Architectures whose converter permuted Q/K rows (llama.cpp convert_hf_to_gguf `LlamaModel`).
 _PERMUTED_ARCHS = ("llama", "mistral")
@@ -78,16 +100,28 @@ def read_config(reader: GGUFReader) -> ModelConfig:
     return config
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """HF weight name for a llama.cpp tensor name; None for tensors with no HF weight."""
+def hf_name(gguf_name: str, architecture: str = "LlamaForCausalLM") -> str | None:
+    """HF weight name for a llama.cpp tensor name; None for tensors with no HF weight.
+
+    Stacked expert tensors name a format string (`{}`: the expert index).
+    """
     if gguf_name == _ROPE_FREQS:
         return None
     base, _, kind = gguf_name.rpartition(".")
     if base in _TOP_LEVEL_NAMES:
         return f"{_TOP_LEVEL_NAMES[base]}.{kind}"
     parts = base.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _BLOCK_NAMES:
-        return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{kind}"
+    if len(parts) == 3 and parts[0] == "blk":
+        block = _BLOCK_NAMES.get(parts[2])
+        if parts[2] == "ffn_up" and architecture == "Phi3ForCausalLM":
+            block = "mlp.gate_up_proj"  # llama.cpp keeps Phi-3's fused gate/up under ffn_up
+        if parts[2] == "ffn_gate_inp" and architecture == "MixtralForCausalLM":
+            block = "block_sparse_moe.gate"
+        if parts[2] in _EXPERT_NAMES["qwen"] and architecture in MOE_ARCHITECTURES:
+            scheme = "mixtral" if architecture == "MixtralForCausalLM" else "qwen"
+            block = _EXPERT_NAMES[scheme][parts[2]]
+        if block is not None:
+            return f"model.layers.{parts[1]}.{block}.{kind}"
     raise KeyError(f"GGUF tensor {gguf_name!r} has no Llama-family equivalent")
 
 
@@ -101,8 +135,13 @@ def unpermute_rows(weights: np.ndarray, num_heads: int) -> np.ndarray:
     return w.swapaxes(2, 1).reshape(weights.shape)
 
 
+def _is_stacked(name: str) -> bool:
+    return "_exps." in name
+
+
 def num_weight_tensors(reader: GGUFReader) -> int:
-    return sum(1 for t in reader.tensors if t.name != _ROPE_FREQS)
+    """HF tensors the file yields (a stacked expert tensor counts once per expert)."""
+    return sum(int(t.shape[-1]) if _is_stacked(t.name) else 1 for t in reader.tensors if t.name != _ROPE_FREQS)
 
 
 def iter_weights(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
@@ -110,10 +149,16 @@ def iter_weights(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple[str,
     arch = reader.fields["general.architecture"].contents()
     permuted = arch in _PERMUTED_ARCHS
     for tensor in reader.tensors:
-        name = hf_name(tensor.name)
+        name = hf_name(tensor.name, config.architecture)
         if name is None:
             continue
         weights = dequantize(tensor.data, tensor.tensor_type)
+        if _is_stacked(tensor.name):
+            for expert in range(weights.shape[0]):
+                yield name.format(expert), torch.from_numpy(np.array(weights[expert]))  # a copy: the map is read-only
+            continue
+        if tensor.name.endswith("ffn_gate_inp_shexp.weight") and weights.ndim == 1:
+            weights = weights[None, :]
         if permuted and ".attn_q." in tensor.name:
             weights = unpermute_rows(weights, config.num_heads)
         elif permuted and ".attn_k." in tensor.name:

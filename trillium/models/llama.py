@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) over the paged KV cache.
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, Phi-3) over the paged KV cache.
 
 Input is one flat varlen batch (see `trillium.kernels.metadata`): T tokens
 of B sequences back to back, their positions, and per layer a `KvCache`
@@ -19,8 +19,15 @@ Multi-LoRA: with a `trillium.lora.LoRABatch`, each layer adds the adapters'
 low-rank deltas after every fused projection (qkv, o, gate_up, down), per
 output slice; without one (the default) the forward does no LoRA work.
 
-NOTE: Mistral's sliding window is not applied: attention is full causal.
-The loader warns when a config has a window shorter than its context.
+Sliding windows (Mistral, Phi-3, Qwen's `use_sliding_window`) are masked
+in the attention kernel, per layer (`ModelConfig.layer_window`). NOTE: the
+KV blocks behind a window stay allocated (the scheduler frees nothing early).
+
+Other families subclass `LlamaForCausalLM` at its seams: `make_layer`
+(the decoder layer of index i), `embed`, `rope_table`, `compute_logits`
+and the weight-name hooks `_resolve` / `checkpoint_weight_names`
+(`moe.py`: Qwen2-MoE, Qwen3-MoE, Mixtral; `gemma.py`: Gemma 2 / 3;
+`registry.py` picks the class for an architecture).
 """
 
 from __future__ import annotations
@@ -97,19 +104,22 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, **factory: Any) -> None:
+    def __init__(self, config: ModelConfig, layer: int = 0, norm: type[nn.Module] = RMSNorm, **factory: Any) -> None:
         super().__init__()
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
         self.q_size, self.kv_size = config.q_size, config.kv_size
-        self.scale = config.head_dim**-0.5
+        gemma = config.gemma
+        self.scale = (gemma.query_pre_attn_scalar if gemma else config.head_dim) ** -0.5
+        self.softcap = gemma.attn_logit_softcapping if gemma else None
+        self.sliding_window = config.layer_window(layer)
         self.qkv_proj = Linear(
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias, **factory
         )
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.attention_out_bias, **factory)
-        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, **factory) if config.qk_norm else None
-        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, **factory) if config.qk_norm else None
+        self.q_norm = norm(config.head_dim, config.rms_norm_eps, **factory) if config.qk_norm else None
+        self.k_norm = norm(config.head_dim, config.rms_norm_eps, **factory) if config.qk_norm else None
 
     def forward(
         self,
@@ -136,7 +146,10 @@ class Attention(nn.Module):
             kv_cache.calibrate(k, v)
         k_cache, v_cache, k_scale, v_scale = kv_cache.k_cache, kv_cache.v_cache, kv_cache.k_scale, kv_cache.v_scale
         kernels.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
-        out = kernels.paged_attention(q, k_cache, v_cache, meta, self.scale, k_scale, v_scale)
+        out = kernels.paged_attention(
+            q, k_cache, v_cache, meta, self.scale, k_scale, v_scale,
+            sliding_window=self.sliding_window, softcap=self.softcap,
+        )  # fmt: skip
         out = out.reshape(num_tokens, self.q_size)
         projected = self.o_proj(out)
         if lora is not None:
@@ -144,31 +157,40 @@ class Attention(nn.Module):
         return projected
 
 
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """[gate | up] -> gelu_tanh(gate) * up (Gemma's gelu_pytorch_tanh)."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig, **factory: Any) -> None:
+    def __init__(
+        self, config: ModelConfig, intermediate_size: int | None = None, act_and_mul=None, **factory: Any
+    ) -> None:
         super().__init__()
-        hidden, inter = config.hidden_size, config.intermediate_size
+        hidden, inter = config.hidden_size, intermediate_size or config.intermediate_size
         self.gate_up_proj = Linear(hidden, 2 * inter, bias=config.mlp_bias, **factory)
         self.down_proj = Linear(inter, hidden, bias=config.mlp_bias, **factory)
+        self.act_and_mul = act_and_mul or kernels.silu_and_mul
 
     def forward(self, x: torch.Tensor, lora: LayerLoRA | None = None) -> torch.Tensor:
         if lora is None:
-            return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x)))
+            return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
         gate_up = self.gate_up_proj(x)
         lora.apply("gate_up_proj", x, gate_up)
-        act = kernels.silu_and_mul(gate_up)
+        act = self.act_and_mul(gate_up)
         down = self.down_proj(act)
         lora.apply("down_proj", act, down)
         return down
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, **factory: Any) -> None:
+    def __init__(self, config: ModelConfig, layer: int = 0, mlp: nn.Module | None = None, **factory: Any) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
-        self.self_attn = Attention(config, **factory)
+        self.self_attn = Attention(config, layer, **factory)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
-        self.mlp = MLP(config, **factory)
+        self.mlp = mlp if mlp is not None else MLP(config, **factory)
 
     def forward(
         self,
@@ -186,15 +208,22 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, **factory: Any) -> None:
+    def __init__(self, config: ModelConfig, make_layer, norm: type[nn.Module] = RMSNorm, **factory: Any) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, **factory)
-        self.layers = nn.ModuleList(DecoderLayer(config, **factory) for _ in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
+        self.layers = nn.ModuleList(make_layer(config, i, factory) for i in range(config.num_layers))
+        self.norm = norm(config.hidden_size, config.rms_norm_eps, **factory)
 
 
 class LlamaForCausalLM(nn.Module):
     """The decoder plus LM head; weights in `dtype`, rope table in float32."""
+
+    norm_class: type[nn.Module] = RMSNorm  # the final norm's (Gemma: (1 + w))
+
+    @staticmethod
+    def make_layer(config: ModelConfig, index: int, factory: dict[str, Any]) -> nn.Module:
+        """Decoder layer `index`; subclasses build their family's."""
+        return DecoderLayer(config, index, **factory)
 
     def __init__(
         self,
@@ -207,7 +236,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         factory = {"dtype": torch_dtype(dtype or config.dtype), "device": device}
-        self.model = LlamaModel(config, **factory)
+        self.model = LlamaModel(config, self.make_layer, self.norm_class, **factory)
         self.lm_head = (
             None
             if config.tie_word_embeddings
@@ -270,16 +299,23 @@ class LlamaForCausalLM(nn.Module):
         """
         if len(kv_caches) != len(self.model.layers):
             raise ValueError(f"need {len(self.model.layers)} kv caches, got {len(kv_caches)}")
-        hidden = F.embedding(input_ids, self.model.embed_tokens.weight)
+        hidden = self.embed(input_ids)
         if lora is not None and lora.num_tokens != input_ids.shape[0]:
             raise ValueError(f"LoRA batch covers {lora.num_tokens} tokens, the batch has {input_ids.shape[0]}")
         if lora is not None and lora.has_work:
             for index, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches)):
-                hidden = layer(positions, hidden, kv_cache, meta, self.cos_sin_cache, lora.layer(index))
+                hidden = layer(positions, hidden, kv_cache, meta, self.rope_table(index), lora.layer(index))
             return self.model.norm(hidden)
-        for layer, kv_cache in zip(self.model.layers, kv_caches):
-            hidden = layer(positions, hidden, kv_cache, meta, self.cos_sin_cache)
+        for index, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches)):
+            hidden = layer(positions, hidden, kv_cache, meta, self.rope_table(index))
         return self.model.norm(hidden)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.model.embed_tokens.weight)
+
+    def rope_table(self, layer: int) -> torch.Tensor:
+        """The cos/sin table layer `layer` rotates with (one for all layers here)."""
+        return self.cos_sin_cache
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, vocab] float32 (the matmul runs in the model dtype, as HF)."""
@@ -363,3 +399,13 @@ class LlamaForCausalLM(nn.Module):
         return allocate_kv_caches(
             self.config, num_blocks, block_size, dtype or self.dtype, device or self.device
         )
+
+
+class Phi3ForCausalLM(LlamaForCausalLM):
+    """Phi-3: same decoder; its checkpoints already hold the fused `qkv_proj` / `gate_up_proj`.
+
+    NOTE: `_resolve` maps those names to our parameters as they are (no row slice).
+    """
+
+    def checkpoint_weight_names(self) -> list[str]:
+        return [name for name, _ in self.named_parameters()]

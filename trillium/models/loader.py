@@ -1,6 +1,6 @@
 """Load a model from an HF directory (safetensors) or a GGUF file.
 
-    load_model(path, dtype=None, device="cpu") -> (LlamaForCausalLM, ModelConfig)
+    load_model(path, dtype=None, device="cpu") -> (model, ModelConfig)
 
 `path` is either
 - an HF directory: config.json + *.safetensors (one file, or shards listed
@@ -8,8 +8,8 @@
 - a `.gguf` file (or a directory holding exactly one, and no config.json).
 
 Weights stream tensor by tensor into a model built without initialization
-(`LlamaForCausalLM.empty`), through `model.load_weights`, which also fuses
-q/k/v and gate/up. Only safetensors and GGUF are read: never pickle, so a
+(`.empty` of the architecture's class, `registry.py`), through
+`model.load_weights`, which also fuses q/k/v, gate/up and stacks experts. Only safetensors and GGUF are read: never pickle, so a
 `pytorch_model.bin`-only directory is refused.
 """
 
@@ -28,6 +28,7 @@ from trillium.models import gguf_checkpoint
 from trillium.models.checkpoint_files import find_gguf_file, safetensors_files
 from trillium.models.config import ModelConfig, dtype_name
 from trillium.models.llama import LlamaForCausalLM
+from trillium.models.registry import model_class
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +62,6 @@ def _fill(
     missing = [n for n in model.checkpoint_weight_names() if n not in loaded]
     if missing:
         raise ValueError(f"{source}: checkpoint lacks {len(missing)} weights, e.g. {missing[:4]}")
-
-
-def _warn_unsupported(config: ModelConfig) -> None:
-    window = config.sliding_window
-    if window is not None and window < config.max_position_embeddings:
-        log.warning(
-            "sliding_window=%d is not applied: attention is full causal, so outputs for "
-            "sequences longer than %d tokens differ from the reference",
-            window,
-            window,
-        )
 
 
 def open_checkpoint(path: str | Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]], int]:
@@ -108,8 +98,8 @@ def load_model(
     config, weights, total = open_checkpoint(path)
     if dtype is not None and dtype != "auto":
         config = attrs.evolve(config, dtype=dtype_name(dtype))
-    _warn_unsupported(config)
-    model = LlamaForCausalLM.empty(config, dtype=config.dtype, device=device, max_positions=max_positions)
+    cls = model_class(config.architecture)
+    model = cls.empty(config, dtype=config.dtype, device=device, max_positions=max_positions)
     _fill(model, weights, total, progress, Path(path))
     model.eval()
     return model, config

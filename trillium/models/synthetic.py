@@ -17,7 +17,18 @@ Variants (all tiny except "bench"):
     mistral        MistralForCausalLM, MQA 4/1, no sliding window
     qwen2          qkv bias, no BOS added by the tokenizer
     qwen3          per-head q/k RMSNorm, head_dim 32 != hidden / heads
+    mistral-sliding  MistralForCausalLM with a 24-token sliding window
+    phi3           Phi3ForCausalLM: fused qkv_proj / gate_up_proj in the checkpoint, window 32
+    qwen2-moe      4 experts top-2 + a shared expert behind a sigmoid gate, norm_topk_prob false
+    qwen3-moe      8 experts top-2, norm_topk_prob, q/k norm; layer 1 dense (mlp_only_layers)
+    mixtral        4 experts top-2 (block_sparse_moe / w1 w2 w3 names)
+    gemma2         soft-capping, (1 + w) norms, alternating 16-token sliding layers
+    gemma3         3 layers (sliding, sliding, full), local rope base, q/k norm, linear global rope
     bench          Llama, hidden 512, 8 layers, 8/4 heads, vocab 8192 (~32M params)
+
+The families after qwen3 get their weight names and shapes from the model
+class itself (`_family_weight_specs`); the first ones keep their original
+spec list, so their files stay byte-identical.
 
 Weights come from one seeded torch.Generator, scaled so activations stay
 O(1) and logits spread over a few units: greedy picks are not near-ties.
@@ -111,6 +122,84 @@ _VARIANTS: dict[str, dict[str, Any]] = {
         "use_sliding_window": False,
         "rms_norm_eps": 1e-6,
     },
+    "mistral-sliding": {
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "sliding_window": 24,
+    },
+    "phi3": {
+        "architectures": ["Phi3ForCausalLM"],
+        "model_type": "phi3",
+        "sliding_window": 32,
+        "rms_norm_eps": 1e-5,
+    },
+    "qwen2-moe": {
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "model_type": "qwen2_moe",
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 96,
+        "norm_topk_prob": False,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "use_sliding_window": False,
+        "rms_norm_eps": 1e-6,
+    },
+    "qwen3-moe": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "head_dim": 32,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [1],
+        "attention_bias": False,
+        "use_sliding_window": False,
+        "rms_norm_eps": 1e-6,
+    },
+    "mixtral": {
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 48,
+        "sliding_window": None,
+    },
+    "gemma2": {
+        "architectures": ["Gemma2ForCausalLM"],
+        "model_type": "gemma2",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": 24,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+        "sliding_window": 16,
+        # NOTE: untied: a tied random Gemma echoes its last input token (the
+        # sqrt(hidden)-scaled embedding dominates the residual), so greedy tests would be vacuous.
+        "tie_word_embeddings": False,
+        "rms_norm_eps": 1e-6,
+    },
+    "gemma3": {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 3,
+        "head_dim": 32,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": 32,
+        "sliding_window": 16,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+        "rope_theta": None,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+        },
+        # NOTE: untied: a tied random Gemma echoes its last input token (the
+        # sqrt(hidden)-scaled embedding dominates the residual), so greedy tests would be vacuous.
+        "tie_word_embeddings": False,
+        "rms_norm_eps": 1e-6,
+    },
     "bench": {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -126,7 +215,9 @@ _VARIANTS: dict[str, dict[str, Any]] = {
 }
 VARIANTS = tuple(_VARIANTS)
 # Tokenizers of these variants add no BOS (as Qwen's do); the others add <|bos|>.
-_NO_BOS_VARIANTS = ("qwen2", "qwen3")
+_NO_BOS_VARIANTS = ("qwen2", "qwen3", "qwen2-moe", "qwen3-moe")
+# Variants whose weight list comes from the model class (see the module docstring).
+_FAMILY_VARIANTS = ("mistral-sliding", "phi3", "qwen2-moe", "qwen3-moe", "mixtral", "gemma2", "gemma3")
 
 
 def hf_config_dict(variant: str, dtype: str = "float32", **overrides: Any) -> dict[str, Any]:
@@ -135,8 +226,9 @@ def hf_config_dict(variant: str, dtype: str = "float32", **overrides: Any) -> di
         raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
     config: dict[str, Any] = {**_SMALL, **_VARIANTS[variant], **overrides}
     config = {k: v for k, v in config.items() if v is not None or k == "sliding_window"}
+    if "hidden_activation" not in config:
+        config["hidden_act"] = "silu"
     config.update(
-        hidden_act="silu",
         bos_token_id=BOS_ID,
         eos_token_id=EOS_ID,
         pad_token_id=PAD_ID,
@@ -215,14 +307,46 @@ def _weight_specs(config: ModelConfig) -> list[tuple[str, tuple[int, ...], str]]
     return specs
 
 
-def random_weights(config: ModelConfig, seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _family_weight_specs(config: ModelConfig) -> list[tuple[str, tuple[int, ...], str]]:
+    """(HF name, shape, init kind) from the model class: its checkpoint names, each resolved to its rows."""
+    from trillium.models.registry import model_class
+
+    with torch.device("meta"):
+        model = model_class(config.architecture)(config, dtype=torch.float32, max_positions=8)
+    params = dict(model.named_parameters())
+    specs = []
+    for name in model.checkpoint_weight_names():
+        param_name, rows = model.resolve_weight(name)
+        shape = tuple(params[param_name].shape)
+        if rows is not None:
+            shape = (rows[1], *shape[1:])
+        if name == "model.embed_tokens.weight":
+            kind = "embed"
+        elif name == "lm_head.weight":
+            kind = "head"
+        elif "norm" in name:
+            # Gemma's norms multiply by (1 + w): centre them on 0 instead of 1.
+            kind = "norm0" if config.gemma is not None else "norm"
+        elif name.endswith(".bias"):
+            kind = "bias"
+        elif name.endswith(("o_proj.weight", "down_proj.weight", ".w2.weight")):
+            kind = "out"
+        else:
+            kind = "linear"
+        specs.append((name, shape, kind))
+    return specs
+
+
+def random_weights(config: ModelConfig, seed: int, dtype: torch.dtype, family: bool = False) -> dict[str, torch.Tensor]:
     """Seeded weights with O(1) activations and logits of std ~2."""
     gen = torch.Generator().manual_seed(seed)
     out = {}
-    for name, shape, kind in _weight_specs(config):
+    for name, shape, kind in (_family_weight_specs(config) if family else _weight_specs(config)):
         w = torch.randn(shape, generator=gen, dtype=torch.float32)
         fan_in = shape[-1]
-        if kind == "norm":
+        if kind == "norm0":
+            w = 0.1 * w
+        elif kind == "norm":
             w = 1.0 + 0.1 * w
         elif kind == "bias":
             w = 0.1 * w
@@ -284,5 +408,6 @@ def build_checkpoint(
     (path / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     generation = {"bos_token_id": BOS_ID, "eos_token_id": [EOS_ID, END_ID], "pad_token_id": PAD_ID}
     (path / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    _save_weights(path, random_weights(config, seed, torch_dtype(dtype)), 2 if sharded else 1)
+    weights = random_weights(config, seed, torch_dtype(dtype), family=variant in _FAMILY_VARIANTS)
+    _save_weights(path, weights, 2 if sharded else 1)
     return path

@@ -39,7 +39,7 @@ NamedTensors = list[tuple[str, torch.Tensor]]
 _STRUCTURE = (
     "architecture", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
     "num_kv_heads", "head_dim", "rms_norm_eps", "tie_word_embeddings", "attention_bias",
-    "attention_out_bias", "mlp_bias", "qk_norm",
+    "attention_out_bias", "mlp_bias", "qk_norm", "sliding_window", "layer_types", "moe", "gemma",
 )
 
 
