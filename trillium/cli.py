@@ -342,8 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
     build = sub.add_parser(
         "build-model", parents=[common], help="write a small deterministic random checkpoint")
     build.add_argument("path")
-    build.add_argument("--variant", default="llama",
-                       help="llama, llama-linear, llama-dynamic, llama-tied, mistral, qwen2, qwen3, bench")
+    from trillium.models.synthetic import VARIANTS
+
+    build.add_argument("--variant", default="llama", choices=VARIANTS,
+                       help="which architecture and size: " + ", ".join(VARIANTS))
     build.add_argument("--seed", type=int, default=0)
     build.set_defaults(func=_cmd_build_model)
 
