@@ -41,6 +41,8 @@ import shutil
 import signal
 import tempfile
 
+from typing import TYPE_CHECKING
+
 import attrs
 import trio
 
@@ -48,6 +50,9 @@ from trillium.actors.client import EngineClient
 from trillium.actors.assembly import ActorConfig, Addresses, engine_specs
 from trillium.actors.supervisor import ActorFailed, Supervision, run_in_subprocesses
 from trillium.config import EngineConfig
+
+if TYPE_CHECKING:
+    from trillium.data_plane.chat_options import ChatOptions
 
 log = logging.getLogger("trillium.serve")
 
@@ -68,6 +73,7 @@ class ServerConfig:
     allowed_lora_paths: tuple[str, ...] | None = None  # None: the directories of lora_modules
     admin_on_data_port: bool = False  # also mount the admin routes on the data port
     data_port_admin_open: bool = False  # resolved: those routes need no token (loopback, no token given)
+    chat: "ChatOptions | None" = None  # chat template and parsers; None: the defaults
 
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
@@ -169,6 +175,7 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
                 metrics_registry=registry,
                 tracing=tracing,
                 loras=loras,
+                **({"chat": server_config.chat} if server_config.chat is not None else {}),
             )
             app = create_app(engine)
             admin = _admin_engine(

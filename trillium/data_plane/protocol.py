@@ -205,15 +205,19 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: Int64 | None = None
     logprobs: bool | None = False
     top_logprobs: Int64 | None = None
-    # Accepted so that their use gets a clear 400 rather than being ignored.
+    # Tool calling (trillium/data_plane/tool_choice.py)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Annotated[Any, WithJsonSchema({})] = None
+    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
+    reasoning_effort: str | None = None  # passed to the chat template
     # vLLM extras
     add_generation_prompt: bool | None = True
     continue_final_message: bool | None = False
     chat_template_kwargs: dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None  # informational: tools are refused anyway
+    chat_template: str | None = None  # needs --trust-request-chat-template
+    documents: list[dict[str, Any]] | None = None  # the template's `documents` (RAG)
+    include_reasoning: bool | None = True  # with --reasoning-parser: false drops the thinking
 
 
 class TokenizeRequest(_Body):

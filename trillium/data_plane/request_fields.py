@@ -48,7 +48,6 @@ COMMON_OFF_VALUES: Mapping[str, tuple[Any, ...]] = {
 CHAT_OFF_VALUES: Mapping[str, tuple[Any, ...]] = {
     **COMMON_OFF_VALUES,
     "echo": (False,),
-    "include_reasoning": (True,),
     "return_prompt_text": (False,),
     "modalities": (["text"],),
 }

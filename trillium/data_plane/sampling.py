@@ -82,10 +82,6 @@ def completion_params(req: CompletionRequest) -> SamplingParams:
 
 
 def chat_params(req: ChatCompletionRequest) -> SamplingParams:
-    if req.tools:
-        raise bad_request("tools: tool calling is not supported", "tools")
-    if req.tool_choice is not None and req.tool_choice != "none":
-        raise bad_request("tool_choice: only 'none' is supported", "tool_choice")
     if req.response_format is not None and req.response_format.get("type", "text") != "text":
         raise bad_request("response_format: only {'type': 'text'} is supported", "response_format")
     if req.top_logprobs is not None and not req.logprobs:
