@@ -29,6 +29,7 @@ from trillium.data_plane.reasoning import END, ReasoningParser, ReasoningStream,
 from trillium.data_plane.tool_choice import ToolPlan
 from trillium.data_plane.tool_stream import ToolCallStream, message_fields
 from trillium.sampling_params import SamplingParams
+from trillium.structured_outputs import StructuredOutputsParams
 
 
 @attrs.frozen
@@ -78,18 +79,15 @@ async def constrain(params: SamplingParams, reply: ReplyFormat,
     changes: dict[str, Any] = {}
     if reply.tools.parser is not None and reply.tools.parser.keeps_special_tokens:
         changes["skip_special_tokens"] = False
-    # NOTE getattr: the structured-output engine (SamplingParams.structured_outputs) lands separately.
-    constraint = getattr(params, "structured_outputs", None)
+    constraint = params.structured_outputs
     if reply.tools.schema is not None:
         if constraint is not None:
             raise bad_request("tool_choice: a required or named tool choice cannot be combined with "
                               "response_format or structured_outputs", "tool_choice")
-        from trillium.sampling_params import StructuredOutputsParams
-
         constraint = StructuredOutputsParams(json=reply.tools.schema)
     if constraint is not None and reply.reasoning is not None:
         constraint = attrs.evolve(constraint, activate_after=tuple(await encode(END)))
-    if constraint is not getattr(params, "structured_outputs", None):
+    if constraint is not params.structured_outputs:
         changes["structured_outputs"] = constraint
     return attrs.evolve(params, **changes) if changes else params
 

@@ -3,11 +3,12 @@
     {"name": "get_weather", "parameters": {"city": "Paris"}}
     <|python_tag|>{"name": "a", "parameters": {}}; {"name": "b", "parameters": {}}
 
-`parameters` or `arguments`; several calls separated by `;`. As in vLLM's
-vllm/tool_parsers/llama_tool_parser.py: a reply is read as calls when it
-starts with `{` or the python tag (streaming) / holds JSON objects that are
-all calls (final); with calls the content is null, and a reply whose JSON is
-not a call is all content.
+`parameters` or `arguments`; several calls separated by `;` or newlines. As
+in vLLM's vllm/tool_parsers/llama_tool_parser.py: while streaming, a reply is
+read as calls when it starts with `{` or the python tag; the whole reply's
+calls are its JSON objects that have a name and arguments, wherever they are
+(other text and JSON is skipped); with calls the content is null, without any
+the reply is all content.
 """
 
 from __future__ import annotations
@@ -30,19 +31,19 @@ class Llama3JsonToolParser:
         return openai_call_id()
 
     def scan(self, text: str, final: bool = False) -> ToolScan:
+        if final:
+            return _final_anywhere(text)
         body = skip_ws(text, 0)
         if text.startswith(PYTHON_TAG, body):
             body = skip_ws(text, body + len(PYTHON_TAG))
-        elif PYTHON_TAG.startswith(text[body:]) and not final:
+        elif PYTHON_TAG.startswith(text[body:]):
             return ToolScan("")  # may become the tag
         elif not text.startswith("{", body):
-            return _final_anywhere(text) if final else ToolScan(text)
+            return ToolScan(text)
         calls: list[ScannedCall] = []
         try:
             i = body
-            while i < len(text):
-                if text[i] != "{":
-                    raise ValueError("text between calls")
+            while i < len(text) and text[i] == "{":
                 call, end = call_object(text, i, _ARGS_KEYS)
                 calls.append(call)
                 if end is None:
@@ -51,15 +52,13 @@ class Llama3JsonToolParser:
                 if text.startswith(";", i):
                     i = skip_ws(text, i + 1)
         except ValueError:
-            if final:
-                return ToolScan(text)
-        if final:
-            return final_scan(text, "", calls)
+            pass  # NOTE: what is not a call is left to the final scan
         return ToolScan("", tuple(calls))
 
 
 def _final_anywhere(text: str) -> ToolScan:
-    """vLLM's non-streamed rule: every JSON object in the text must be a call, else all is content."""
+    """The JSON objects in the text that are calls (the text between and after them, and
+    objects that are not calls, are skipped); all of it is content when there are none."""
     decoder = json.JSONDecoder()
     calls: list[ScannedCall] = []
     i = text.find("{")
@@ -67,10 +66,12 @@ def _final_anywhere(text: str) -> ToolScan:
         try:
             obj, end = decoder.raw_decode(text, i)
         except ValueError:
-            return ToolScan(text)
+            i = text.find("{", i + 1)
+            continue
         args = next((obj[k] for k in _ARGS_KEYS if isinstance(obj, dict) and k in obj), None)
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or args is None:
-            return ToolScan(text)
-        calls.append(ScannedCall(obj["name"], json.dumps(args, ensure_ascii=False), True))
-        i = text.find("{", end)
+        if isinstance(obj, dict) and isinstance(obj.get("name"), str) and args is not None:
+            calls.append(ScannedCall(obj["name"], json.dumps(args, ensure_ascii=False), True))
+            i = text.find("{", end)
+        else:
+            i = text.find("{", i + 1)
     return final_scan(text, "", calls)
