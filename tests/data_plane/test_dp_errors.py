@@ -79,7 +79,9 @@ CHAT_CASES = [
     ({"messages": MSG, "max_tokens": 99999}, "max_tokens"),
     ({"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"messages": MSG, "tool_choice": "auto"}, "tool_choice"),
-    ({"messages": MSG, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}},
+     "response_format.json_schema.schema"),
+    ({"messages": MSG, "response_format": {"type": "xml"}}, "response_format.type"),
     ({"messages": MSG, "temperature": -0.5}, "temperature"),
     ({"messages": [{"role": "user", "content": "word " * 3000}]}, "messages"),
 ]
