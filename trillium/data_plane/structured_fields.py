@@ -41,19 +41,21 @@ GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar
 _BACKENDS = ("xgrammar", "auto")
 
 
-def _make(field: str, **kwargs: Any) -> StructuredOutputsParams:
-    """The params, their grammar built (cached) so a bad one is a 400 naming `field`."""
+def _make(field: str, whitespace_field: str = "structured_outputs.whitespace_pattern",
+          **kwargs: Any) -> StructuredOutputsParams:
+    """The params, their grammar built (cached) so a bad one is a 400 naming `field`
+    (or `whitespace_field` when the whitespace pattern is the problem)."""
     try:
         params = StructuredOutputsParams(**kwargs)
         validate_structured_outputs(params)
         return params
     except (ValueError, TypeError) as exc:
-        message = str(exc)
-        if not message.startswith(field):
-            # "structured_outputs[.kind]: why" -> "<the client's field>: why"
-            head, _, why = message.partition(": ")
-            message = f"{field}: {why}" if head.startswith("structured_outputs") and why else f"{field}: {message}"
-        raise bad_request(message, field) from None
+        head, _, why = str(exc).partition(": ")
+        if head == "structured_outputs.whitespace_pattern":
+            field = whitespace_field
+        if not head.startswith("structured_outputs") or not why:
+            why = str(exc)
+        raise bad_request(f"{field}: {why}", field) from None
 
 
 def from_response_format(response_format: dict[str, Any] | None) -> StructuredOutputsParams | None:
@@ -122,7 +124,7 @@ def from_guided_fields(fields: dict[str, Any]) -> StructuredOutputsParams | None
     (name, value), = given.items()
     kind = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
             "guided_grammar": "grammar", "structural_tag": "structural_tag"}[name]
-    return _make(name, **{kind: value}, whitespace_pattern=whitespace)
+    return _make(name, "guided_whitespace_pattern", **{kind: value}, whitespace_pattern=whitespace)
 
 
 def from_sglang(sampling: dict[str, Any]) -> StructuredOutputsParams | None:
