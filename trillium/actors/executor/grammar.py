@@ -148,12 +148,13 @@ class GrammarCompiler:
 class GrammarConstraint:
     """One sequence's matcher; `advance` before `fill` each step."""
 
-    __slots__ = ("matcher", "trigger", "active", "num_consumed", "failed")
+    __slots__ = ("matcher", "stop_token_ids", "trigger", "active", "num_consumed", "failed")
 
     def __init__(self, compiled, eos_token_ids: Sequence[int], activate_after: Sequence[int] | None) -> None:
         import xgrammar as xgr
 
-        self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=list(eos_token_ids) or None)
+        self.stop_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=list(self.stop_token_ids) or None)
         self.trigger = tuple(activate_after) if activate_after else None
         self.active = self.trigger is None
         self.num_consumed = 0  # output tokens looked at (fed to the matcher once active)
@@ -180,10 +181,22 @@ class GrammarConstraint:
 
     @property
     def masks(self) -> bool:
-        return self.active and not self.failed
+        if not self.active or self.failed:
+            return False
+        return bool(self.stop_token_ids) or not self.matcher.is_terminated()
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
-        self.matcher.fill_next_token_bitmask(bitmask, row)
+        if not self.matcher.is_terminated():
+            self.matcher.fill_next_token_bitmask(bitmask, row)
+            return
+        # The grammar ended with a stop token the request did not stop on
+        # (ignore_eos): only stop tokens may follow, as after any complete grammar.
+        # NOTE: xgrammar refuses to fill a mask for a terminated matcher.
+        bitmask[row] = 0
+        for token in self.stop_token_ids:
+            word, bit = divmod(token, 32)
+            value = (int(bitmask[row, word]) & 0xFFFFFFFF) | (1 << bit)
+            bitmask[row, word] = value - (1 << 32) if value >= 1 << 31 else value  # int32 bits
 
 
 def apply_grammar_bitmask(logits: torch.Tensor, constraints: Sequence[GrammarConstraint | None],
