@@ -42,8 +42,9 @@ answer is constrained. It is not part of the grammar's cache key.
 NOTE on truncation: the grammar decides which tokens may come next, not how
 many; a request that hits max_tokens before its grammar completes returns the
 valid prefix, which may not parse (finish_reason "length"), as in vLLM.
-JSON whitespace is bounded (MAX_JSON_WHITESPACE per run) so a rambling model
-cannot spend its budget on spaces.
+JSON takes xgrammar's fixed layout (`{"a": 1, "b": [1, 2]}`, as vLLM with
+`disable_any_whitespace`): WHY: with any whitespace allowed, a model that
+likes newlines spends its whole budget on them inside valid JSON.
 """
 
 from __future__ import annotations
@@ -55,11 +56,6 @@ from typing import Any
 
 import attrs
 
-# Longest run of whitespace a JSON constraint allows between tokens.
-# WHY: xgrammar's default is unbounded; a model (a random one in tests, a bad
-# one in production) could fill max_tokens with newlines inside valid JSON.
-MAX_JSON_WHITESPACE = 8
-
 _XGRAMMAR_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 
 _KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
@@ -70,7 +66,7 @@ def _json_text(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, dict):
-        return json.dumps(value, sort_keys=True)
+        return json.dumps(value)  # WHY not sorted: properties are generated in schema order
     raise TypeError(f"expected a JSON string or an object, got {type(value).__name__}")
 
 
@@ -90,7 +86,7 @@ def _int_tuple(value: Any) -> tuple[int, ...] | None:
 class StructuredOutputsParams:
     """One constraint on a request's output (exactly one kind set).
 
-    json            a JSON schema (JSON text, or a dict: stored as sorted JSON text)
+    json            a JSON schema (JSON text, or a dict: stored as its JSON text)
     regex           a regular expression the whole output matches
     choice          the output is exactly one of these strings
     grammar         an EBNF / GBNF grammar (root rule `root`)
@@ -98,7 +94,7 @@ class StructuredOutputsParams:
     structural_tag  vLLM's structural tag (JSON text or dict): either
                     {"structures": [{"begin", "schema", "end"}], "triggers": [...]}
                     or xgrammar's {"type": "structural_tag", "format": {...}}
-    whitespace_pattern  JSON only: None (any whitespace, bounded) or "" (none)
+    whitespace_pattern  JSON only: None (one space after , and :) or "" (none)
     activate_after  internal: token ids after which the constraint starts
     """
 
@@ -139,13 +135,34 @@ def _choice_ebnf(choices: tuple[str, ...]) -> str:
 
 def _json_options(whitespace_pattern: str | None) -> dict[str, Any]:
     if whitespace_pattern is None:
-        return dict(any_whitespace=True, max_whitespace_cnt=MAX_JSON_WHITESPACE)
+        return dict(any_whitespace=False)  # xgrammar's layout: {"a": 1, "b": [1, 2]}
     if whitespace_pattern == "":
         return dict(any_whitespace=False, separators=(",", ":"))
     raise ValueError(
         f"structured_outputs.whitespace_pattern: the xgrammar backend takes only \"\" (no whitespace) or "
-        f"null (bounded whitespace), got {whitespace_pattern!r}"
+        f"null (one space after , and :), got {whitespace_pattern!r}"
     )
+
+
+# Character classes of xgrammar 0.2.9's JSON strings, and what they become.
+# WHY: a string with minLength / maxLength is lowered to a class that lets raw
+# control characters in (invalid JSON: json.loads and pydantic refuse it), and
+# every string class lets UTF-8-encoded surrogates in (bytes a decoder turns
+# into U+FFFD, three per surrogate, so a bounded string comes out too long).
+_STRING_CLASS_FIXES = (
+    (r'[^\"\\\r\n]', r'[^\0-\x1f\"\\\ud800-\udfff]'),  # length-bounded (escapes stay out)
+    (r'[^\0-\x1f\"\\\r\n]', r'[^\0-\x1f\"\\\ud800-\udfff]'),  # unbounded
+)
+
+
+def _json_grammar(schema: str, whitespace_pattern: str | None):
+    import xgrammar as xgr
+
+    grammar = xgr.Grammar.from_json_schema(schema, **_json_options(whitespace_pattern))
+    text = fixed = str(grammar)
+    for old, new in _STRING_CLASS_FIXES:
+        fixed = fixed.replace(old, new)
+    return grammar if fixed == text else xgr.Grammar.from_ebnf(fixed)
 
 
 def _structural_tag(text: str):
@@ -165,10 +182,10 @@ def _build(params: StructuredOutputsParams):
 
     kind = params.kind
     if kind == "json":
-        return xgr.Grammar.from_json_schema(params.json, **_json_options(params.whitespace_pattern))
+        return _json_grammar(params.json, params.whitespace_pattern)
     if kind == "json_object":
         # vLLM: {"type": "object"}, so the answer is an object, not any JSON value.
-        return xgr.Grammar.from_json_schema('{"type": "object"}', **_json_options(params.whitespace_pattern))
+        return _json_grammar('{"type": "object"}', params.whitespace_pattern)
     if kind == "regex":
         if "\x00" in params.regex:
             raise ValueError("must not contain a NUL character")
@@ -218,5 +235,5 @@ def validate_structured_outputs(params: StructuredOutputsParams | None) -> None:
         build_grammar(params)
 
 
-__all__ = ["MAX_JSON_WHITESPACE", "StructuredOutputsParams", "build_grammar", "params_from_key",
+__all__ = ["StructuredOutputsParams", "build_grammar", "params_from_key",
            "validate_structured_outputs"]

@@ -87,7 +87,9 @@ CHAT_CASES = [
     ({"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}],
       "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
     ({"messages": MSG, "chat_template": "{{ messages }}"}, "chat_template"),
-    ({"messages": MSG, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}},
+     "response_format.json_schema.schema"),
+    ({"messages": MSG, "response_format": {"type": "xml"}}, "response_format.type"),
     ({"messages": MSG, "temperature": -0.5}, "temperature"),
     ({"messages": [{"role": "user", "content": "word " * 3000}]}, "messages"),
 ]

@@ -120,6 +120,16 @@ class SamplingRequest(_Body):
     cache_salt: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
     request_id: str | None = None
     add_special_tokens: bool | None = None  # default: True for a completion prompt, False for chat
+    # Structured outputs, every way clients send them (data_plane/structured_fields.py)
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structural_tag: str | dict[str, Any] | None = None
+    guided_whitespace_pattern: str | None = None
+    guided_decoding_backend: str | None = None
     # Informational (request_fields.INFORMATIONAL_FIELDS): accepted, never acted on.
     metadata: dict[str, Any] | None = None
     session_id: str | None = None

@@ -43,7 +43,6 @@ COMMON_OFF_VALUES: Mapping[str, tuple[Any, ...]] = {
     "return_mm_kwargs": (True,),
     "store": (False,),
     "service_tier": ("auto", "default"),
-    "response_format": ({"type": "text"},),
 }
 CHAT_OFF_VALUES: Mapping[str, tuple[Any, ...]] = {
     **COMMON_OFF_VALUES,

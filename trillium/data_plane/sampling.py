@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 from trillium.data_plane.errors import bad_request, from_value_error
 from trillium.data_plane.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from trillium.data_plane.structured_fields import (GUIDED_FIELDS, from_guided_fields, from_response_format,
+                                                   from_vllm_object, pick_one)
 from trillium.sampling_params import SamplingParams
 from trillium.validation import check_request
 
@@ -54,6 +56,7 @@ def _common(req: SamplingRequest) -> dict:
         include_stop_str_in_output=bool(req.include_stop_str_in_output),
         stop_token_ids=tuple(req.stop_token_ids or ()),
         allowed_token_ids=None if req.allowed_token_ids is None else tuple(req.allowed_token_ids),
+        structured_outputs=_structured_outputs(req),
     )
     if req.top_k is not None:
         kwargs["top_k"] = req.top_k
@@ -62,6 +65,18 @@ def _common(req: SamplingRequest) -> dict:
         if value is not None:
             kwargs[name] = value
     return kwargs
+
+
+def _structured_outputs(req: SamplingRequest):
+    """The request's one structured-output constraint (OpenAI's, vLLM's or vLLM's older fields)."""
+    guided_names = (*GUIDED_FIELDS, "guided_whitespace_pattern", "guided_decoding_backend")
+    guided = {name: getattr(req, name) for name in guided_names}
+    guided_field = next((name for name in GUIDED_FIELDS if guided[name] is not None), "guided_json")
+    return pick_one({
+        "response_format": from_response_format(req.response_format),
+        "structured_outputs": from_vllm_object(req.structured_outputs),
+        guided_field: from_guided_fields(guided),
+    })
 
 
 def completion_params(req: CompletionRequest) -> SamplingParams:
@@ -82,8 +97,6 @@ def completion_params(req: CompletionRequest) -> SamplingParams:
 
 
 def chat_params(req: ChatCompletionRequest) -> SamplingParams:
-    if req.response_format is not None and req.response_format.get("type", "text") != "text":
-        raise bad_request("response_format: only {'type': 'text'} is supported", "response_format")
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs: requires logprobs to be true", "top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
