@@ -124,7 +124,7 @@ def test_request_chat_template_and_kwargs(server):
 @pytest.mark.parametrize("parallel", [True, False])
 def test_required_tool_choice(sdk, parallel):
     """vLLM's required schema: at least one call, each a tool with valid arguments."""
-    for seed in range(3):
+    for seed in range(2):
         reply = sdk.chat.completions.create(model="test-model", messages=MESSAGES, tools=TOOLS,
                                             tool_choice="required", parallel_tool_calls=parallel, max_tokens=300,
                                             temperature=1.0, seed=seed)
@@ -222,6 +222,20 @@ def test_reasoning_split_streamed_and_not(sdk):
             content += choice.delta.content or ""
     assert reasoning == message["reasoning"] and content == ""
     assert usage.completion_tokens_details.reasoning_tokens == 12
+
+
+def test_tool_grammar_waits_for_the_end_of_thinking(sdk):
+    """With the thinking open, the required grammar is held back until </think> (activate_after):
+    the random model never closes it, so the reply is free thinking and no call, where the same
+    request without thinking is forced into calls."""
+    kwargs = dict(model="test-model", messages=MESSAGES, tools=TOOLS, tool_choice="required", max_tokens=16,
+                  temperature=0)
+    thinking = sdk.chat.completions.create(**kwargs, extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    message = thinking.choices[0].message.model_dump()
+    assert message["reasoning"] and not message["reasoning"].lstrip().startswith("[{")
+    assert message["tool_calls"] == [] and thinking.choices[0].finish_reason == "length"
+    forced = sdk.chat.completions.create(**{**kwargs, "max_tokens": 300})
+    _check_calls(forced.choices[0].message.tool_calls)
 
 
 def test_thinking_disabled_is_all_content(sdk):
