@@ -34,7 +34,7 @@ TEMPLATE = """\
 {%- if reasoning_effort %}<|system|>effort={{ reasoning_effort }}<|end|>
 {% endif %}
 {%- for m in messages %}
-{%- if m.role == 'assistant' and m.tool_calls %}<|assistant|>{{ m.content or '' }}\
+{%- if m.role == 'assistant' and m.tool_calls %}<|assistant|>{{ m.reasoning_content or '' }}{{ m.content or '' }}\
 {% for c in m.tool_calls %}<tool_call>{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments }}}\
 </tool_call>{% endfor %}<|end|>
 {% elif m.role == 'tool' %}<|user|><tool_response id={{ m.tool_call_id }}>{{ m.content }}</tool_response><|end|>
@@ -74,7 +74,8 @@ MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 def server(checkpoint, tmp_path_factory):
     template = tmp_path_factory.mktemp("template") / "hermes.jinja"
     template.write_text(TEMPLATE)
-    proc = ServeProcess(str(checkpoint("llama", max_position_embeddings=2048)), "--max-num-seqs", "8", "--kv-cache-memory", "16MiB",
+    proc = ServeProcess(str(checkpoint("llama", max_position_embeddings=2048)),
+                        "--max-num-seqs", "8", "--kv-cache-memory", "16MiB",
                         "--chat-template", str(template), "--trust-request-chat-template",
                         "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
                         "--reasoning-parser", "qwen3").wait_healthy(timeout_s=300)
@@ -175,11 +176,11 @@ def test_multi_turn_tool_conversation(sdk, server):
     the conversation continues (a called tool, answered, then another required call)."""
     call = {"id": "call_0123456789abcdef01234567", "type": "function",
             "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}
-    history = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]},
+    history = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call], "reasoning_content": "hm"},
                {"role": "tool", "tool_call_id": call["id"], "content": "18 degrees"}]
     text = _prompt_text(server, messages=history, tools=TOOLS, tool_choice="none")
-    assert ('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}</tool_call>'
-            in text)
+    assert ('<|assistant|>hm<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
+            "</tool_call>" in text)
     assert f"<tool_response id={call['id']}>18 degrees</tool_response>" in text
     plain = sdk.chat.completions.create(model="test-model", messages=history, tools=TOOLS, tool_choice="none",
                                         max_tokens=8, temperature=0)

@@ -180,6 +180,10 @@ class ChatMessage(_Body):
     name: str | None = None
     tool_call_id: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    # An assistant turn's thinking, as a reasoning model's reply gave it (templates such as
+    # Qwen3's read `reasoning_content`); passed to the template as sent, like vLLM.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @field_validator("content")
     @classmethod
@@ -198,7 +202,7 @@ class ChatMessage(_Body):
     def to_template(self) -> dict[str, Any]:
         """The message as the chat template sees it."""
         message: dict[str, Any] = {"role": self.role, "content": self.content or ""}
-        for key in ("name", "tool_call_id", "tool_calls"):
+        for key in ("name", "tool_call_id", "tool_calls", "reasoning_content", "reasoning"):
             value = getattr(self, key)
             if value is not None:
                 message[key] = value
