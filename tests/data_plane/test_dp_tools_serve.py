@@ -24,6 +24,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from support.serve_process import ServeProcess
+from test_dp_tool_parsers_serve import check_forced_call
 
 TEMPLATE = """\
 {%- if tools %}<|system|>Tools:{% for t in tools %} {{ t.function.name }}{{ t.function.parameters | tojson }}\
@@ -193,6 +194,11 @@ def test_multi_turn_tool_conversation(sdk, server):
     history += [message.model_dump(exclude_none=True), {"role": "user", "content": "thanks"}]
     last = sdk.chat.completions.create(model="test-model", messages=history, tools=TOOLS, max_tokens=4)
     assert last.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_auto_hermes_reply_is_read_into_tool_calls(sdk):
+    """The reply forced into hermes' format (test_dp_tool_parsers_serve.py) becomes a tool call."""
+    check_forced_call(sdk, "hermes")
 
 
 def test_auto_reply_without_calls_is_content(sdk):
