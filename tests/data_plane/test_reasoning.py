@@ -65,7 +65,7 @@ def _run(reply_format: ReplyFormat, text: str, chunk: int):
     deltas.append(streamed.finish())
     whole = ChoiceReply(reply_format)
     for i in range(0, len(text), chunk):
-        whole.feed(text[i:i + chunk], len(text[i:i + chunk]))
+        whole.record(text[i:i + chunk], len(text[i:i + chunk]))
     return deltas, streamed, whole.message()
 
 

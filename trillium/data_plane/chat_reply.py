@@ -11,7 +11,8 @@ Built once per request in the chat route from the request, the server's
 
 `ChoiceReply` follows one choice's text: `feed(text, num_tokens)` returns the
 fields of its streamed delta (`reasoning_content` / `reasoning`, `content`,
-`tool_calls`), `finish()` the last ones, `message()` the non-streamed message.
+`tool_calls`), `finish()` the last ones; a non-streamed reply `record`s each
+delta and asks `message()` at the end.
 `reasoning_tokens` counts the tokens of deltas that were all thinking (the
 end-of-thinking marker included).
 """
@@ -106,13 +107,19 @@ class ChoiceReply:
         return self._tools is not None and self._tools.num_calls > 0
 
     def feed(self, text: str, num_tokens: int) -> dict[str, Any]:
+        """A streamed delta's fields."""
+        reasoning, content = self.record(text, num_tokens)
+        return self._fields(reasoning, content, final=False)
+
+    def record(self, text: str, num_tokens: int) -> tuple[str, str]:
+        """Take a delta's text (all a non-streamed reply needs); its (reasoning, content) pieces."""
         self._texts.append(text)
         if self._reasoning is None or self._reasoning.ended:
-            return self._fields("", text, final=False)
+            return "", text
         reasoning, content = self._reasoning.feed(text)
         if not content:
             self.reasoning_tokens += num_tokens
-        return self._fields(reasoning, content, final=False)
+        return reasoning, content
 
     def finish(self) -> dict[str, Any]:
         reasoning, content = self._reasoning.finish() if self._reasoning is not None else ("", "")

@@ -197,7 +197,7 @@ async def _respond(generation: Generation, chat: _Chat):
         async with generation.feed(nursery) as feed:
             async for choice, delta in feed:
                 chat.add(choice, delta)
-                chat.choice_reply(choice.index).feed(delta.text, len(delta.new_token_ids))
+                chat.choice_reply(choice.index).record(delta.text, len(delta.new_token_ids))
     rejected = [c.rejection for c in generation.choices if c.rejection]
     if rejected:
         raise bad_request(rejected[0])
