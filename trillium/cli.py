@@ -190,6 +190,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if lora_modules and not args.enable_lora:
         raise SystemExit("--lora-modules needs --enable-lora")
     lora_paths = None if args.allowed_lora_paths is None else split_path_list(args.allowed_lora_paths)
+    from trillium.data_plane.chat_options import ChatOptions
+
+    try:
+        chat = ChatOptions.build(
+            chat_template=args.chat_template, trust_request_chat_template=args.trust_request_chat_template,
+            enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,
+            reasoning_parser=args.reasoning_parser)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     server = ServerConfig(
         host=args.host, port=args.port, api_key=args.api_key or os.environ.get("TRILLIUM_API_KEY") or None,
         max_queued_requests=args.max_queued_requests, shutdown_timeout_s=args.shutdown_timeout,
@@ -198,6 +207,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         allowed_weight_paths=weight_paths, profile_dir=args.profile_dir,
         lora_modules=lora_modules, allowed_lora_paths=lora_paths, admin_on_data_port=args.admin_on_data_port,
         **_compat_server_kwargs(args, names),
+        chat=chat,
     )
     return run_server(engine, server)
 
@@ -296,6 +306,21 @@ def build_parser() -> argparse.ArgumentParser:
                       help="requests in the engine beyond which new ones get 503 + Retry-After (default: no limit)")
     http.add_argument("--shutdown-timeout", type=float, default=10.0,
                       help="seconds in-flight requests get to finish after SIGTERM / Ctrl-C")
+    chat = serve.add_argument_group("chat (templates, tool calling, reasoning; vLLM's flags)")
+    chat.add_argument("--chat-template", default=None, metavar="FILE_OR_STRING",
+                      help="the chat template to use instead of the tokenizer's: a Jinja file, or the template "
+                           "itself (a value holding '{', '}' or a newline)")
+    chat.add_argument("--trust-request-chat-template", action="store_true",
+                      help="let a request send its own `chat_template` (otherwise that is a 400)")
+    chat.add_argument("--enable-auto-tool-choice", action="store_true",
+                      help="allow tool_choice \"auto\" (the default when a request has tools): tool calls are "
+                           "parsed from the reply with --tool-call-parser, which it needs")
+    chat.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                      help="how tool calls are written by the model: hermes (Qwen2.5/Qwen3, Hermes <tool_call>), "
+                           "llama3_json (Llama 3.1/3.2 JSON), mistral ([TOOL_CALLS]), pythonic ([f(a=1)])")
+    chat.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                      help="split the model's <think>...</think> out of the reply into reasoning_content: "
+                           "deepseek_r1 or qwen3 (qwen3 honours chat_template_kwargs.enable_thinking=false)")
     admin = serve.add_argument_group("admin (control plane: sleep / wake, pause, weight updates, profiling)")
     admin.add_argument("--admin-host", default="127.0.0.1",
                        help="address of the admin API; a non-loopback address requires --admin-token")

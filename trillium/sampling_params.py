@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import attrs
 
+from trillium.structured_outputs import StructuredOutputsParams, validate_structured_outputs
+
 
 @attrs.frozen
 class SamplingParams:
@@ -47,6 +49,9 @@ class SamplingParams:
     # tokenizes vLLM's `bad_words` strings into them).
     allowed_token_ids: tuple[int, ...] | None = None
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+    # A grammar the output must follow (trillium/structured_outputs.py): JSON
+    # schema, regex, choice, EBNF, any JSON object or a structural tag.
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __attrs_post_init__(self) -> None:
         # WHY: callers pass lists (JSON, vLLM habits); store tuples so the
@@ -111,6 +116,7 @@ class SamplingParams:
             bad("allowed_token_ids", "must not be empty")  # vLLM: nothing could be sampled
         if any(not word for word in self.bad_words_token_ids):
             bad("bad_words", "every entry must tokenize to at least one token")
+        validate_structured_outputs(self.structured_outputs)  # ValueError naming the field
         if vocab_size is not None:
             for tid in self.stop_token_ids:
                 if not (0 <= tid < vocab_size):

@@ -41,6 +41,8 @@ import shutil
 import signal
 import tempfile
 
+from typing import TYPE_CHECKING
+
 import attrs
 import trio
 
@@ -49,6 +51,9 @@ from trillium.actors.assembly import ActorConfig, Addresses, engine_specs
 from trillium.actors.supervisor import ActorFailed, Supervision, run_in_subprocesses
 from trillium.config import EngineConfig
 from trillium.http_cors import CorsPolicy, with_cors
+
+if TYPE_CHECKING:
+    from trillium.data_plane.chat_options import ChatOptions
 
 log = logging.getLogger("trillium.serve")
 
@@ -78,6 +83,7 @@ class ServerConfig:
     cors: "CorsPolicy | None" = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
+    chat: "ChatOptions | None" = None  # chat template and parsers; None: the defaults
 
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
@@ -192,6 +198,7 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
                 max_logprobs=server_config.max_logprobs,
                 response_role=server_config.response_role,
                 log_requests=server_config.log_requests,
+                **({"chat": server_config.chat} if server_config.chat is not None else {}),
             )
             app = create_app(engine)
             admin = _admin_engine(

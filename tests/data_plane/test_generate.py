@@ -223,9 +223,10 @@ def test_finish_reason_matches_stop_string_and_stop_token(server):
     [
         ({"text": "a", "frobnicate": 1}, "frobnicate"),
         ({"text": "a", "sampling_params": {"max_tokens": 4}}, "sampling_params.max_tokens"),
-        ({"text": "a", "sampling_params": {"json_schema": "{\"type\": \"object\"}"}}, "sampling_params.json_schema"),
-        ({"text": "a", "sampling_params": {"regex": "[ab]+"}}, "sampling_params.regex"),
-        ({"text": "a", "sampling_params": {"ebnf": "root ::= \"a\""}}, "sampling_params.ebnf"),
+        ({"text": "a", "sampling_params": {"json_schema": "{\"type\": \"foo\"}"}}, "sampling_params.json_schema"),
+        ({"text": "a", "sampling_params": {"regex": "[ab"}}, "sampling_params.regex"),
+        ({"text": "a", "sampling_params": {"ebnf": "root ::= undefined_rule"}}, "sampling_params.ebnf"),
+        ({"text": "a", "sampling_params": {"regex": "a", "ebnf": "root ::= \"a\""}}, "sampling_params.regex"),
         ({"text": "a", "return_hidden_states": True}, "return_hidden_states"),
         ({"text": "a", "lora_path": "no-such-adapter"}, "lora_path"),
         ({"text": "a", "input_ids": [1, 2]}, "text"),

@@ -15,6 +15,7 @@ import attrs
 
 from trillium import __version__
 from trillium.actors.protocol.vocabulary import EngineState
+from trillium.data_plane.chat_options import ChatOptions
 
 if TYPE_CHECKING:
     from trillium.actors.client import EngineClient
@@ -63,6 +64,7 @@ class DataPlaneEngine:
         None: the app builds its own, fed from `client`.
     tracing: the api process's `observability.tracing.RequestTracing`
         (shared with the admin app's /tracing route); None: no tracing.
+    chat: the chat template and parsers of the chat route (chat_options.py).
     """
 
     client: "EngineClient"
@@ -92,6 +94,7 @@ class DataPlaneEngine:
         from trillium.generation_defaults import NO_DEFAULTS
 
         return self.sampling_defaults or NO_DEFAULTS
+    chat: ChatOptions = ChatOptions()  # --chat-template, tool-call and reasoning parsers
 
     @property
     def model_name(self) -> str:

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from trillium.data_plane.errors import bad_request, param_of
 from trillium.data_plane.protocol import MAX_N, Int64
 from trillium.generation_defaults import NO_DEFAULTS, SamplingDefaults
+from trillium.data_plane.structured_fields import from_sglang
 from trillium.sampling_params import SamplingParams
 from trillium.validation import check_request
 
@@ -56,11 +57,10 @@ _UNSUPPORTED_FIELDS: dict[str, Any] = {
     "received_time": None, "cache_salt": None,
 }
 _UNSUPPORTED_SAMPLING: dict[str, Any] = {
-    "json_schema": None, "regex": None, "ebnf": None, "structural_tag": None, "stop_regex": None,
+    "stop_regex": None,
     "spaces_between_special_tokens": True, "custom_params": None, "stream_interval": None,
     "logit_bias": None, "sampling_seed": None,
 }
-_STRUCTURED = ("json_schema", "regex", "ebnf", "structural_tag")
 _PER_PROMPT = ("return_logprob", "logprob_start_len", "top_logprobs_num")
 _KNOWN_FIELDS = frozenset({"text", "input_ids", "sampling_params", *_PER_PROMPT, "return_text_in_logprobs",
                            "stream", "lora_path", "rid"})
@@ -87,6 +87,11 @@ class GenerateSamplingParams(BaseModel):
     skip_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
+    # Structured outputs (data_plane/structured_fields.py `from_sglang`)
+    json_schema: str | dict[str, Any] | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | dict[str, Any] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -138,9 +143,6 @@ def _reject_unsupported(obj: dict, supported: dict[str, Any], known: frozenset[s
         default = supported[name]
         if value is None or (type(value) is type(default) and value == default):
             continue  # SGLang's default: asks for nothing
-        if name in _STRUCTURED:
-            raise bad_request(f"{wire}: structured output (json_schema, regex, ebnf, structural_tag) "
-                              "is not implemented yet", wire)
         raise bad_request(f"{wire}: not supported by Trillium's /generate (only its default, "
                           f"{json.dumps(default)}, is accepted)", wire)
 
@@ -263,6 +265,9 @@ def engine_params(spec: PromptSpec, num_prompt_tokens: int,
         ignore_eos=bool(sp.ignore_eos),
         skip_special_tokens=sp.skip_special_tokens is not False,
         include_stop_str_in_output=bool(sp.no_stop_trim),
+        structured_outputs=from_sglang(
+            {"json_schema": sp.json_schema, "regex": sp.regex, "ebnf": sp.ebnf, "structural_tag": sp.structural_tag}
+        ),
     )
     for name in ("top_k", "temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
                  "repetition_penalty"):

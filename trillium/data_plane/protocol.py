@@ -120,6 +120,16 @@ class SamplingRequest(_Body):
     cache_salt: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
     request_id: str | None = None
     add_special_tokens: bool | None = None  # default: True for a completion prompt, False for chat
+    # Structured outputs, every way clients send them (data_plane/structured_fields.py)
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structural_tag: str | dict[str, Any] | None = None
+    guided_whitespace_pattern: str | None = None
+    guided_decoding_backend: str | None = None
     # Informational (request_fields.INFORMATIONAL_FIELDS): accepted, never acted on.
     metadata: dict[str, Any] | None = None
     session_id: str | None = None
@@ -170,6 +180,10 @@ class ChatMessage(_Body):
     name: str | None = None
     tool_call_id: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    # An assistant turn's thinking, as a reasoning model's reply gave it (templates such as
+    # Qwen3's read `reasoning_content`); passed to the template as sent, like vLLM.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @field_validator("content")
     @classmethod
@@ -188,7 +202,7 @@ class ChatMessage(_Body):
     def to_template(self) -> dict[str, Any]:
         """The message as the chat template sees it."""
         message: dict[str, Any] = {"role": self.role, "content": self.content or ""}
-        for key in ("name", "tool_call_id", "tool_calls"):
+        for key in ("name", "tool_call_id", "tool_calls", "reasoning_content", "reasoning"):
             value = getattr(self, key)
             if value is not None:
                 message[key] = value
@@ -205,15 +219,19 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: Int64 | None = None
     logprobs: bool | None = False
     top_logprobs: Int64 | None = None
-    # Accepted so that their use gets a clear 400 rather than being ignored.
+    # Tool calling (trillium/data_plane/tool_choice.py)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Annotated[Any, WithJsonSchema({})] = None
+    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
+    reasoning_effort: str | None = None  # passed to the chat template
     # vLLM extras
     add_generation_prompt: bool | None = True
     continue_final_message: bool | None = False
     chat_template_kwargs: dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None  # informational: tools are refused anyway
+    chat_template: str | None = None  # needs --trust-request-chat-template
+    documents: list[dict[str, Any]] | None = None  # the template's `documents` (RAG)
+    include_reasoning: bool | None = True  # with --reasoning-parser: false drops the thinking
 
 
 class TokenizeRequest(_Body):

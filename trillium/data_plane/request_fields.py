@@ -43,12 +43,10 @@ COMMON_OFF_VALUES: Mapping[str, tuple[Any, ...]] = {
     "return_mm_kwargs": (True,),
     "store": (False,),
     "service_tier": ("auto", "default"),
-    "response_format": ({"type": "text"},),
 }
 CHAT_OFF_VALUES: Mapping[str, tuple[Any, ...]] = {
     **COMMON_OFF_VALUES,
     "echo": (False,),
-    "include_reasoning": (True,),
     "return_prompt_text": (False,),
     "modalities": (["text"],),
 }

@@ -16,6 +16,8 @@ import attrs
 from trillium.data_plane.errors import bad_request, from_value_error
 from trillium.data_plane.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from trillium.generation_defaults import NO_DEFAULTS, SamplingDefaults
+from trillium.data_plane.structured_fields import (GUIDED_FIELDS, from_guided_fields, from_response_format,
+                                                   from_vllm_object, pick_one)
 from trillium.sampling_params import SamplingParams
 from trillium.validation import check_request
 
@@ -63,6 +65,7 @@ def _common(req: SamplingRequest, defaults: SamplingDefaults) -> dict:
         include_stop_str_in_output=bool(req.include_stop_str_in_output),
         stop_token_ids=tuple(req.stop_token_ids or ()),
         allowed_token_ids=None if req.allowed_token_ids is None else tuple(req.allowed_token_ids),
+        structured_outputs=_structured_outputs(req),
     )
     if req.top_k is not None:
         kwargs["top_k"] = req.top_k
@@ -71,6 +74,18 @@ def _common(req: SamplingRequest, defaults: SamplingDefaults) -> dict:
         if value is not None:
             kwargs[name] = value
     return defaults.fill(kwargs)  # generation_config.json's defaults where the request left a field unset
+
+
+def _structured_outputs(req: SamplingRequest):
+    """The request's one structured-output constraint (OpenAI's, vLLM's or vLLM's older fields)."""
+    guided_names = (*GUIDED_FIELDS, "guided_whitespace_pattern", "guided_decoding_backend")
+    guided = {name: getattr(req, name) for name in guided_names}
+    guided_field = next((name for name in GUIDED_FIELDS if guided[name] is not None), "guided_json")
+    return pick_one({
+        "response_format": from_response_format(req.response_format),
+        "structured_outputs": from_vllm_object(req.structured_outputs),
+        guided_field: from_guided_fields(guided),
+    })
 
 
 def completion_params(req: CompletionRequest, defaults: SamplingDefaults = NO_DEFAULTS,
@@ -95,12 +110,6 @@ def completion_params(req: CompletionRequest, defaults: SamplingDefaults = NO_DE
 
 def chat_params(req: ChatCompletionRequest, defaults: SamplingDefaults = NO_DEFAULTS,
                 max_logprobs: int = 20) -> SamplingParams:
-    if req.tools:
-        raise bad_request("tools: tool calling is not supported", "tools")
-    if req.tool_choice is not None and req.tool_choice != "none":
-        raise bad_request("tool_choice: only 'none' is supported", "tool_choice")
-    if req.response_format is not None and req.response_format.get("type", "text") != "text":
-        raise bad_request("response_format: only {'type': 'text'} is supported", "response_format")
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs: requires logprobs to be true", "top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens

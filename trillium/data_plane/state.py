@@ -30,7 +30,7 @@ class AppState:
         self.engine = engine
         self._app = app
         self.created_s = int(time.time())
-        self.tokenizer = TokenizerRunner(engine.tokenizer)
+        self.tokenizer = TokenizerRunner(engine.tokenizer, chat_template=engine.chat.chat_template)
         self.inflight = InflightRequests(engine.max_queued_requests)
         self.metrics = DataPlaneMetrics(engine.model_name, engine.client, self.inflight.count,
                                         engine.metrics_registry)

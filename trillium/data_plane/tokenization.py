@@ -32,8 +32,9 @@ _RESERVED_TEMPLATE_KWARGS = frozenset(
 
 
 class TokenizerRunner:
-    def __init__(self, tokenizer, *, max_threads: int = 2) -> None:
+    def __init__(self, tokenizer, *, max_threads: int = 2, chat_template: str | None = None) -> None:
         self.tokenizer = tokenizer
+        self._chat_template = chat_template  # --chat-template; None: the tokenizer's own
         self._limiter = trio.CapacityLimiter(max_threads)
         self.token_text = functools.lru_cache(maxsize=_TOKEN_TEXT_CACHE_SIZE)(self._token_text)
 
@@ -64,23 +65,45 @@ class TokenizerRunner:
         """Token ids of the templated conversation; 400 (param messages) if it cannot render.
         `continue_final_message`: the last message is left open for the model to continue
         (HF's apply_chat_template argument, as vLLM passes it)."""
-        num_chars = sum(len(str(m.get("content") or "")) for m in messages)
+        _, ids = await self.render_chat(messages, add_generation_prompt=add_generation_prompt,
+                                        add_special_tokens=add_special_tokens, template_kwargs=template_kwargs,
+                                        continue_final_message=continue_final_message)
+        return ids
+
+    async def render_chat(
+        self,
+        messages: list[dict],
+        *,
+        add_generation_prompt: bool = True,
+        add_special_tokens: bool = False,
+        template_kwargs: dict | None = None,
+        continue_final_message: bool = False,
+        template_arguments: dict | None = None,
+    ) -> tuple[str, list[int]]:
+        """(text, token ids) of the templated conversation. `template_arguments`: the
+        template's own parameters the server sets (tools, documents, chat_template);
+        they win over the client's chat_template_kwargs."""
+        num_chars = sum(len(str(m.get("content") or "")) for m in messages) + len(str(template_arguments or ""))
         template_kwargs = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
         if continue_final_message:
             template_kwargs["continue_final_message"] = True
+        template_kwargs.update(template_arguments or {})
+        if self._chat_template is not None:
+            template_kwargs.setdefault("chat_template", self._chat_template)
         return await self._run(
             num_chars <= INLINE_MAX_CHARS, self._encode_chat, messages,
             add_generation_prompt, add_special_tokens, template_kwargs,
         )
 
-    def _encode_chat(self, messages, add_generation_prompt, add_special_tokens, template_kwargs) -> list[int]:
+    def _encode_chat(self, messages, add_generation_prompt, add_special_tokens,
+                     template_kwargs) -> tuple[str, list[int]]:
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=add_generation_prompt, **template_kwargs
             )
-        except (jinja2.TemplateError, ValueError) as exc:
+        except (jinja2.TemplateError, ValueError, TypeError) as exc:
             raise bad_request(f"messages: cannot apply the chat template: {exc}", "messages") from exc
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return text, self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     async def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
         return await self._run(

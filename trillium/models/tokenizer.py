@@ -71,7 +71,7 @@ class Tokenizer:
         self, messages: list[Message], add_generation_prompt: bool = True, **kwargs: Any
     ) -> str:
         """Render `messages` with the model's chat template (extra kwargs go to the template)."""
-        if not self.chat_template:
+        if not (self.chat_template or kwargs.get("chat_template")):
             raise ValueError("this model has no chat template; use a completion prompt instead")
         return self.hf.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs

@@ -22,6 +22,7 @@ import attrs
 import numpy as np
 import torch
 
+from trillium.actors.executor.grammar import GrammarCompiler
 from trillium.actors.executor.kv_stores import KvStores
 from trillium.actors.executor.sampler import SamplingState, compute_prompt_logprobs, sample
 from trillium.actors.protocol.execute import (
@@ -77,6 +78,8 @@ class ExecutorCore:
         # The host and disk KV tiers' memory and files (executor/kv_stores.py); empty when off.
         self.kv_stores = KvStores.build(config, self.kv_caches, self.device)
         self.requests: dict[str, RequestState] = {}
+        # Structured outputs: compiles on its own threads (executor/grammar.py).
+        self.grammars = GrammarCompiler(config.model, self.model_config.vocab_size)
         self.lora = None
         if config.enable_lora:
             from trillium.lora.manager import LoRAManager
@@ -90,6 +93,7 @@ class ExecutorCore:
 
     def close(self) -> None:
         """Finish the disk tier's queued writes (a restart reads them)."""
+        self.grammars.close()
         self.kv_stores.close()
 
     # -- state updates -------------------------------------------------
@@ -97,7 +101,9 @@ class ExecutorCore:
     def _add(self, new: NewRequestData) -> RequestState:
         old = self.requests.get(new.request_id)
         # A resumed (preempted) request keeps its sampling state, so a seeded
-        # request continues the same random stream.
+        # request continues the same random stream and its grammar matcher
+        # keeps its place.
+        constraint = new.sampling.structured_outputs
         sampling = old.sampling if old is not None else SamplingState(
             new.sampling,
             new.token_ids[: new.num_prompt_tokens].tolist(),
@@ -105,6 +111,7 @@ class ExecutorCore:
             eos_token_ids=new.eos_token_ids,
             output_token_ids=new.token_ids[new.num_prompt_tokens :].tolist(),
             device=self.device,
+            grammar=None if constraint is None else self.grammars.constraint(constraint, new.eos_token_ids),
         )
         state = RequestState(
             request_id=new.request_id,
@@ -144,6 +151,7 @@ class ExecutorCore:
     def execute(self, batch: ExecuteBatch) -> BatchResult:
         start = time.perf_counter()
         host_load_s = self.kv_stores.apply(self.kv_caches, batch.kv)  # before anything writes the cache
+        self.grammars.submit(batch.compile_grammars)
         states = self._apply_diffs(batch)
         if not states:
             return self._transfer_only(batch, start)
@@ -210,15 +218,20 @@ class ExecutorCore:
             lora_swap_ins=swap_ins,
             kv_host_load_s=host_load_s,
             **fetched,
+            **self.grammars.completions(),
         )
 
     def _transfer_only(self, batch: ExecuteBatch, start: float) -> BatchResult:
         """A batch with no requests: the scheduler only waits for disk reads
-        (every runnable request is loading). Wait a little for one to finish,
-        rather than spin through empty steps."""
+        or grammar compiles (every runnable request is loading or waits for its
+        grammar). Wait a little for one to finish, rather than spin through
+        empty steps."""
+        grammar_wait_s = _TRANSFER_WAIT_S if self.grammars.num_pending else 0.0
+        grammars = self.grammars.completions(grammar_wait_s)
+        fetched = self.kv_stores.completions(_TRANSFER_WAIT_S - grammar_wait_s)
         return BatchResult(
             step_id=batch.step_id, request_ids=(), sampled_token_ids=np.zeros(0, np.int32),
-            execute_time_s=time.perf_counter() - start, **self.kv_stores.completions(_TRANSFER_WAIT_S),
+            execute_time_s=time.perf_counter() - start, **fetched, **grammars,
         )
 
     def _prompt_logprobs(self, hidden: torch.Tensor, item: tuple[RequestState, int, int]) -> PromptLogprobs:

@@ -11,6 +11,7 @@ sequence's seeded `torch.Generator` and, only for requests with penalties, a
 
 The idea (vLLM v1's `Sampler.forward`, same order and semantics):
 
+    grammar bitmask (structured outputs)        # vLLM applies it before its sampler
     raw logprobs = log_softmax(logits)          # before anything else
     per-request logits processors               # allowed_token_ids, bad_words
     logits += logit_bias                        # non-argmax-invariant
@@ -42,6 +43,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 
+from trillium.actors.executor.grammar import GrammarConstraint, apply_grammar_bitmask
 from trillium.actors.executor.logits_processors import LogitsProcessor, build_logits_processors
 from trillium.actors.protocol.execute import TokenLogprobs
 from trillium.sampling_params import SamplingParams
@@ -60,7 +62,7 @@ class SamplingState:
     __slots__ = (
         "params", "vocab_size", "device", "is_greedy", "generator", "output_token_ids",
         "has_penalties", "output_counts", "prompt_mask", "bias_token_ids", "bias_values",
-        "min_tokens_stop_ids", "processors",
+        "min_tokens_stop_ids", "processors", "grammar",
     )  # fmt: skip
 
     def __init__(
@@ -73,8 +75,11 @@ class SamplingState:
         output_token_ids: Sequence[int] = (),
         device: torch.device | str = "cpu",
         sample_index: int = 0,
+        grammar: GrammarConstraint | None = None,
     ) -> None:
         self.params = params
+        # The structured-output matcher (executor/grammar.py), None when unconstrained.
+        self.grammar = grammar
         self.vocab_size = vocab_size
         self.device = torch.device(device)
         self.is_greedy = params.temperature < _SAMPLING_EPS
@@ -195,6 +200,11 @@ def sample(logits: torch.Tensor, states: Sequence[SamplingState]) -> SamplerOutp
     if logits.dim() != 2 or logits.shape[0] != len(states):
         raise ValueError(f"logits {tuple(logits.shape)} do not match {len(states)} states")
     logits = logits.float()
+    if any(s.grammar is not None for s in states):
+        # WHY before the raw logprobs: vLLM's model runner applies the grammar
+        # bitmask to the logits before its sampler runs (gpu_model_runner.py
+        # apply_grammar_bitmask), so reported logprobs exclude banned tokens.
+        apply_grammar_bitmask(logits, [s.grammar for s in states], [s.output_token_ids for s in states])
     lp_rows = [i for i, s in enumerate(states) if s.params.logprobs is not None]
     raw_logprobs = None
     if lp_rows:

@@ -104,6 +104,9 @@ class ExecuteBatch:
     finished_request_ids: tuple[str, ...] = ()  # drop state
     preempted_request_ids: tuple[str, ...] = ()  # drop blocks, keep sampling state
     kv: KvTransfers = attrs.field(factory=lambda: NO_TRANSFERS)  # KV tier copies, before the forward
+    # Structured outputs (scheduler/grammar_gate.py): grammars to compile off
+    # the step's path, by StructuredOutputsParams.key; answered in a later BatchResult.
+    compile_grammars: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -143,6 +146,11 @@ class BatchResult:
     kv_fetched_host_slots: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
     kv_fetch_failed_host_slots: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int32))
     kv_host_load_s: float = 0.0  # time of this step's host -> device copies (0: none)
+    # Grammar compiles finished since the last result (any step's), by key;
+    # evicted: compiled grammars the executor no longer holds.
+    grammars_ready: tuple[str, ...] = ()
+    grammars_failed: dict[str, str] = attrs.field(factory=dict)
+    grammars_evicted: tuple[str, ...] = ()
 
 
 @attrs.frozen

@@ -8,6 +8,7 @@ order while there is token budget and a free sequence slot:
 
     n > 1 sibling not yet due, or a drain holds new ones  -> put back, next
     its LoRA adapter needs a device slot none can give    -> put back, next
+    its grammar is still compiling (grammar_gate.py)      -> put back, next
     swapped out (preemption.py)                           -> fresh blocks, KV copied back
     prefix continues on disk (kv_tiers/manager.py)        -> LOADING, out of the queue
     otherwise                                             -> prefix-cache hit, blocks, RUNNING
@@ -21,6 +22,7 @@ from __future__ import annotations
 from trillium.actors.kv_tiers.block_pool import BlockPool, PrefixHit
 from trillium.actors.kv_tiers.manager import KvTiers
 from trillium.actors.scheduler.config import SchedulerConfig
+from trillium.actors.scheduler.grammar_gate import GrammarGate
 from trillium.actors.scheduler.metrics import StepEvents
 from trillium.actors.scheduler.policy import SiblingGate, SchedulingPolicy
 from trillium.actors.scheduler.preemption import Preemption
@@ -30,7 +32,8 @@ from trillium.actors.scheduler.step_plan import StepPlan
 
 class Admission:
     def __init__(self, config: SchedulerConfig, pool: BlockPool, policy: SchedulingPolicy, siblings: SiblingGate,
-                 preemption: Preemption, kv_tiers: KvTiers, events: StepEvents) -> None:
+                 preemption: Preemption, kv_tiers: KvTiers, events: StepEvents,
+                 grammars: GrammarGate | None = None) -> None:
         self.config = config
         self.pool = pool
         self.policy = policy
@@ -38,6 +41,7 @@ class Admission:
         self.preemption = preemption
         self.kv_tiers = kv_tiers
         self.events = events
+        self.grammars = grammars if grammars is not None else GrammarGate()
         # Draining (scheduler/engine_state.py): admit only requests that ran before.
         self.started_only = False
 
@@ -52,6 +56,11 @@ class Admission:
             if not self._lora_fits(request, running):
                 # WHY skip, not stop: its adapter needs a slot; requests for resident
                 # adapters (or the base model) may go first, as vLLM does.
+                put_back.append(request)
+                continue
+            if not self.grammars.ready(request):
+                # WHY skip, not stop: its grammar compiles off the step's path;
+                # the requests behind it must not wait for it.
                 put_back.append(request)
                 continue
             if self.preemption.is_swapped(request):

@@ -42,6 +42,7 @@ from trillium.actors.protocol.requests import AddRequest
 from trillium.actors.protocol.vocabulary import EngineState
 from trillium.actors.scheduler.admission import Admission
 from trillium.actors.scheduler.config import SchedulerConfig
+from trillium.actors.scheduler.grammar_gate import GrammarGate, grammar_key
 from trillium.actors.scheduler.metrics import StepEvents
 from trillium.actors.scheduler.policy import SiblingGate, make_policy
 from trillium.actors.scheduler.preemption import make_preemption
@@ -77,7 +78,9 @@ class Scheduler:
         self._policy = make_policy(config.policy)
         self._preemption = make_preemption(config.preemption_mode, kv_tiers.host)
         self._siblings = SiblingGate()
-        self._admission = Admission(config, pool, self._policy, self._siblings, self._preemption, kv_tiers, self.events)
+        self._grammars = GrammarGate()  # structured outputs: grammar_gate.py
+        self._admission = Admission(config, pool, self._policy, self._siblings, self._preemption, kv_tiers, self.events,
+                                    self._grammars)
         self._requests: dict[str, Request] = {}
         self._running: list[Request] = []
         self._arrival_seq = 0
@@ -114,6 +117,7 @@ class Scheduler:
         self.pool.update_block_hashes(request)
         self._requests[request.request_id] = request
         self._policy.add(request)
+        self._grammars.add(request)
 
     def abort(self, request_ids) -> None:
         """Client gone / operator abort: free blocks now; a final "abort" delta
@@ -155,13 +159,13 @@ class Scheduler:
         self._preempted_ids.extend(plan.preempted)
         if not plan.preempted:  # WHY: blocks are short; admitting now would thrash
             self._admission.admit_waiting(plan, self._running)
-        if not plan.requests and not self.kv_tiers.must_transfer():
+        if not plan.requests and not self.kv_tiers.must_transfer() and not self._grammars.must_poll():
             return None
         # NOTE: copies queued by a plan that ended empty stay queued for the next
         # batch; until then nothing writes the cache, so they stay valid.
         transfers = self.kv_tiers.take_transfers()
         batch = plan.to_batch(self._step_id, self.pool, tuple(self._finished_ids), tuple(self._preempted_ids),
-                              transfers)
+                              transfers, self._grammars.take_compiles())
         self._finished_ids, self._preempted_ids = [], []
         for request in plan.new:
             request.known_to_executor = True
@@ -225,6 +229,9 @@ class Scheduler:
         ready = self.kv_tiers.step_done(result, now_s, self.events)
         if ready:  # their disk reads are back: queued again, at the front
             self._policy.push_front(ready)
+        failed = self._grammars.step_done(result)
+        if failed:
+            self._fail_grammars(failed)
         for chunk in result.prompt_logprobs:
             request = self._requests.get(chunk.request_id)
             if request is not None:
@@ -246,6 +253,13 @@ class Scheduler:
             if status is not None:
                 self._finish(request, status)
         return TokenDeltas(step_id=result.step_id, deltas=tuple(deltas))
+
+    def _fail_grammars(self, failed: dict[str, str]) -> None:
+        """Requests waiting for a grammar the executor could not compile end
+        with "abort" (the api's check makes this rare: it builds the grammar first)."""
+        for request in [r for r in self._policy if grammar_key(r) in failed and not r.known_to_executor]:
+            request.stop_reason = f"structured_outputs: {failed[grammar_key(request)]}"
+            self._end([request.request_id], RequestStatus.FINISHED_ABORTED)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         if request.status is RequestStatus.RUNNING:

@@ -56,6 +56,7 @@ class StepPlan:
         finished_request_ids: tuple[str, ...],
         preempted_request_ids: tuple[str, ...],
         transfers: KvTransfers = NO_TRANSFERS,
+        compile_grammars: tuple[str, ...] = (),
     ) -> ExecuteBatch:
         # Requests are read before the step's progress is added: each
         # num_computed_tokens is where its scheduled tokens start.
@@ -89,4 +90,5 @@ class StepPlan:
             finished_request_ids=finished_request_ids,
             preempted_request_ids=preempted_request_ids,
             kv=transfers,
+            compile_grammars=compile_grammars,
         )

@@ -21,6 +21,13 @@ the first chunks when streamed) and `token_ids` to each choice (chunk);
 `prompt_logprobs` adds the prompt's logprobs to the response;
 `return_tokens_as_token_ids` writes logprob tokens as "token_id:N";
 `usage.prompt_tokens_details.cached_tokens` counts prefix-cache hits.
+
+Tools, tool_choice and reasoning (tool_choice.py, chat_reply.py): the
+request's tools go to the template; each choice's text runs through a
+`ChoiceReply` that splits off the thinking (--reasoning-parser) and reads
+tool calls (--tool-call-parser, or the grammar-forced formats of "required"
+and a named function), giving `reasoning_content` / `reasoning`,
+`tool_calls` and finish_reason "tool_calls", streamed as their own deltas.
 """
 
 from __future__ import annotations
@@ -31,6 +38,15 @@ import attrs
 import trio
 from quart import Blueprint, request
 
+from trillium.data_plane.chat_reply import (
+    ChoiceReply,
+    ReplyFormat,
+    constrain,
+    finish_reason,
+    reply_format,
+    template_arguments,
+    template_kwargs,
+)
 from trillium.data_plane.errors import bad_request, internal_error
 from trillium.data_plane.generation import Choice, Generation
 from trillium.data_plane.logprobs import chat_logprobs
@@ -46,6 +62,7 @@ from trillium.data_plane.rollout_fields import (
 from trillium.data_plane.sampling import chat_params, chat_renames, check_priority, check_prompt
 from trillium.data_plane.state import WEIGHT_VERSION_HEADER, AppState
 from trillium.data_plane.streaming import DONE, ChunkEvents, error_event, event, json_response, sse_response, usage
+from trillium.data_plane.tool_choice import plan_tools
 from trillium.observability.tracing import sample_request
 
 
@@ -53,7 +70,7 @@ class _Chat:
     """One response being built: ids, the prompt, each choice's text and logprobs."""
 
     def __init__(self, state: AppState, req: ChatCompletionRequest, ids: RequestIds, model: str,
-                 prompt_ids: list[int], role: str) -> None:
+                 prompt_ids: list[int], role: str, reply: ReplyFormat) -> None:
         self.id = ids.response_id
         self.created = int(time.time())
         self.model = model
@@ -71,6 +88,13 @@ class _Chat:
         self.token_ids: dict[int, list[int]] = {}
         self.logprobs: dict[int, list[dict]] = {}
         self.prompt_logprobs = None  # the engine's PromptLogprobs (first choice's first delta)
+        self.reply = reply
+        self.replies: dict[int, ChoiceReply] = {}
+
+    def choice_reply(self, index: int) -> ChoiceReply:
+        if index not in self.replies:
+            self.replies[index] = ChoiceReply(self.reply)
+        return self.replies[index]
 
     def add(self, choice: Choice, delta) -> list[dict] | None:
         """Record a delta; returns its logprob entries (None when not asked for)."""
@@ -90,7 +114,11 @@ class _Chat:
 
     def usage(self, generation: Generation) -> dict:
         cached = next((c.num_cached_tokens for c in generation.choices if c.index == 0), 0)
-        return usage(len(self.prompt_ids), sum(c.num_generated_tokens for c in generation.choices), cached)
+        counts = usage(len(self.prompt_ids), sum(c.num_generated_tokens for c in generation.choices), cached)
+        if self.reply.reports_reasoning:
+            reasoning = sum(r.reasoning_tokens for r in self.replies.values())
+            counts["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+        return counts
 
     def response_extras(self) -> dict:
         """vLLM's response-level extras of a non-streamed reply (null unless asked for)."""
@@ -112,17 +140,21 @@ def blueprint(state: AppState) -> Blueprint:
         ids = RequestIds("chatcmpl", request.headers, req.request_id)
         trace = sample_request(state.engine.tracing, request.headers, model)  # None unless traced
         params = chat_params(req, state.engine.defaults, state.engine.max_logprobs)
+        tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, state.engine.chat)
         engine = state.engine
         if req.priority:
             check_priority(req.priority, engine.client.config.engine.scheduling_policy)
         add_generation_prompt = _add_generation_prompt(req)
-        prompt_ids = await state.tokenizer.encode_chat(
+        prompt_text, prompt_ids = await state.tokenizer.render_chat(
             [m.to_template() for m in req.messages],
             add_generation_prompt=add_generation_prompt,
             add_special_tokens=bool(req.add_special_tokens),
-            template_kwargs=req.chat_template_kwargs,
+            template_kwargs=template_kwargs(req),
             continue_final_message=bool(req.continue_final_message),
+            template_arguments=template_arguments(req, state.engine.chat, tools),
         )
+        reply = reply_format(req, state.engine.chat, tools, prompt_text)
+        params = await constrain(params, reply, state.tokenizer.encode_plain)
         prompt_ids = truncate_prompt(prompt_ids, req.truncate_prompt_tokens, req.truncation_side,
                                      engine.max_model_len)
         words = await bad_words_token_ids(req.bad_words, state.tokenizer.encode_plain)
@@ -133,7 +165,7 @@ def blueprint(state: AppState) -> Blueprint:
                                default_max_tokens=engine.defaults.default_max_tokens)
         # vLLM's get_chat_request_role: without a generation prompt the reply continues the last message.
         role = engine.response_role if add_generation_prompt else req.messages[-1].role
-        chat = _Chat(state, req, ids, model, prompt_ids, role)
+        chat = _Chat(state, req, ids, model, prompt_ids, role, reply)
         generation = state.admit()
         chat.weight_version = generation.weight_version
         await generation.submit(ids.engine_id, [prompt_ids], [checked], engine.resolved_eos_token_ids,
@@ -166,16 +198,18 @@ async def _respond(generation: Generation, chat: _Chat):
         async with generation.feed(nursery) as feed:
             async for choice, delta in feed:
                 chat.add(choice, delta)
+                chat.choice_reply(choice.index).record(delta.text, len(delta.new_token_ids))
     rejected = [c.rejection for c in generation.choices if c.rejection]
     if rejected:
         raise bad_request(rejected[0])
     choices = []
     for choice in sorted(generation.choices, key=lambda c: c.index):
+        message, called_tools = chat.choice_reply(choice.index).message()
         choices.append({
             "index": choice.index,
-            "message": {"role": chat.role, "content": "".join(chat.texts.get(choice.index, []))},
+            "message": {"role": chat.role, **message},
             "logprobs": {"content": chat.logprobs.get(choice.index, [])} if chat.num_top is not None else None,
-            "finish_reason": choice.finish_reason,
+            "finish_reason": finish_reason(choice.finish_reason, called_tools),
             "stop_reason": choice.stop_reason,
             "token_ids": chat.token_ids.get(choice.index, []) if chat.return_token_ids else None,
         })
@@ -200,15 +234,19 @@ async def _stream(state: AppState, generation: Generation, chat: _Chat):
                 yield DONE
                 return
             entries = chat.add(choice, delta)
+            reply = chat.choice_reply(choice.index)
+            fields = reply.feed(delta.text, len(delta.new_token_ids))
+            if delta.finished:
+                fields = _merge(fields, reply.finish())
             # vLLM: with return_token_ids every token id goes out, text or not.
             token_ids = list(delta.new_token_ids) if chat.return_token_ids else None
-            if not delta.text and not delta.finished and not entries and not token_ids:
+            if not fields and not delta.finished and not entries and not token_ids:
                 continue
             item = {
                 "index": choice.index,
-                "delta": {"content": delta.text} if delta.text else {},
+                "delta": fields,
                 "logprobs": {"content": entries} if entries is not None else None,
-                "finish_reason": choice.finish_reason if delta.finished else None,
+                "finish_reason": finish_reason(choice.finish_reason, reply.called_tools) if delta.finished else None,
             }
             if delta.finished:
                 item["stop_reason"] = choice.stop_reason
@@ -220,3 +258,11 @@ async def _stream(state: AppState, generation: Generation, chat: _Chat):
         elif chat.include_usage:
             yield event({**header, "choices": [], "usage": chat.usage(generation)})
     yield DONE
+
+
+def _merge(fields: dict, last: dict) -> dict:
+    """A delta's fields followed by the reply's last ones (text joined, tool call entries appended)."""
+    merged = dict(fields)
+    for key, value in last.items():
+        merged[key] = merged[key] + value if key in merged else value
+    return merged

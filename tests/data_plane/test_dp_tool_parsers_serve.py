@@ -1,0 +1,68 @@
+"""Each --tool-call-parser end to end: tool_choice "auto" replies read into tool calls by a live server.
+
+A random model never writes a tool call, so the test makes it write one:
+the request's own `structured_outputs.choice` forces the reply to be one
+call in the parser's documented format (the formats of vLLM's parsers,
+vllm/tool_parsers/hermes_tool_parser.py, llama_tool_parser.py,
+mistral_tool_parser.py, pythonic_tool_parser.py), and the server must then
+return it as `message.tool_calls` (finish_reason "tool_calls") and stream
+it as OpenAI does, through the OpenAI SDK. hermes runs in
+test_dp_tools_serve.py's server; the other three start a server each
+(heavy).
+"""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from support.serve_process import ServeProcess
+
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
+            "{% if tools %}<|system|>{{ tools | tojson }}<|end|>{% endif %}<|assistant|>")
+REPLIES = {
+    "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    "llama3_json": '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+    "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+    "pythonic": "[get_weather(city='Paris')]",
+}
+
+
+def check_forced_call(client: openai.OpenAI, parser: str) -> None:
+    """The forced reply comes back as one get_weather call, whole and streamed."""
+    kwargs = dict(model="test-model", messages=MESSAGES, tools=TOOLS, tool_choice="auto", max_tokens=200,
+                  temperature=0, extra_body={"structured_outputs": {"choice": [REPLIES[parser]]}})
+    choice = client.chat.completions.create(**kwargs).choices[0]
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert call.id and (len(call.id) == 9 if parser == "mistral" else call.id.startswith("call_"))
+    entries, content, finish = [], "", None
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        delta = chunk.choices[0].delta
+        entries.extend(delta.tool_calls or [])
+        content += delta.content or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert content == "" and finish == "tool_calls"
+    assert entries[0].function.name == "get_weather" and entries[0].id
+    assert json.loads("".join(e.function.arguments or "" for e in entries)) == {"city": "Paris"}
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("parser", ["llama3_json", "mistral", "pythonic"])
+def test_parser_end_to_end(checkpoint, tmp_path, parser):
+    template = tmp_path / "template.jinja"
+    template.write_text(TEMPLATE)
+    proc = ServeProcess(str(checkpoint("llama", max_position_embeddings=2048)), "--max-num-seqs", "4",
+                        "--kv-cache-memory", "16MiB", "--chat-template", str(template),
+                        "--enable-auto-tool-choice", "--tool-call-parser", parser).wait_healthy(timeout_s=300)
+    try:
+        with openai.OpenAI(base_url=proc.base_url + "/v1", api_key="unused", max_retries=0) as client:
+            check_forced_call(client, parser)
+    finally:
+        assert proc.stop() == 0, proc.log()
