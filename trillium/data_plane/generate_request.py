@@ -56,7 +56,7 @@ _UNSUPPORTED_FIELDS: dict[str, Any] = {
 }
 _UNSUPPORTED_SAMPLING: dict[str, Any] = {
     "json_schema": None, "regex": None, "ebnf": None, "structural_tag": None, "stop_regex": None,
-    "spaces_between_special_tokens": True, "custom_params": None, "stream_interval": None,
+    "custom_params": None, "stream_interval": None,
     "logit_bias": None, "sampling_seed": None,
 }
 _STRUCTURED = ("json_schema", "regex", "ebnf", "structural_tag")
@@ -84,6 +84,7 @@ class GenerateSamplingParams(BaseModel):
     stop_token_ids: list[Int64] | None = None
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
 
@@ -259,6 +260,7 @@ def engine_params(spec: PromptSpec, num_prompt_tokens: int) -> SamplingParams:
         stop_token_ids=tuple(sp.stop_token_ids or ()),
         ignore_eos=bool(sp.ignore_eos),
         skip_special_tokens=sp.skip_special_tokens is not False,
+        spaces_between_special_tokens=sp.spaces_between_special_tokens is not False,
         include_stop_str_in_output=bool(sp.no_stop_trim),
         top_k=-1 if sp.top_k is None else sp.top_k,
     )
