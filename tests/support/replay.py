@@ -30,6 +30,9 @@ from support.serve_process import ServeProcess
 from trillium.models.synthetic import build_checkpoint
 
 BROADCASTER = Path(__file__).with_name("group_broadcaster.py")
+# WHY this long: on the shared 2-core machine a start (imports, three engine processes) has taken
+# over 120 s under load; a healthy server is used as soon as it answers.
+START_TIMEOUT_S = 300
 
 
 def weights_root(root: Path) -> Path:
@@ -42,7 +45,7 @@ def start_server(root: Path, *flags: str, env: dict | None = None) -> ServeProce
     return ServeProcess(
         str(root / "base"), "--allowed-weight-paths", str(root), "--kv-cache-memory", "16MiB",
         "--max-num-seqs", "16", *flags, env=env,
-    ).wait_healthy()
+    ).wait_healthy(timeout_s=START_TIMEOUT_S)
 
 
 def tensor_specs(checkpoint: Path) -> tuple[list[str], list[str], list[list[int]]]:
