@@ -42,6 +42,9 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    # False (with skip_special_tokens False): consecutive added tokens come out
+    # without the separator a decoder may put between them (vLLM's fast detokenizer).
+    spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     # Constraints, applied by the executor's per-request logits processors
     # (actors/executor/logits_processors.py): only these ids may be sampled

@@ -16,6 +16,11 @@ areal/engine/vllm_remote.py:
   {model_path}`, `POST /areal_continue_generation {}` (`get_pause_request`,
   `build_disk_weight_update_requests`, `get_resume_request`; the routes and their
   `{success, message}` answers: areal/engine/vllm_ext/areal_vllm_server.py);
+- weight push (xccl): `POST /areal_init_weights_update_group {master_address, master_port (a
+  string), rank_offset, world_size, backend, group_name}` once, then per update the pause,
+  `POST /areal_set_update_weight_meta {names, dtypes, shapes, group_name}` and
+  `POST /areal_update_weights_xccl {}` while the trainer broadcasts, and the continue
+  (`build_init_weights_group_request`, `build_distributed_weight_update_requests`);
 - offload / onload: `POST /sleep` (no query: level 1) and `POST /wake_up?tags=weights&tags=kv_cache`
   (`get_offload_request`, `get_onload_request`).
 """
@@ -24,10 +29,12 @@ from __future__ import annotations
 
 import pytest
 
-from support.replay import Replay, hf_greedy_ids, oracle_greedy
+from support.replay import GroupTrainer, Replay, hf_greedy_ids, oracle_greedy
+from support.serve_process import free_port
 
 PROMPT = [11, 230, 5, 77, 102, 8]
 N_TOKENS = 8
+GROUP = "areal-vllm-update"
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +66,35 @@ def test_health_and_rollout(areal, root):
     assert tokens == hf_greedy_ids(root / "base", PROMPT, N_TOKENS)[: len(tokens)]
 
 
-@pytest.mark.xfail(strict=True, reason="not yet: AReaL's vLLM extension routes /areal_pause_generation, /areal_update_weights, /areal_continue_generation are not implemented")
+def test_distributed_update(areal, root, tmp_path):
+    """AReaL's xccl push to its vLLM server: /areal_init_weights_update_group (master_port a
+    string), then per update pause, /areal_set_update_weight_meta, /areal_update_weights_xccl
+    while the trainer broadcasts, continue (`build_init_weights_group_request`,
+    `build_distributed_weight_update_requests`). Pushes whichever checkpoint is not served."""
+    served_base = oracle_greedy(areal, PROMPT, N_TOKENS) == hf_greedy_ids(root / "base", PROMPT, N_TOKENS)
+    pushed = root / ("next" if served_base else "base")
+    trainer = GroupTrainer(areal, pushed, tmp_path)
+    answer = trainer.join({"master_address": "127.0.0.1", "master_port": str(free_port()), "rank_offset": 1,
+                           "world_size": 2, "backend": "gloo", "group_name": GROUP},
+                          path="/areal_init_weights_update_group")
+    assert answer["success"] is True, answer
+    areal.json("POST", "/areal_pause_generation", json={})
+    meta = {"names": trainer.names, "dtypes": trainer.dtypes, "shapes": trainer.shapes, "group_name": GROUP}
+    assert areal.json("POST", "/areal_set_update_weight_meta", json=meta)["success"] is True
+    assert trainer.push({}, path="/areal_update_weights_xccl")["success"] is True
+    areal.json("POST", "/areal_continue_generation", json={})
+    assert oracle_greedy(areal, PROMPT, N_TOKENS) == hf_greedy_ids(pushed, PROMPT, N_TOKENS)
+
+
+def test_areal_bodies_are_checked(areal, root):
+    """Fields AReaL does not send are refused, not ignored; an update before any meta is a 400."""
+    refused = areal.call("POST", "/areal_update_weights", expect=400,
+                         json={"model_path": str(root / "next"), "load_format": "dummy"})
+    assert refused.json()["success"] is False and refused.json()["error"]["param"] == "load_format"
+    extra = areal.call("POST", "/areal_pause_generation", expect=400, json={"mode": "retract"}).json()
+    assert extra["error"]["param"] == "mode"
+
+
 def test_disk_update(areal, root):
     areal.json("POST", "/areal_pause_generation", json={})
     answer = areal.json("POST", "/areal_update_weights", json={"model_path": str(root / "next")})

@@ -23,13 +23,16 @@ PrimeIntellect-ai/prime-rl (commit 559b4477):
 from __future__ import annotations
 
 import concurrent.futures
+import time
 
 import pytest
 
 from support.replay import Replay, hf_greedy_ids, oracle_greedy
+from support.waiting import wait_until
 
 TOKEN = "prime-rl-admin-token"
 N_TOKENS = 8
+INFLIGHT_TOKENS = 160  # long enough to be caught mid-generation by the pause
 MESSAGES = [{"role": "user", "content": "Count to five."}]
 SERVE_ENV = {"TRILLIUM_ADMIN_TOKEN": TOKEN}  # the client sends it as its API key (conftest.py)
 
@@ -41,9 +44,32 @@ def prime(server):
     client.close()
 
 
-def chat_body(salt: str) -> dict:
+def chat_body(salt: str, max_tokens: int = N_TOKENS) -> dict:
     return {"model": "test-model", "messages": MESSAGES, "temperature": 1.0, "top_p": 1.0, "logprobs": True,
-            "max_completion_tokens": N_TOKENS, "cache_salt": salt}
+            "max_completion_tokens": max_tokens, "cache_salt": salt}
+
+
+def num_running(prime) -> int:
+    """The engine's running requests (SGLang's /v1/loads; a harness probe, not a prime-rl call)."""
+    return prime.json("GET", "/v1/loads")["aggregate"]["total_running_reqs"]
+
+
+def pause_with_request_in_flight(prime, pool):
+    """A long rollout in flight, then prime-rl's pause; the rollout's future once the pause froze it.
+
+    WHY retry: on a fast engine the rollout may finish before the pause lands; then nothing
+    was in flight across it and the cycle is tried again."""
+    for _ in range(5):
+        inflight = pool.submit(prime.json, "POST", "/v1/chat/completions",
+                               json=chat_body("step-0", max_tokens=INFLIGHT_TOKENS))
+        wait_until(lambda: inflight.done() or num_running(prime) >= 1, timeout_s=60, interval_s=0.01,
+                   what="the rollout to be running")
+        prime.call("POST", "/pause", params={"mode": "keep", "clear_cache": "false"})
+        time.sleep(0.5)  # a request that was not frozen would be answered by now
+        if not inflight.done():
+            return inflight
+        prime.call("POST", "/resume")
+    pytest.fail("every rollout finished before the pause landed")
 
 
 def test_health_models_rollout(prime):
@@ -56,14 +82,13 @@ def test_health_models_rollout(prime):
     assert answer["usage"]["completion_tokens"] == len(logprobs)
 
 
-@pytest.mark.xfail(strict=True, reason="not yet: prime-rl's POST /update_weights {weight_dir} is not implemented")
 def test_update_weights_keeps_inflight_requests(prime, root):
     prompt = [3, 14, 15, 92, 65]
     assert oracle_greedy(prime, prompt, N_TOKENS) == hf_greedy_ids(root / "base", prompt, N_TOKENS)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        inflight = pool.submit(prime.json, "POST", "/v1/chat/completions", json=chat_body("step-0"))
-        prime.call("POST", "/pause", params={"mode": "keep", "clear_cache": "false"})
+        inflight = pause_with_request_in_flight(prime, pool)
         try:
+            (root / "next" / "NCCL_READY").touch()  # as update_weights does before the POST
             prime.call("POST", "/update_weights", json={"weight_dir": str(root / "next")})
         finally:  # as prime-rl's update_weights: a dropped /resume would leave the engine paused
             prime.call("POST", "/resume")

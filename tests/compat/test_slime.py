@@ -73,7 +73,6 @@ def num_requests(load) -> int:
     return (running if isinstance(running, int) else 0) + (waiting if isinstance(waiting, int) else 0)
 
 
-@pytest.mark.xfail(strict=True, reason="not yet: slime always sends sampling_params.spaces_between_special_tokens: false; /generate accepts only SGLang's default (true) until the flag reaches the detokenizer")
 def test_health_then_group_rollout(slime):
     slime.call("GET", "/health_generate",
                headers={"Content-Type": "application/json; charset=utf-8", "Authorization": "Bearer None"})
@@ -95,7 +94,6 @@ def test_abort_until_idle(slime):
     assert num_requests(load) == 0, load
 
 
-@pytest.mark.xfail(strict=True, reason="not yet: its rollouts send spaces_between_special_tokens: false (see test_health_then_group_rollout)")
 def test_distributed_weight_update_cycle(slime, root, tmp_path):
     assert oracle_greedy(slime, PROMPT, N_TOKENS) == hf_greedy_ids(root / "base", PROMPT, N_TOKENS)
     trainer = GroupTrainer(slime, root / "next", tmp_path)
@@ -113,7 +111,6 @@ def test_distributed_weight_update_cycle(slime, root, tmp_path):
     slime.call("POST", "/destroy_weights_update_group", json={"group_name": GROUP})
 
 
-@pytest.mark.xfail(strict=True, reason="not yet: its rollouts send spaces_between_special_tokens: false (see test_health_then_group_rollout)")
 def test_colocated_offload_onload(slime):
     slime.call("GET", "/flush_cache")
     slime.call("POST", "/release_memory_occupation", json={})

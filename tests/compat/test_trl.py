@@ -44,7 +44,6 @@ def generate_body(n: int, temperature: float) -> dict:
             "structured_outputs_regex": None, "generation_kwargs": {}}
 
 
-@pytest.mark.xfail(strict=True, reason="not yet: TRL's own vllm-serve routes (/health/, /generate/ with TRL's body) are not implemented")
 def test_health_and_generate(trl, root):
     trl.call("GET", "/health/")
     answer = trl.json("POST", "/generate/", json=generate_body(n=2, temperature=1.0))
@@ -58,8 +57,51 @@ def test_health_and_generate(trl, root):
         assert ids == hf_greedy_ids(root / "base", prompt, N_TOKENS)[: len(ids)]
 
 
-@pytest.mark.xfail(strict=True, reason="not yet: TRL's own vllm-serve routes (/reset_prefix_cache/, /get_world_size/, /close_communicator/) are not implemented")
 def test_reset_prefix_cache_and_world_size(trl):
     trl.call("POST", "/reset_prefix_cache/")
     assert trl.json("GET", "/get_world_size/")["world_size"] == 1
     trl.call("POST", "/close_communicator/")
+
+
+def test_generate_kwargs_text_prompts_and_top_logprobs(trl, root):
+    """Text prompts come back tokenized (BOS included, as vLLM's LLM.generate tokenizes them);
+    generation_kwargs override the top-level fields (TRL's dict.update); logprobs=N gives the
+    sampled token and the top N, most probable first (N or N + 1 entries: extract_logprobs)."""
+    from transformers import AutoTokenizer
+
+    body = {**generate_body(n=1, temperature=0.0), "prompts": ["hello world"], "logprobs": 2,
+            "generation_kwargs": {"max_tokens": 3, "seed": 7}}
+    answer = trl.json("POST", "/generate/", json=body)
+    assert answer["prompt_ids"] == [AutoTokenizer.from_pretrained(str(root / "base")).encode("hello world")]
+    (ids,), (rows,), (row_ids,) = answer["completion_ids"], answer["logprobs"], answer["logprob_token_ids"]
+    assert len(ids) <= 3 and len(rows) == len(ids)
+    for token, logprobs, top in zip(ids, rows, row_ids):
+        assert len(logprobs) == len(top) and len(top) in (2, 3) and token in top
+        assert logprobs == sorted(logprobs, reverse=True) and top[0] == token  # greedy: the top token
+    none = trl.json("POST", "/generate/", json={**generate_body(n=1, temperature=1.0), "logprobs": None})
+    assert none["logprobs"] is None and none["logprob_token_ids"] is None
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"guided_decoding_regex": "a+"}, "guided_decoding_regex"),
+    ({"structured_outputs_regex": "a+"}, "structured_outputs_regex"),
+    ({"generation_kwargs": {"structured_outputs": {"regex": "a+"}}}, "generation_kwargs.structured_outputs"),
+    ({"generation_kwargs": {"best_of": 2}}, "generation_kwargs.best_of"),
+    ({"images": [["aGk="], None]}, "images"),
+])
+def test_unimplemented_fields_are_400_naming_them(trl, extra, param):
+    error = trl.call("POST", "/generate/", expect=400, json={**generate_body(n=1, temperature=1.0), **extra})
+    assert error.json()["error"]["param"] == param, error.text
+
+
+def test_nccl_communicator_is_refused_with_the_reason(trl):
+    """TRL's weight sync needs vLLM's PyNcclCommunicator (CUDA); Trillium says so (400, not a
+    silent success) and names its own routes for the same job."""
+    init = trl.call("POST", "/init_communicator/", expect=400,
+                    json={"host": "127.0.0.1", "port": 51216, "world_size": 2, "client_device_uuid": "cpu"})
+    message = init.json()["error"]["message"]
+    assert "PyNcclCommunicator" in message and "/init_weights_update_group" in message
+    param = trl.call("POST", "/update_named_param/", expect=400,
+                     json={"name": "lm_head.weight", "dtype": "torch.float32", "shape": [4, 4]})
+    assert "NCCL" in param.json()["error"]["message"]
+    assert trl.call("POST", "/init_communicator/", expect=400, json={"host": "x"}).json()["error"]["param"] == "port"

@@ -278,7 +278,7 @@ CHAT = {"messages": MESSAGES, "max_tokens": 2}
 # vLLM request fields Trillium does not implement (or only in their "off" value), with a value that is on.
 REFUSED = [
     ("use_beam_search", True), ("length_penalty", 0.5), ("watermarking", True),
-    ("spaces_between_special_tokens", False), ("thinking_token_budget", 8), ("routed_experts_prompt_start", 2),
+    ("thinking_token_budget", 8), ("routed_experts_prompt_start", 2),
     ("return_token_offsets", True), ("return_mm_kwargs", False), ("store", True), ("service_tier", "flex"),
     ("logprob_token_ids", [5]),
     ("prompt_embeds", "AAAA"), ("kv_transfer_params", {"do_remote_prefill": True}),

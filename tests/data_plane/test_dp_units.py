@@ -66,6 +66,27 @@ def test_chat_params_mapping():
     assert chat_renames(req)["max_tokens"] == "max_completion_tokens"
 
 
+def test_spaces_between_special_tokens_reaches_the_detokenize_spec():
+    """vLLM's name and default (true) on completions and chat, SGLang's on /generate; the flag
+    travels SamplingParams -> the scheduler's DetokenizeSpec (the detokenizer applies it)."""
+    import numpy as np
+
+    from trillium.actors.protocol.requests import AddRequest
+    from trillium.actors.scheduler.request import Request
+    from trillium.data_plane.generate_request import engine_params, parse_generate
+
+    base = {"messages": [{"role": "user", "content": "x"}]}
+    assert completion_params(_parse(CompletionRequest, {"prompt": "a"})).spaces_between_special_tokens is True
+    off = {"spaces_between_special_tokens": False}
+    assert completion_params(_parse(CompletionRequest, {"prompt": "a", **off})).spaces_between_special_tokens is False
+    assert chat_params(_parse(ChatCompletionRequest, {**base, **off})).spaces_between_special_tokens is False
+    spec = parse_generate(json.dumps({"input_ids": [1, 2], "sampling_params": off}).encode()).prompts[0]
+    params = engine_params(spec, 2)
+    assert params.spaces_between_special_tokens is False
+    add = AddRequest("r", np.array([1, 2], np.int32), params, eos_token_ids=(), arrival_time=0.0)
+    assert Request(add, arrival_seq=0, max_model_len=256).detokenize_spec().spaces_between_special_tokens is False
+
+
 def test_value_errors_map_to_params():
     assert param_of(ValueError("invalid sampling parameter 'top_p': must be in (0, 1]")) == "top_p"
     assert param_of(ValueError("max_tokens: prompt (3 tokens) + ...")) == "max_tokens"

@@ -250,6 +250,23 @@ def test_defaults_of_unimplemented_fields_ask_nothing(server):
     assert len(generate(server, body)["output_ids"]) == N_TOKENS
 
 
+def test_spaces_between_special_tokens_false_is_served_everywhere(server, tokenizer):
+    """slime's sampling_params (skip_special_tokens false, spaces_between_special_tokens false) on
+    /generate, and vLLM's field of the same name on /v1/completions and /v1/chat/completions. The
+    synthetic byte-level tokenizer puts nothing between added tokens, so the text is HF's own
+    decode (tests/actors/detokenizer covers a decoder where the flag changes the text)."""
+    sampling = greedy(skip_special_tokens=False, spaces_between_special_tokens=False, no_stop_trim=True)
+    out = generate(server, {"input_ids": PROMPTS[0], "sampling_params": sampling})
+    full = tokenizer.decode(PROMPTS[0] + out["output_ids"], skip_special_tokens=False)
+    assert out["text"] == full[len(tokenizer.decode(PROMPTS[0], skip_special_tokens=False)):]
+    choice = completion(server, PROMPTS[0], skip_special_tokens=False, spaces_between_special_tokens=False)
+    assert choice["text"] == out["text"]
+    chat = httpx.post(server.base_url + "/v1/chat/completions", headers=AUTH, timeout=60, json={
+        "model": "test-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+        "spaces_between_special_tokens": False})
+    assert chat.status_code == 200, chat.text
+
+
 def test_api_key_guards_generate(server):
     """With --api-key, /generate needs the key like /v1/* (SGLang's api_key guards it too)."""
     response = httpx.post(server.base_url + "/generate", json={"text": "a"}, timeout=30)

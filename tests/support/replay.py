@@ -7,8 +7,8 @@
 - `Replay`: an httpx client on one base URL that makes one call at a time, asserts the status
   and says which call of the framework's cycle failed (method, path, query, status, body).
 - `GroupTrainer`: the SGLang-style weight push as slime / AReaL make it: the framework's
-  `/init_weights_update_group` and `/update_weights_from_distributed` POSTs (bodies from the
-  test), while tests/support/group_broadcaster.py, a separate trainer process, joins the
+  `/init_weights_update_group` and `/update_weights_from_distributed` POSTs (bodies, and the
+  paths where a framework names them otherwise, from the test), while tests/support/group_broadcaster.py, a separate trainer process, joins the
   group with SGLang's custom-group recipe and broadcasts the tensors.
 - `hf_greedy_ids(path, prompt, n)` and `oracle_greedy(replay, prompt, n)`: transformers' and
   the server's greedy tokens (EOS held off), the check that a push changed the served weights.
@@ -30,6 +30,9 @@ from support.serve_process import ServeProcess
 from trillium.models.synthetic import build_checkpoint
 
 BROADCASTER = Path(__file__).with_name("group_broadcaster.py")
+# WHY this long: on the shared 2-core machine a start (imports, three engine processes) has taken
+# over 120 s under load; a healthy server is used as soon as it answers.
+START_TIMEOUT_S = 300
 
 
 def weights_root(root: Path) -> Path:
@@ -42,7 +45,7 @@ def start_server(root: Path, *flags: str, env: dict | None = None) -> ServeProce
     return ServeProcess(
         str(root / "base"), "--allowed-weight-paths", str(root), "--kv-cache-memory", "16MiB",
         "--max-num-seqs", "16", *flags, env=env,
-    ).wait_healthy()
+    ).wait_healthy(timeout_s=START_TIMEOUT_S)
 
 
 def tensor_specs(checkpoint: Path) -> tuple[list[str], list[str], list[list[int]]]:
@@ -109,11 +112,11 @@ class GroupTrainer:
         self.names, self.dtypes, self.shapes = tensor_specs(checkpoint)
         self.process: subprocess.Popen | None = None
 
-    def join(self, init_body: dict) -> dict:
+    def join(self, init_body: dict, path: str = "/init_weights_update_group") -> dict:
         names_path = self.tmp / "names.json"
         names_path.write_text(json.dumps(self.names))
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            init = pool.submit(self.replay.json, "POST", "/init_weights_update_group", json=init_body)
+            init = pool.submit(self.replay.json, "POST", path, json=init_body)
             self.process = subprocess.Popen(
                 [sys.executable, str(BROADCASTER), str(int(init_body["master_port"])), init_body["group_name"],
                  str(init_body["world_size"]), str(self.checkpoint), str(names_path), str(self.timeout_s)],
@@ -124,10 +127,10 @@ class GroupTrainer:
                 self.kill()
                 raise
 
-    def push(self, update_body: dict) -> dict:
+    def push(self, update_body: dict, path: str = "/update_weights_from_distributed") -> dict:
         assert self.process is not None, "join() first"
         try:
-            reply = self.replay.json("POST", "/update_weights_from_distributed", json=update_body)
+            reply = self.replay.json("POST", path, json=update_body)
             out, _ = self.process.communicate(timeout=self.timeout_s)
         finally:
             self.kill()

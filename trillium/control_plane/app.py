@@ -20,6 +20,10 @@ Public API (`trillium serve` builds on it):
           POST /abort_request, /update_weight_version, /load_lora_adapter, /unload_lora_adapter
           GET /get_weight_version, /health_generate, /get_server_info, /get_model_info,
               /get_load, /v1/loads
+        RL frameworks' own routes (one module each): AReaL's /areal_* (routes/areal.py),
+        prime-rl's POST /update_weights (routes/prime_rl.py), TRL vllm-serve's
+        /get_world_size/, /reset_prefix_cache/, /init_communicator/ (a 400: NCCL only),
+        /update_named_param/ (400), /close_communicator/ (routes/trl.py).
         vLLM's query-string forms (/sleep?level=2, /wake_up?tags=weights,
         /pause?mode=keep, /reset_prefix_cache?reset_external=true) mean what
         they mean in vLLM; a query parameter a route does not take is a 400
@@ -59,6 +63,7 @@ from trillium.control_plane.errors import AdminError, internal_error, unauthoriz
 from trillium.control_plane.query import reject_unknown_query
 from trillium.control_plane.routes import (
     abort,
+    areal,
     distributed,
     health,
     loads,
@@ -66,10 +71,12 @@ from trillium.control_plane.routes import (
     metrics,
     pause,
     prefix_cache,
+    prime_rl,
     profiling,
     server_info,
     sleep,
     tracing,
+    trl,
     weights,
 )
 from trillium.control_plane.state import AdminState
@@ -79,7 +86,7 @@ log = logging.getLogger(__name__)
 
 STATE_KEY = "trillium.control_plane"
 _ROUTE_MODULES = (sleep, pause, weights, distributed, profiling, prefix_cache, abort, server_info, health, metrics,
-                  tracing, lora, loads)
+                  tracing, lora, loads, areal, prime_rl, trl)
 # A scope key only `data_port_mount` sets (a client cannot: it is not a header).
 _OPEN_SCOPE_KEY = "trillium.admin_without_token"
 # WHY: a refused client's small body is read so its keep-alive connection stays in

@@ -6,7 +6,7 @@ Public API (stable; `trillium serve` builds on it):
         One app per engine bundle (see `context.py`). Routes: GET /v1/models,
         /v1/models/<name>, POST /v1/completions, /v1/chat/completions,
         SGLang's /generate, /tokenize, /detokenize, GET /health, /version, /metrics,
-        /openapi.json. The app owns its tokenizer threads, admission
+        /openapi.json, and TRL vllm-serve's GET /health/, POST /generate/ (routes/trl.py). The app owns its tokenizer threads, admission
         control and Prometheus registry; it never starts or stops the
         engine (the caller runs `EngineClient.run` and the actors).
 
@@ -21,7 +21,7 @@ Public API (stable; `trillium serve` builds on it):
 
 Every error, including unknown routes and unexpected exceptions, is
 OpenAI's `{"error": {...}}` JSON. With `engine.api_key` set, `/v1/*` and
-`/generate` need `Authorization: Bearer <key>`; /health, /version, /metrics, /tokenize,
+`/generate` (and `/generate/`) need `Authorization: Bearer <key>`; /health, /version, /metrics, /tokenize,
 /detokenize and /openapi.json stay open, as in vLLM.
 
 The data plane never imports the control plane (and vice versa): both talk
@@ -56,6 +56,7 @@ from trillium.data_plane.routes import (
     models,
     openapi,
     tokenize,
+    trl,
 )
 from trillium.data_plane.state import AppState
 from trillium.http_serving import serve_quart_app
@@ -63,7 +64,7 @@ from trillium.http_serving import serve_quart_app
 log = logging.getLogger(__name__)
 
 STATE_KEY = "trillium.data_plane"
-_ROUTE_MODULES = (models, completions, chat, generate, tokenize, health, metrics, openapi)
+_ROUTE_MODULES = (models, completions, chat, generate, tokenize, health, metrics, openapi, trl)
 
 
 def create_app(engine: DataPlaneEngine) -> QuartTrio:
@@ -107,8 +108,9 @@ async def _echo_request_id(response):
 
 
 async def _check_api_key(api_key: str) -> None:
-    # WHY /generate too: it generates like /v1/completions (SGLang's --api-key guards it as well).
-    if not (request.path in ("/v1", "/generate") or request.path.startswith("/v1/")):
+    # WHY /generate too: it generates like /v1/completions (SGLang's --api-key guards it as well);
+    # /generate/ is TRL vllm-serve's.
+    if not (request.path in ("/v1", "/generate", "/generate/") or request.path.startswith("/v1/")):
         return
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):

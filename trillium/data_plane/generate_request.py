@@ -57,8 +57,7 @@ _UNSUPPORTED_FIELDS: dict[str, Any] = {
     "received_time": None, "cache_salt": None,
 }
 _UNSUPPORTED_SAMPLING: dict[str, Any] = {
-    "stop_regex": None,
-    "spaces_between_special_tokens": True, "custom_params": None, "stream_interval": None,
+    "stop_regex": None, "custom_params": None, "stream_interval": None,
     "logit_bias": None, "sampling_seed": None,
 }
 _PER_PROMPT = ("return_logprob", "logprob_start_len", "top_logprobs_num")
@@ -85,6 +84,7 @@ class GenerateSamplingParams(BaseModel):
     stop_token_ids: list[Int64] | None = None
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
     # Structured outputs (data_plane/structured_fields.py `from_sglang`)
@@ -264,6 +264,7 @@ def engine_params(spec: PromptSpec, num_prompt_tokens: int,
         stop_token_ids=tuple(sp.stop_token_ids or ()),
         ignore_eos=bool(sp.ignore_eos),
         skip_special_tokens=sp.skip_special_tokens is not False,
+        spaces_between_special_tokens=sp.spaces_between_special_tokens is not False,
         include_stop_str_in_output=bool(sp.no_stop_trim),
         structured_outputs=from_sglang(
             {"json_schema": sp.json_schema, "regex": sp.regex, "ebnf": sp.ebnf, "structural_tag": sp.structural_tag}

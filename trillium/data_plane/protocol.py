@@ -106,6 +106,7 @@ class SamplingRequest(_Body):
     min_tokens: Int64 | None = None
     ignore_eos: bool | None = False
     skip_special_tokens: bool | None = True
+    spaces_between_special_tokens: bool | None = True
     include_stop_str_in_output: bool | None = False
     priority: Int64 | None = 0
     stop_token_ids: list[Int64] | None = None

@@ -36,7 +36,6 @@ COMMON_OFF_VALUES: Mapping[str, tuple[Any, ...]] = {
     "use_beam_search": (False,),
     "length_penalty": (1.0,),
     "watermarking": (False,),
-    "spaces_between_special_tokens": (True,),
     "thinking_token_budget": (-1,),
     "routed_experts_prompt_start": (0,),
     "return_token_offsets": (False,),

@@ -62,6 +62,7 @@ def _common(req: SamplingRequest, defaults: SamplingDefaults) -> dict:
         min_tokens=req.min_tokens or 0,
         ignore_eos=bool(req.ignore_eos),
         skip_special_tokens=req.skip_special_tokens is not False,
+        spaces_between_special_tokens=req.spaces_between_special_tokens is not False,
         include_stop_str_in_output=bool(req.include_stop_str_in_output),
         stop_token_ids=tuple(req.stop_token_ids or ()),
         allowed_token_ids=None if req.allowed_token_ids is None else tuple(req.allowed_token_ids),

@@ -274,6 +274,52 @@ def test_special_tokens(tokenizer, skip_special_tokens):
     assert text.replace(special, "").replace(" ", "") == "Hithere"
 
 
+# --- spaces_between_special_tokens ------------------------------------------
+#
+# vLLM's rule for fast tokenizers (vllm-project/vllm, vllm/v1/engine/detokenizer.py,
+# FastIncrementalDetokenizer): with skip_special_tokens and spaces_between_special_tokens
+# both false, an added token right after an added token is emitted as its bare content.
+
+
+@pytest.fixture(scope="module")
+def wordpiece() -> Tokenizer:
+    """A decoder that puts a space before every token but "##" pieces, added tokens included."""
+    from tokenizers import AddedToken
+
+    vocab = {"[UNK]": 0, "hello": 1, "world": 2, "##s": 3}
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.add_special_tokens([AddedToken("[CLS]", special=True), AddedToken("[SEP]", special=True)])
+    tokenizer.add_tokens([AddedToken("<x>", special=False)])
+    return tokenizer
+
+
+def test_spaces_between_special_tokens_false_joins_consecutive_added_tokens(wordpiece):
+    cls, sep, x = (wordpiece.token_to_id(t) for t in ("[CLS]", "[SEP]", "<x>"))
+    prompt, gen = [1], [cls, sep, 2, 3, x, x]  # "hello" | [CLS] [SEP] world ##s <x> <x>
+    spaced = IncrementalDetokenizer(wordpiece, prompt, skip_special_tokens=False)
+    assert "".join(run(spaced, one_at_a_time(gen))[0]) == expected_text(wordpiece, prompt, gen, False)
+    assert expected_text(wordpiece, prompt, gen, False) == " [CLS] [SEP] worlds <x> <x>"
+    joined = IncrementalDetokenizer(wordpiece, prompt, skip_special_tokens=False,
+                                    spaces_between_special_tokens=False)
+    assert "".join(run(joined, one_at_a_time(gen))[0]) == " [CLS][SEP] worlds <x><x>"
+    skipped = IncrementalDetokenizer(wordpiece, prompt, skip_special_tokens=True,
+                                     spaces_between_special_tokens=False)
+    assert "".join(run(skipped, one_at_a_time(gen))[0]) == expected_text(wordpiece, prompt, gen, True)
+
+
+def test_spaces_between_special_tokens_is_the_full_decode_for_byte_level(bpe):
+    """Byte-level BPE (the Llama-3 / Qwen family) puts nothing between added tokens: the flag changes
+    nothing, and the text is the tokenizer's own full decode (which ignores the flag)."""
+    end, start = bpe.token_to_id("<|im_end|>"), bpe.token_to_id("<|im_start|>")
+    prompt = encode(bpe, "Q:", prompt=True)
+    gen = encode(bpe, " Hi") + [end, start, end] + encode(bpe, " there")
+    for flag in (True, False):
+        detok = IncrementalDetokenizer(bpe, prompt, skip_special_tokens=False, spaces_between_special_tokens=flag)
+        assert "".join(run(detok, one_at_a_time(gen))[0]) == expected_text(bpe, prompt, gen, False)
+
+
 # --- stop strings -----------------------------------------------------------
 
 SENTENCE = " the quick brown fox jumps over the lazy dog"

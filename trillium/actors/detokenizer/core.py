@@ -39,7 +39,15 @@ plain full decode, both shared with vLLM:
   restart the stream at the last emitted token, as vLLM does, but keep the
   not yet emitted tokens instead of dropping them).
 
-NOTE on size (~410 lines): the incremental detokenizer and the registry that
+`spaces_between_special_tokens=False` (with `skip_special_tokens=False`) is
+vLLM's rule for fast tokenizers (vllm/v1/engine/detokenizer.py,
+`FastIncrementalDetokenizer.decode_next`): an added token right after another
+added token comes out as its bare content, without the separator the decoder
+would put before it (WordPiece's " "). HF's own fast `decode` ignores the flag,
+and byte-level / Metaspace decoders put nothing between added tokens, so for
+the Llama family the text is the same either way.
+
+NOTE on size (~430 lines): the incremental detokenizer and the registry that
 owns one per request are the detokenizer actor's whole pure core, kept in
 one module as the actor's other cores are.
 """
@@ -47,7 +55,7 @@ one module as the actor's other cores are.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 from tokenizers import Tokenizer
@@ -232,12 +240,21 @@ class IncrementalDetokenizer:
         stop: tuple[str, ...] = (),
         include_stop_str_in_output: bool = False,
         min_tokens: int = 0,
+        spaces_between_special_tokens: bool = True,
+        added_tokens: Mapping[int, str] | None = None,
     ) -> None:
         """`tokenizer` is the Rust tokenizer (`tokenizers.Tokenizer`; a
         transformers fast tokenizer's `.backend_tokenizer`). `prompt_token_ids`
         may be a list or a numpy array. `min_tokens`: as in vLLM, stop strings
-        are not checked until that many tokens were generated."""
+        are not checked until that many tokens were generated.
+        `spaces_between_special_tokens`: see the module docstring; `added_tokens`
+        (id -> content, `added_token_contents(tokenizer)` when None) is what it needs."""
         self._stream = _TokenTextStream(tokenizer, prompt_token_ids, skip_special_tokens)
+        # id -> content of the added tokens whose separators are dropped; empty: nothing to drop.
+        self._joined_added: Mapping[int, str] = {}
+        if not (skip_special_tokens or spaces_between_special_tokens):
+            self._joined_added = added_token_contents(tokenizer) if added_tokens is None else added_tokens
+        self._last_was_added = False
         self._stops = tuple(s for s in stop if s)  # WHY: "" would match everywhere
         self._include_stop_str_in_output = include_stop_str_in_output
         self._min_tokens = min_tokens
@@ -282,12 +299,24 @@ class IncrementalDetokenizer:
             silent_id = ids.pop()
         for token_id in ids:
             self._token_ids.append(int(token_id))
-            stop_update = self._add_text(self._stream.push(int(token_id)))
+            stop_update = self._add_text(self._next_text(int(token_id)))
             if stop_update is not None:
                 return stop_update
         if silent_id is not None:
             self._token_ids.append(int(silent_id))
         return DetokenizerUpdate(text_delta=self._emit(self._hold_back()))
+
+    def _next_text(self, token_id: int) -> str:
+        chunk = self._stream.push(token_id)
+        if not self._joined_added:
+            return chunk
+        content = self._joined_added.get(token_id)
+        # NOTE: an added token decodes whole, so after one nothing is pending and
+        # `chunk` is this token's text alone.
+        if content is not None and self._last_was_added and chunk:
+            chunk = content
+        self._last_was_added = content is not None
+        return chunk
 
     def flush(self) -> DetokenizerUpdate:
         """The request ended for a reason other than a stop string: decode the
@@ -338,6 +367,11 @@ class IncrementalDetokenizer:
         return delta
 
 
+def added_token_contents(tokenizer: Tokenizer) -> dict[int, str]:
+    """id -> content of every added token (special or not), as vLLM collects them."""
+    return {token_id: token.content for token_id, token in tokenizer.get_added_tokens_decoder().items()}
+
+
 class DetokenizerRegistry:
     """Request id -> incremental detokenizer; the actor's whole state.
 
@@ -348,6 +382,7 @@ class DetokenizerRegistry:
         self._tokenizer = tokenizer
         self._live: dict[str, IncrementalDetokenizer] = {}
         self._stopped: set[str] = set()  # finished by a stop string, engine not yet told
+        self._added_tokens: dict[int, str] | None = None  # built for the first request that needs it
 
     def process(self, message: TokenDeltas) -> tuple[RequestOutputs, FinishRequest | None]:
         outputs: list[RequestOutputDelta] = []
@@ -381,10 +416,15 @@ class DetokenizerRegistry:
                     num_prompt_tokens=delta.num_prompt_tokens,
                 )
             spec = delta.spec
+            joins = not (spec.skip_special_tokens or spec.spaces_between_special_tokens)
+            if joins and self._added_tokens is None:
+                self._added_tokens = added_token_contents(self._tokenizer)
             detok = IncrementalDetokenizer(
                 self._tokenizer, spec.prompt_token_ids,
                 skip_special_tokens=spec.skip_special_tokens, stop=spec.stop,
                 include_stop_str_in_output=spec.include_stop_str_in_output, min_tokens=spec.min_tokens,
+                spaces_between_special_tokens=spec.spaces_between_special_tokens,
+                added_tokens=self._added_tokens if joins else None,
             )
             self._live[rid] = detok
         before = len(detok.token_ids)

@@ -23,6 +23,7 @@ class DetokenizeSpec:
     stop: tuple[str, ...]
     include_stop_str_in_output: bool
     min_tokens: int = 0
+    spaces_between_special_tokens: bool = True
     trace_context: dict[str, str] | None = None  # the AddRequest's W3C carrier (detokenize span)
 
 

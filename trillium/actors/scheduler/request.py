@@ -180,6 +180,7 @@ class Request:
             stop=self.sampling.stop,
             include_stop_str_in_output=self.sampling.include_stop_str_in_output,
             min_tokens=self.sampling.min_tokens,
+            spaces_between_special_tokens=self.sampling.spaces_between_special_tokens,
             trace_context=self.trace_context,
         )
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 from quart import Blueprint, request
 
 from trillium.actors.protocol.admin import (
+    ControlReply,
     DestroyWeightsUpdateGroup,
     InitWeightsUpdateGroup,
     UpdateWeightsFromDistributed,
@@ -44,20 +45,25 @@ from trillium.control_plane.state import AdminState, new_command_id
 _INIT_REPLY_MARGIN_S = 30.0
 
 
+async def join_group(state: AdminState, req: InitGroupRequest) -> ControlReply:
+    """The engine joins the trainer's group (this route's, and AReaL's /areal_init_weights_update_group)."""
+    command = InitWeightsUpdateGroup(
+        new_command_id(), master_address=req.master_address, master_port=req.master_port,
+        rank_offset=req.rank_offset, world_size=req.world_size, group_name=req.group_name,
+        backend=req.backend, timeout_s=req.timeout_s,
+    )
+    # WHY not under state.exclusive: the join may wait timeout_s for the trainer; the
+    # engine orders it (a second init is refused there at once, not after this one).
+    return await state.run(command, timeout_s=req.timeout_s + _INIT_REPLY_MARGIN_S)
+
+
 def blueprint(state: AdminState) -> Blueprint:
     bp = Blueprint("distributed", __name__)
 
     @bp.post("/init_weights_update_group")
     async def init_group():
         req = parse_body(InitGroupRequest, await request.get_data())
-        command = InitWeightsUpdateGroup(
-            new_command_id(), master_address=req.master_address, master_port=req.master_port,
-            rank_offset=req.rank_offset, world_size=req.world_size, group_name=req.group_name,
-            backend=req.backend, timeout_s=req.timeout_s,
-        )
-        # WHY not under state.exclusive: the join may wait timeout_s for the trainer; the
-        # engine orders it (a second init is refused there at once, not after this one).
-        reply = await state.run(command, timeout_s=req.timeout_s + _INIT_REPLY_MARGIN_S)
+        reply = await join_group(state, req)
         return success(reply, f"joined weight update group {req.group_name!r} as rank {req.rank_offset}")
 
     @bp.post("/update_weights_from_distributed")

@@ -33,6 +33,7 @@ from quart import Blueprint, request
 
 from trillium.actors.protocol.admin import (
     AbortRequests,
+    ControlReply,
     SetWeightVersion,
     UpdateWeightsFromDisk,
     UpdateWeightsFromTensors,
@@ -89,23 +90,34 @@ def refuse_json_payload(content_type: str, body: bytes) -> None:
                       "in the README)")
 
 
+async def load_from_disk(
+    state: AdminState, model_path: str, *, weight_version: str | None = None, flush_cache: bool = True,
+    abort_all_requests: bool = False, param: str = "model_path",
+) -> tuple[ControlReply, str]:
+    """One disk update as every route that loads a checkpoint directory runs it (SGLang's, AReaL's,
+    prime-rl's): the allowed-paths check (403), the path must exist (400), then
+    `AdminState.update_weights`. Returns the engine's reply and the resolved path."""
+    policy = state.engine.weight_paths
+    if not policy.is_allowed(model_path):
+        allowed = ", ".join(policy.roots) or "none (start with --allowed-weight-paths)"
+        raise forbidden(f"{param} {model_path!r} is outside the allowed weight paths ({allowed})", param)
+    path = policy.resolve(model_path)
+    if not await trio.to_thread.run_sync(os.path.exists, path):
+        raise bad_request(f"{param} {model_path!r} does not exist", param)
+    command = UpdateWeightsFromDisk(new_command_id(), model_path=path, weight_version=weight_version,
+                                    flush_cache=flush_cache)
+    reply = await state.update_weights(command, source="disk", abort_all_requests=abort_all_requests)
+    return reply, path
+
+
 def blueprint(state: AdminState) -> Blueprint:
     bp = Blueprint("weights", __name__)
 
     @bp.post("/update_weights_from_disk")
     async def update_from_disk():
         req = parse_body(UpdateFromDiskRequest, await request.get_data())
-        policy = state.engine.weight_paths
-        if not policy.is_allowed(req.model_path):
-            allowed = ", ".join(policy.roots) or "none (start with --allowed-weight-paths)"
-            raise forbidden(f"model_path {req.model_path!r} is outside the allowed weight paths ({allowed})",
-                            "model_path")
-        path = policy.resolve(req.model_path)
-        if not await trio.to_thread.run_sync(os.path.exists, path):
-            raise bad_request(f"model_path {req.model_path!r} does not exist", "model_path")
-        command = UpdateWeightsFromDisk(new_command_id(), model_path=path, weight_version=req.weight_version,
-                                        flush_cache=req.flush_cache)
-        reply = await state.update_weights(command, source="disk", abort_all_requests=req.abort_all_requests)
+        reply, path = await load_from_disk(state, req.model_path, weight_version=req.weight_version,
+                                           flush_cache=req.flush_cache, abort_all_requests=req.abort_all_requests)
         return success(reply, f"loaded weights from {path}", weight_version=state.status.weight_version)
 
     @bp.post("/update_weights_from_tensor")
