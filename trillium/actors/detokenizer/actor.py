@@ -18,7 +18,8 @@ import logging
 import trio
 
 from trillium.actors.detokenizer.core import DetokenizerRegistry
-from trillium.actors.assembly import ActorConfig, engine_codec
+from trillium.actors.assembly import ActorConfig
+from trillium.actors.links import Links
 from trillium.actors.mailbox import Mailbox
 from trillium.actors.protocol.supervision import Shutdown
 from trillium.actors.protocol.admin import ControlReply, StartProfile, StopProfile
@@ -34,12 +35,12 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
     from trillium.models.tokenizer import load_tokenizer
 
     cfg = ActorConfig.from_bytes(config)
-    codec = engine_codec()
+    links = Links(cfg, "detokenizer")
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, cfg.engine.model)
     registry = DetokenizerRegistry(tokenizer.backend)
-    mailbox = Mailbox.bind(cfg.addresses.detokenizer, codec)
-    to_api = Outbox.connect(cfg.addresses.api, codec)
-    to_scheduler = Outbox.connect(cfg.addresses.scheduler, codec)
+    mailbox = links.mailbox()
+    to_api = links.outbox("api")
+    to_scheduler = links.outbox("scheduler")
     profiler = LoopProfiler("detokenizer")
     provider, tracer = actor_tracer(cfg.engine, "detokenizer")
     spans = DetokenizerSpans(tracer) if tracer is not None else None
