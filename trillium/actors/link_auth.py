@@ -1,14 +1,16 @@
-"""Proof of membership on every engine link: an HMAC over each envelope.
+"""Proof of membership on every engine link: a keyed MAC over each envelope.
 
 Every message between the engine's processes carries one extra frame in
 front of the codec's frames, the *proof*::
 
     b"TRL1" | len(role) (1 byte) | role (ascii) | sender id (8 bytes) |
-    counter (8 bytes, big-endian) | HMAC-SHA256 (32 bytes)
+    counter (8 bytes, big-endian) | MAC (32 bytes)
 
 The MAC covers the proof's prefix and every frame (each prefixed with its
-8-byte length), under a key derived from the run's secret and the sender's
-role (``HMAC(secret, "trillium-link-role:" + role)``). A receiver checks the
+8-byte length), under keys derived from the run's secret and the sender's
+role (``HMAC(secret, "trillium-link-role:" + role)``, then one key per
+algorithm): keyed BLAKE2b for messages up to 16 KiB, HMAC-SHA256 above
+(see `_BLAKE2B_MAX_BYTES`). A receiver checks the
 MAC under the key of the role the proof claims, then that the counter
 grows per (role, sender id): a frame replayed from a captured tcp:// stream
 is refused. The verified role is the sender's identity: the receiver's role
@@ -21,21 +23,36 @@ environment, which other same-user processes can read in /proc), so a
 same-user process that finds the socket path but not the secret can
 connect, but every frame it sends is dropped and counted.
 
-WHY HMAC and not ZeroMQ CURVE (measured by ``bench/link_auth.py`` on the
-2-core dev box, one-way ipc:// send+receive per message):
+WHY a MAC per envelope and not ZeroMQ CURVE. Measured by
+``bench/link_auth.py`` (one-way ipc:// send + receive; CPU us per message,
+all threads, best of 5 rounds; the 2-core dev box under a load of ~14, so
+only the ratios mean much):
 
     link    300 B    128 KiB
-    plain   ~41 us   ~62 us
-    hmac    ~52 us   ~300 us   (sign + verify on the actor's own thread)
-    curve   ~64 us   ~560 us   (encrypt + decrypt in ZeroMQ's I/O threads)
+    plain   15       52
+    mac     31       386      (sign + verify on the actor's own thread)
+    curve   19       348      (encrypt + decrypt in ZeroMQ's I/O threads)
 
-HMAC costs less per message at both sizes, needs no ZAP authenticator
-thread in every process, keeps the sender's identity inside the message (so
-the role policy is a pure function of the envelope, unit-testable without
-sockets), and works the same on inproc://, ipc:// and tcp://. What CURVE
-would add, confidentiality on tcp://, is not part of this threat model: the
-links carry token ids and weights, not credentials (see README "Security
-model"); use a private network or a tunnel for tcp:// between hosts.
+CURVE costs less CPU: ~3.5 us over plain per small message against ~16 us
+here (Python overhead around the MAC), and about 10% less on 128 KiB. We
+still chose the MAC, for what it buys beyond cost:
+
+- the sender's role is inside the message, so the sender policy
+  (``protocol/senders.py``) is a pure function of the envelope, unit-tested
+  without sockets; with CURVE the role would come from the ZAP handler's
+  User-Id metadata, which needs an authenticator thread in every process;
+- one mechanism on inproc:// (``trillium.LLM``, the actor tests), ipc:// and
+  tcp://: ZeroMQ applies no security mechanism to inproc://, so CURVE would
+  leave the in-process engine without sender identities;
+- the absolute cost is small: ~5 engine messages per step, ~100 us of CPU
+  per step spread over four processes, against steps of milliseconds.
+
+What CURVE would add, and the MAC does not: confidentiality on tcp://, and
+refusing a stranger at the handshake, before ZeroMQ buffers any of its
+frames. The links carry token ids and weights, not credentials (README
+"Security model"): run tcp:// between hosts on a private network or a
+tunnel. If the CPU per message ever matters, CURVE fits behind the same
+seam (``links.py`` builds every socket).
 NOTE: a peer without the secret can still make ZeroMQ buffer one frame up
 to the inbox's ``ZMQ_MAXMSGSIZE`` before the MAC is checked.
 
@@ -92,26 +109,30 @@ class LinkKey:
         return "LinkKey(<secret>)"
 
 
-# Frames up to this size are MACed in one call over a joined copy. WHY: one
-# hmac.digest call costs about a third of hmac.copy + update per frame for
-# the small per-step envelopes, and copying a few KiB is cheaper than that.
-_JOIN_MAX_BYTES = 16 * 1024
+# Messages up to this size (all frames) are MACed with keyed BLAKE2b, larger
+# ones with HMAC-SHA256. WHY (measured on the dev box, 360 B): BLAKE2b from a
+# copied keyed state ~3.7 us, HMAC-SHA256 from a copied state ~7.4 us,
+# hmac.digest() ~18 us (OpenSSL sets the MAC up on every call); on 128 KiB
+# SHA-256 (SHA-NI) runs about twice as fast as BLAKE2b.
+_BLAKE2B_MAX_BYTES = 16 * 1024
 
 
-def _mac(key: bytes, base: Any, prefix: bytes, frames: Sequence[Any]) -> bytes:
-    parts = [prefix]
-    total = 0
-    for frame in frames:
-        size = memoryview(frame).nbytes
-        total += size
-        parts.append(_COUNTER.pack(size))
-        parts.append(frame)
-    if total <= _JOIN_MAX_BYTES:
-        return hmac.digest(key, b"".join(parts), "sha256")
-    h = base.copy()  # WHY copy: the keyed inner/outer state is computed once per role
-    for part in parts:
-        h.update(part)
-    return h.digest()
+class _RoleMac:
+    """The MAC of one role's messages, from keyed states computed once."""
+
+    def __init__(self, key: LinkKey, role: str) -> None:
+        role_key = key.role_key(role)
+        self._small = hashlib.blake2b(key=hmac.digest(role_key, b"blake2b", "sha256"), digest_size=_MAC_BYTES)
+        self._large = hmac.new(hmac.digest(role_key, b"hmac-sha256", "sha256"), digestmod=hashlib.sha256)
+
+    def digest(self, prefix: bytes, frames: Sequence[Any]) -> bytes:
+        sizes = [memoryview(frame).nbytes for frame in frames]
+        h = (self._small if sum(sizes) <= _BLAKE2B_MAX_BYTES else self._large).copy()
+        h.update(prefix)
+        for size, frame in zip(sizes, frames):
+            h.update(_COUNTER.pack(size))
+            h.update(frame)
+        return h.digest()
 
 
 class Signer:
@@ -119,23 +140,21 @@ class Signer:
 
     def __init__(self, key: LinkKey, role: str) -> None:
         role_bytes = role.encode("ascii")
-        self._key = key.role_key(role)
-        self._base = hmac.new(self._key, digestmod=hashlib.sha256)
+        self._mac = _RoleMac(key, role)
         self._head = PROOF_MAGIC + bytes([len(role_bytes)]) + role_bytes + os.urandom(8)
         self._counter = 0
 
     def sign(self, frames: list[Any]) -> list[Any]:
         self._counter += 1
         prefix = self._head + _COUNTER.pack(self._counter)
-        return [prefix + _mac(self._key, self._base, prefix, frames), *frames]
+        return [prefix + self._mac.digest(prefix, frames), *frames]
 
 
 class Verifier:
     """Checks proofs for one receiver (one Inbox); returns the sender's role."""
 
     def __init__(self, key: LinkKey, roles: Sequence[str]) -> None:
-        self._keys = {role: key.role_key(role) for role in roles}
-        self._bases = {role: hmac.new(k, digestmod=hashlib.sha256) for role, k in self._keys.items()}
+        self._macs = {role: _RoleMac(key, role) for role in roles}
         self._last_counter: dict[bytes, int] = {}
 
     def verify(self, frames: Sequence[Any]) -> tuple[str, Sequence[Any]]:
@@ -150,11 +169,11 @@ class Verifier:
         if len(proof) != role_end + 8 + _COUNTER.size + _MAC_BYTES:
             raise AuthError("unauthenticated", "link proof has the wrong length")
         role = proof[len(PROOF_MAGIC) + 1 : role_end].decode("ascii", errors="replace")
-        role_key = self._keys.get(role)
-        if role_key is None:
+        mac_of = self._macs.get(role)
+        if mac_of is None:
             raise AuthError("unauthenticated", f"unknown sender role {role!r}", role)
         prefix, mac = proof[:-_MAC_BYTES], proof[-_MAC_BYTES:]
-        if not hmac.compare_digest(mac, _mac(role_key, self._bases[role], prefix, frames[1:])):
+        if not hmac.compare_digest(mac, mac_of.digest(prefix, frames[1:])):
             raise AuthError("unauthenticated", "bad MAC (no or another run's secret)", role)
         sender = proof[len(PROOF_MAGIC) : role_end + 8]
         (counter,) = _COUNTER.unpack_from(proof, role_end + 8)
