@@ -51,11 +51,30 @@ PROMPT = [5, 6, 7, 8, 9]
 
 
 @pytest.fixture(scope="module")
-def server(checkpoint):
+def stale_ipc_dir():
+    """A dead server's socket directory, left behind by a SIGKILL: its owner pid does not exist."""
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix=PREFIX)
+    with open(os.path.join(directory, OWNER_FILE), "w") as f:
+        f.write("2147483646 1\n")
+    open(os.path.join(directory, "scheduler"), "w").close()
+    return directory
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint, stale_ipc_dir):
     proc = ServeProcess(str(checkpoint("llama")), "--admin-token", TOKEN, "--no-enable-prefix-caching",
                         "--kv-cache-memory", "4MiB", "--executor-threads", "1").wait_healthy(timeout_s=300)
     yield proc
+    directory = _ipc_dir(proc)
     assert proc.stop() == 0, proc.log()
+    assert not os.path.exists(directory)  # a clean exit removes its own
+
+
+def test_a_dead_servers_ipc_dir_is_swept_at_start(server, stale_ipc_dir):
+    assert not os.path.exists(stale_ipc_dir)
+    assert os.path.isdir(_ipc_dir(server))  # its own, with a live owner, stays
 
 
 def _ipc_dir(server: ServeProcess) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from trillium.actors.codec import Codec, CodecError
@@ -52,8 +52,9 @@ class Gate:
         self._logged: dict[tuple[str, str], tuple[float, int]] = {}  # -> (last logged, dropped since)
         self.num_rejected = 0  # all reasons; grows on every rejection
 
-    def admit(self, frames: Sequence[Any], peer: str = "") -> Any | None:
-        """The decoded message, or None when the frames were rejected."""
+    def admit(self, frames: Sequence[Any], peer: str | Callable[[], str] = "") -> Any | None:
+        """The decoded message, or None when the frames were rejected. `peer`: the
+        sender's address, or a function giving it (read only for a rejection)."""
         size = sum(memoryview(frame).nbytes for frame in frames)
         if size > self._max_message_bytes:
             return self._reject("oversize", peer, None, f"{size} bytes > cap {self._max_message_bytes}")
@@ -72,7 +73,8 @@ class Gate:
     def report(self) -> FramesRejected:
         return FramesRejected(self.receiver, tuple(self._totals.items()))
 
-    def _reject(self, reason: str, peer: str, role: str | None, detail: str) -> None:
+    def _reject(self, reason: str, peer: str | Callable[[], str], role: str | None, detail: str) -> None:
+        peer = peer() if callable(peer) else peer
         self._totals[reason] += 1
         self.num_rejected += 1
         key = (f"{role or '?'}@{peer or '?'}", reason)
