@@ -74,14 +74,16 @@ _ALLOWED: dict[str, dict[str, frozenset[type]]] = {
 
 # WHY 64 GiB + 1 MiB: the control plane's default body limit for a
 # safetensors upload (control_plane/context.py DEFAULT_MAX_BODY_BYTES) plus
-# room for the envelope. 256 MiB: the prompt logprobs of a full 128 K
-# context with 20 top entries are ~60 MiB.
+# room for the envelope. 1 GiB: the prompt logprobs of a full 128 K context
+# with 20 top entries are ~60 MiB, and one step's TokenDeltas may carry
+# several requests' first deltas. NOTE: a sender refuses (CodecError) a
+# message over its receiver's cap.
 _UPLOAD_BYTES = 64 * 2**30 + 2**20
 MAX_MESSAGE_BYTES: dict[str, int] = {
     "scheduler": _UPLOAD_BYTES,
     "executor": _UPLOAD_BYTES,
-    "detokenizer": 256 * 2**20,
-    "api": 256 * 2**20,
+    "detokenizer": 2**30,
+    "api": 2**30,
 }
 
 
