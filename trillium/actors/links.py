@@ -15,6 +15,7 @@ and ipc:// sockets live in a private 0700 directory (`assembly.Addresses`).
 from __future__ import annotations
 
 from trillium.actors.assembly import ActorConfig, engine_codec
+from trillium.actors.codec import Codec
 from trillium.actors.gate import Gate
 from trillium.actors.link_auth import Signer, Verifier
 from trillium.actors.mailbox import Mailbox
@@ -27,7 +28,7 @@ class LinkConfigError(ValueError):
 
 
 class Links:
-    def __init__(self, config: ActorConfig, role: str) -> None:
+    def __init__(self, config: ActorConfig, role: str, codec: Codec | None = None) -> None:
         if role not in ROLES:
             raise LinkConfigError(f"unknown engine role {role!r}; roles: {', '.join(ROLES)}")
         key = config.link_key()
@@ -39,7 +40,7 @@ class Links:
         self._config = config
         self._key = key
         self.role = role
-        self.codec = engine_codec()
+        self.codec = codec or engine_codec()
 
     def address(self, role: str) -> str:
         return getattr(self._config.addresses, role)

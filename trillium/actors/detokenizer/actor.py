@@ -18,7 +18,7 @@ import logging
 import trio
 
 from trillium.actors.detokenizer.core import DetokenizerRegistry
-from trillium.actors.assembly import ActorConfig
+from trillium.actors.assembly import ActorConfig, engine_codec
 from trillium.actors.links import Links
 from trillium.actors.mailbox import Mailbox
 from trillium.actors.protocol.supervision import Shutdown
@@ -35,9 +35,10 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
     from trillium.models.tokenizer import load_tokenizer
 
     cfg = ActorConfig.from_bytes(config)
-    links = Links(cfg, "detokenizer")
+    codec = engine_codec()
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, cfg.engine.model)
     registry = DetokenizerRegistry(tokenizer.backend)
+    links = Links(cfg, "detokenizer", codec)
     mailbox = links.mailbox()
     to_api = links.outbox("api")
     to_scheduler = links.outbox("scheduler")
