@@ -132,6 +132,7 @@ class EngineConfig:
     # tier before the KV cache is freed, and hit again after the wake. Needs the host tier.
     sleep_keep_prefix_cache: bool = False
     kv_block_bytes: int = 0  # resolved: one KV block across all layers
+    vocab_size: int = 0  # resolved from the model (the scheduler checks token ids against it); 0: unknown
     scheduling_policy: str = "fcfs"  # fcfs | priority
     seed: int = 0
     served_model_name: str = ""
@@ -228,6 +229,7 @@ class EngineConfig:
         return attrs.evolve(
             self, dtype=dtype, kv_cache_dtype=kv_dtype, max_model_len=max_len, num_blocks=int(num_blocks),
             served_model_name=name, kv_tiers=self.kv_tiers.resolve(per_block, fingerprint), kv_block_bytes=per_block,
+            vocab_size=model_config.vocab_size,
         )
 
     @property

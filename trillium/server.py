@@ -8,7 +8,10 @@ Process layout (one host):
       ├─ detokenizer  child process         incremental detokenization, stop strings
       └─ scheduler    child process         batching, KV block pool, prefix cache
 
-Actors talk over ipc:// sockets in a private temp dir. If any child dies,
+Actors talk over ipc:// sockets in a private (0700) temp dir
+(actors/ipc_dir.py), and every frame carries an HMAC proof under a secret
+made for this run and handed to each child on its stdin
+(actors/link_auth.py). If any child dies,
 the supervisor raises ActorFailed: /health turns 503 for the instant it
 takes, every other child is stopped, and the server exits non-zero with the
 cause logged. SIGTERM / Ctrl-C stops accepting connections, lets in-flight
@@ -150,7 +153,9 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
 
     from trillium.lora.registry import LoRARegistry
 
-    ipc_dir = tempfile.mkdtemp(prefix="trillium-ipc-")
+    from trillium.actors.ipc_dir import make_ipc_dir
+
+    ipc_dir = make_ipc_dir()  # 0700, owner recorded; dead servers' ones swept first
     config = ActorConfig(engine_config, Addresses.ipc(ipc_dir))
     from trillium.generation_defaults import load_sampling_defaults
 

@@ -1,7 +1,10 @@
 """Assembly of the engine: addresses, actor specs, the shared codec.
 
-One `ActorConfig` (engine config + every actor's inbox address) is handed
-to each actor as bytes. `engine_specs(...)` lists the actors in start order
+One `ActorConfig` (engine config + every actor's inbox address + the run's
+link secret) is handed to each actor as bytes: over the child's stdin
+under `trillium serve` (supervisor.py), never argv or the environment.
+The secret is made fresh for every ActorConfig built here (32 random bytes;
+`link_auth.py`); `repr` never shows it. `engine_specs(...)` lists the actors in start order
 for the supervisor: in one process over inproc:// (trillium.LLM, tests) or
 as one process each over ipc:// (`trillium serve`).
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import tempfile
 import uuid
 
@@ -17,6 +21,7 @@ import attrs
 import cattrs
 
 from trillium.actors.codec import Codec
+from trillium.actors.link_auth import SECRET_BYTES, LinkKey
 from trillium.actors.protocol import ALL_MESSAGE_TYPES
 from trillium.actors.supervisor import ActorSpec
 from trillium.config import EngineConfig
@@ -48,13 +53,21 @@ class Addresses:
 class ActorConfig:
     engine: EngineConfig
     addresses: Addresses
+    # Hex of the run's link secret (link_auth.LinkKey); None only in a config
+    # made elsewhere without one, which `links.Links` refuses.
+    link_secret: str | None = attrs.field(factory=lambda: secrets.token_hex(SECRET_BYTES), repr=False)
+
+    def link_key(self) -> LinkKey | None:
+        return None if self.link_secret is None else LinkKey(bytes.fromhex(self.link_secret))
 
     def to_bytes(self) -> bytes:
         return json.dumps(_converter.unstructure(self)).encode()
 
     @staticmethod
     def from_bytes(data: bytes) -> "ActorConfig":
-        return _converter.structure(json.loads(data), ActorConfig)
+        fields = json.loads(data)
+        fields.setdefault("link_secret", None)  # WHY: never a fresh secret the peers do not share
+        return _converter.structure(fields, ActorConfig)
 
 
 def engine_codec() -> Codec:

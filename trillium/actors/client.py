@@ -18,13 +18,13 @@ import attrs
 import numpy as np
 import trio
 
-from trillium.actors.assembly import ActorConfig, engine_codec
-from trillium.actors.mailbox import Mailbox
+from trillium.actors.assembly import ActorConfig
+from trillium.actors.links import Links
 from trillium.actors.protocol.supervision import Shutdown
 from trillium.actors.protocol.admin import ControlReply
 from trillium.actors.protocol.outputs import RequestOutputDelta, RequestOutputs, SchedulerStats
+from trillium.actors.protocol.rejections import FramesRejected
 from trillium.actors.protocol.requests import AbortRequest, AddRequest
-from trillium.actors.transport import Outbox
 from trillium.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -71,11 +71,12 @@ class _ReplyWaiter:
 class EngineClient:
     def __init__(self, config: ActorConfig) -> None:
         self.config = config
-        codec = engine_codec()
-        self._mailbox = Mailbox.bind(config.addresses.api, codec)
-        self._to_scheduler = Outbox.connect(config.addresses.scheduler, codec)
-        self._to_executor = Outbox.connect(config.addresses.executor, codec)
-        self._to_detokenizer = Outbox.connect(config.addresses.detokenizer, codec)
+        links = Links(config, "api")
+        self._mailbox = links.mailbox()
+        self._to_scheduler = links.outbox("scheduler")
+        self._to_executor = links.outbox("executor")
+        self._to_detokenizer = links.outbox("detokenizer")
+        self._actor_rejections: dict[str, FramesRejected] = {}
         self._streams: dict[str, RequestStream] = {}
         self._replies: dict[str, _ReplyWaiter] = {}
         self.last_stats: SchedulerStats | None = None
@@ -107,6 +108,8 @@ class EngineClient:
                     if waiter is not None:
                         waiter.reply = message
                         waiter.event.set()
+                elif isinstance(message, FramesRejected):
+                    self._actor_rejections[message.actor] = message
 
     @staticmethod
     def _notify(listeners: list, message) -> None:
@@ -115,6 +118,11 @@ class EngineClient:
                 listener(message)
             except Exception:  # WHY: a metrics bug must not stop the output router
                 log.exception("listener failed")
+
+    def rejected_frames(self) -> dict[str, dict[str, int]]:
+        """Frames each engine inbox dropped (gate.py), by actor and reason: lifetime totals."""
+        reports = {**self._actor_rejections, "api": self._mailbox.gate.report()}
+        return {actor: dict(report.totals) for actor, report in reports.items()}
 
     @property
     def mailbox_depth(self) -> int:

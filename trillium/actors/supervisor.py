@@ -69,7 +69,8 @@ class ActorSpec:
 
     name: str
     target: str
-    config: bytes | None = None
+    # repr=False: the engine's config holds the run's link secret (assembly.py).
+    config: bytes | None = attrs.field(default=None, repr=False)
 
 
 class ActorFailed(Exception):

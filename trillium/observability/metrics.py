@@ -28,6 +28,8 @@ scrape time. Names and semantics follow vLLM's, under `trillium:`:
                 copies into the device; disk, a request's wait in the loading state); tier is
                 "device", "host" or "disk"; kv_swaps_total{direction} (out, in: swap preemption)
                 -- only with --kv-host-bytes (disk series: --kv-disk-path)
+    links       engine_rejected_frames_total{actor,reason}: frames an engine inbox dropped
+                (observability/link_metrics.py; from start-up, at 0)
 
 `request_success_total{finished_reason}` counts each request's final
 output as the client gets it (`finished_output`, from the detokenizer's
@@ -247,6 +249,9 @@ class EngineMetrics:
         """Feed from an EngineClient: its SchedulerStats and its requests' final outputs."""
         client.stats_listeners.append(self.observe)
         client.finish_listeners.append(self.finished_output)
+        from trillium.observability.link_metrics import RejectedFramesCollector
+
+        self.registry.register(RejectedFramesCollector(self._model, client.rejected_frames))
 
     def finished_output(self, delta) -> None:
         self._success.labels(self._model, delta.finish_reason or "stop").inc()

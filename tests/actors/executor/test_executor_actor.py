@@ -74,7 +74,7 @@ async def test_a_failed_step_is_reported_then_raised(config):
     ghost = CachedRequests(request_ids=("ghost",), num_computed_tokens=np.zeros(1, np.int32),
                            new_block_offsets=np.zeros(2, np.int32))
     broken = attrs.evolve(first, new_requests=(), cached=ghost)
-    peers = FakePeers(config.addresses, "executor")
+    peers = FakePeers(config, "executor")
     received = []
     try:
         with pytest.raises(BaseExceptionGroup) as info:

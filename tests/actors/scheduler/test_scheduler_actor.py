@@ -72,7 +72,7 @@ async def test_shutdown_ends_the_actor(config):
 
 
 async def test_executor_failed_stops_the_engine(config):
-    peers = FakePeers(config.addresses, "scheduler")
+    peers = FakePeers(config, "scheduler")
     try:
         with pytest.raises(BaseExceptionGroup) as info:
             with trio.fail_after(10):

@@ -19,6 +19,7 @@ import trio
 
 from trillium.actors.detokenizer.core import DetokenizerRegistry
 from trillium.actors.assembly import ActorConfig, engine_codec
+from trillium.actors.links import Links
 from trillium.actors.mailbox import Mailbox
 from trillium.actors.protocol.supervision import Shutdown
 from trillium.actors.protocol.admin import ControlReply, StartProfile, StopProfile
@@ -37,9 +38,10 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
     codec = engine_codec()
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, cfg.engine.tokenizer_path)
     registry = DetokenizerRegistry(tokenizer.backend)
-    mailbox = Mailbox.bind(cfg.addresses.detokenizer, codec)
-    to_api = Outbox.connect(cfg.addresses.api, codec)
-    to_scheduler = Outbox.connect(cfg.addresses.scheduler, codec)
+    links = Links(cfg, "detokenizer", codec)
+    mailbox = links.mailbox()
+    to_api = links.outbox("api")
+    to_scheduler = links.outbox("scheduler")
     profiler = LoopProfiler("detokenizer")
     provider, tracer = actor_tracer(cfg.engine, "detokenizer")
     spans = DetokenizerSpans(tracer) if tracer is not None else None

@@ -20,25 +20,25 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from trillium.actors.assembly import ActorConfig, engine_codec
+from trillium.actors.assembly import ActorConfig
+from trillium.actors.links import Links
 from trillium.actors.executor.core import ExecutorCore
 from trillium.actors.executor.control import ExecutorControl
 from trillium.actors.mailbox import Mailbox
 from trillium.actors.protocol.supervision import Shutdown
 from trillium.actors.protocol.execute import ExecuteBatch, ExecutorFailed
 from trillium.actors.torch_thread import TorchThread
-from trillium.actors.transport import Outbox
 
 log = logging.getLogger(__name__)
 
 
 async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     cfg = ActorConfig.from_bytes(config)
-    codec = engine_codec()
+    links = Links(cfg, "executor")
     torch_thread = TorchThread("trillium-executor")
     core = await torch_thread.run(ExecutorCore, cfg.engine)
-    mailbox = Mailbox.bind(cfg.addresses.executor, codec)
-    to_scheduler = Outbox.connect(cfg.addresses.scheduler, codec)
+    mailbox = links.mailbox()
+    to_scheduler = links.outbox("scheduler")
     control = ExecutorControl(core, torch_thread)
     send_lock = trio.Lock()
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import trio
 
-from trillium.actors.assembly import ActorConfig, engine_codec
+from trillium.actors.assembly import ActorConfig
+from trillium.actors.links import Links
 from trillium.actors.mailbox import Mailbox
 from trillium.actors.scheduler.control import EngineControl
 from trillium.actors.scheduler.core import build_scheduler
@@ -27,18 +28,14 @@ __all__ = ["EngineStopped", "run"]
 
 async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     cfg = ActorConfig.from_bytes(config)
-    codec = engine_codec()
+    links = Links(cfg, "scheduler")
     core = build_scheduler(cfg.engine)
     provider, tracer = actor_tracer(cfg.engine, "scheduler")
     if tracer is not None:
         core.on_finished = SchedulerSpans(tracer).on_finished
     loop = SchedulerLoop(core, EngineControl(core, cfg.engine))
-    mailbox = Mailbox.bind(cfg.addresses.scheduler, codec)
-    outboxes = {
-        Peer.EXECUTOR: Outbox.connect(cfg.addresses.executor, codec),
-        Peer.DETOKENIZER: Outbox.connect(cfg.addresses.detokenizer, codec),
-        Peer.API: Outbox.connect(cfg.addresses.api, codec),
-    }
+    mailbox = links.mailbox()
+    outboxes = {peer: links.outbox(peer.value) for peer in Peer}
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(mailbox.pump)

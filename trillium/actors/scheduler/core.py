@@ -43,6 +43,7 @@ from trillium.actors.protocol.vocabulary import EngineState
 from trillium.actors.scheduler.admission import Admission
 from trillium.actors.scheduler.config import SchedulerConfig
 from trillium.actors.scheduler.grammar_gate import GrammarGate, grammar_key
+from trillium.actors.scheduler.request_check import check_add_request
 from trillium.actors.scheduler.metrics import StepEvents
 from trillium.actors.scheduler.policy import SiblingGate, make_policy
 from trillium.actors.scheduler.preemption import make_preemption
@@ -103,6 +104,7 @@ class Scheduler:
         """Queue a request; ValueError if it can never fit."""
         if msg.request_id in self._requests:
             raise ValueError(f"duplicate request id {msg.request_id!r}")
+        check_add_request(msg, max_model_len=self.config.max_model_len, vocab_size=self.config.vocab_size)
         if msg.lora_id and msg.lora_id not in self.lora_ids:
             raise ValueError(f"request {msg.request_id}: LoRA adapter id {msg.lora_id} is not loaded")
         request = Request(msg, self._arrival_seq, self.config.max_model_len)
