@@ -115,6 +115,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
 def _cmd_serve(args: argparse.Namespace) -> int:
     import os
 
+    from trillium.cli_limits import request_limits
     from trillium.config import EngineConfig
     from trillium.server import ServerConfig, run_server
 
@@ -128,7 +129,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.collect_detailed_traces and not args.otlp_traces_endpoint:
         raise SystemExit("--collect-detailed-traces needs --otlp-traces-endpoint")
     engine = EngineConfig.build(model=model, served_model_name=name, otlp_traces_endpoint=args.otlp_traces_endpoint,
-                                collect_detailed_traces=args.collect_detailed_traces, **kwargs)
+                                collect_detailed_traces=args.collect_detailed_traces,
+                                max_queue_time_s=args.max_queue_time_s, **kwargs)
     weight_paths = None if args.allowed_weight_paths is None else split_path_list(args.allowed_weight_paths)
     lora_modules = tuple(_lora_module(value) for value in args.lora_modules or ())
     if lora_modules and not args.enable_lora:
@@ -136,7 +138,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     lora_paths = None if args.allowed_lora_paths is None else split_path_list(args.allowed_lora_paths)
     server = ServerConfig(
         host=args.host, port=args.port, api_key=args.api_key or os.environ.get("TRILLIUM_API_KEY") or None,
-        max_queued_requests=args.max_queued_requests, shutdown_timeout_s=args.shutdown_timeout,
+        max_queued_requests=args.max_queued_requests, limits=request_limits(args),
+        shutdown_timeout_s=args.shutdown_timeout,
         admin_host=args.admin_host, admin_port=args.admin_port,
         admin_token=args.admin_token or os.environ.get("TRILLIUM_ADMIN_TOKEN") or None,
         allowed_weight_paths=weight_paths, profile_dir=args.profile_dir,
@@ -202,10 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument("--port", type=int, default=8000, help="data plane port")
     http.add_argument("--api-key", default=None,
                       help="require 'Authorization: Bearer KEY' on /v1/* (also TRILLIUM_API_KEY)")
-    http.add_argument("--max-queued-requests", type=int, default=None,
-                      help="requests in the engine beyond which new ones get 503 + Retry-After (default: no limit)")
     http.add_argument("--shutdown-timeout", type=float, default=10.0,
                       help="seconds in-flight requests get to finish after SIGTERM / Ctrl-C")
+    from trillium.cli_limits import add_limit_arguments
+
+    add_limit_arguments(serve)
     admin = serve.add_argument_group("admin (control plane: sleep / wake, pause, weight updates, profiling)")
     admin.add_argument("--admin-host", default="127.0.0.1",
                        help="address of the admin API; a non-loopback address requires --admin-token")

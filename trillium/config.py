@@ -146,6 +146,7 @@ class EngineConfig:
     # Every process that traces exports there itself (observability/tracing.py).
     otlp_traces_endpoint: str | None = None
     collect_detailed_traces: bool = False  # the actors' stage spans too (the api's initial setting)
+    max_queue_time_s: float = 0.0  # --max-queue-time-s: waiting requests that never ran get 503 after it; 0: off
 
     def __attrs_post_init__(self) -> None:
         if self.enable_lora and (self.max_loras < 1 or self.max_lora_rank < 1 or self.max_cpu_loras < 0):

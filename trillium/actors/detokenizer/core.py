@@ -55,6 +55,7 @@ from tokenizers.decoders import DecodeStream
 
 from trillium.actors.protocol.outputs import RequestDelta, RequestOutputDelta, RequestOutputs, TokenDeltas
 from trillium.actors.protocol.requests import FinishRequest
+from trillium.actors.detokenizer.stop_matcher import StopMatcher
 
 log = logging.getLogger(__name__)
 
@@ -176,29 +177,6 @@ class _TokenTextStream:
         return self._decode(pending)  # the byte-fallback rewrite again: decode apart
 
 
-def _find_stop(text: str, search_from: int, stops: Sequence[str]) -> tuple[int, str] | None:
-    """The earliest stop string in `text` that ends after `search_from`;
-    ties (same start) go to the one listed first."""
-    best: tuple[int, str] | None = None
-    for stop in stops:
-        index = text.find(stop, max(0, search_from - len(stop) + 1))
-        if index != -1 and (best is None or index < best[0]):
-            best = (index, stop)
-    return best
-
-
-def _num_chars_to_hold_back(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of a
-    stop string: those characters may yet become a stop string."""
-    longest = 0
-    for stop in stops:
-        for num_chars in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:num_chars]):
-                longest = num_chars
-                break
-    return longest
-
-
 class IncrementalDetokenizer:
     """Streaming text of one request, stop strings included.
 
@@ -229,16 +207,17 @@ class IncrementalDetokenizer:
         prompt_token_ids: Sequence[int],
         *,
         skip_special_tokens: bool = True,
-        stop: tuple[str, ...] = (),
+        stop: Sequence[str] | StopMatcher = (),
         include_stop_str_in_output: bool = False,
         min_tokens: int = 0,
     ) -> None:
         """`tokenizer` is the Rust tokenizer (`tokenizers.Tokenizer`; a
         transformers fast tokenizer's `.backend_tokenizer`). `prompt_token_ids`
-        may be a list or a numpy array. `min_tokens`: as in vLLM, stop strings
-        are not checked until that many tokens were generated."""
+        may be a list or a numpy array. `stop`: the stop strings, or their
+        `StopMatcher` (shared by the choices of one request). `min_tokens`: as
+        in vLLM, stop strings are not checked until that many tokens were generated."""
         self._stream = _TokenTextStream(tokenizer, prompt_token_ids, skip_special_tokens)
-        self._stops = tuple(s for s in stop if s)  # WHY: "" would match everywhere
+        self._stops = stop if isinstance(stop, StopMatcher) else StopMatcher(stop)
         self._include_stop_str_in_output = include_stop_str_in_output
         self._min_tokens = min_tokens
         self._token_ids: list[int] = []
@@ -246,7 +225,7 @@ class IncrementalDetokenizer:
         # Last characters already emitted: a stop string may start there when
         # include_stop_str_in_output (no hold-back then).
         self._emitted_tail = ""
-        self._num_tail_chars = max((len(s) for s in self._stops), default=1) - 1
+        self._num_tail_chars = max(self._stops.max_len, 1) - 1
         self._unsent = ""
         self._finished = False
 
@@ -310,7 +289,7 @@ class IncrementalDetokenizer:
         self._unsent += chunk
         if not self._stops or len(self._token_ids) <= self._min_tokens:
             return None
-        match = _find_stop(search_text, search_from, self._stops)
+        match = self._stops.find(search_text, search_from)
         if match is None:
             return None
         index, stop = match
@@ -326,7 +305,7 @@ class IncrementalDetokenizer:
             return 0  # nothing emitted is ever cut
         # The held suffix lies inside the unsent text: an earlier start would
         # have been held back by the previous update already.
-        return _num_chars_to_hold_back(self._unsent, self._stops)
+        return self._stops.hold_back(self._unsent)
 
     def _emit(self, num_chars_held: int) -> str:
         num_chars_sent = len(self._unsent) - num_chars_held

@@ -29,6 +29,7 @@ class SchedulerConfig:
     max_loras: int = 0  # distinct LoRA adapters among running requests; 0 = LoRA off (lora_id must be 0)
     # recompute | swap (preempted requests' KV waits in the host tier: needs one)
     preemption_mode: str = attrs.field(default="recompute", validator=attrs.validators.in_(PREEMPTION_MODES))
+    max_queue_time_s: float = 0.0  # 0 = off; else drop waiting requests that never ran (queue_timeout.py)
 
     def __attrs_post_init__(self) -> None:
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
@@ -52,6 +53,7 @@ class SchedulerConfig:
             policy=engine.scheduling_policy,
             max_loras=engine.max_loras if engine.enable_lora else 0,
             preemption_mode=engine.preemption_mode,
+            max_queue_time_s=engine.max_queue_time_s,
         )
 
     def num_new_tokens(self, num_tokens: int, num_computed: int, budget: int) -> int:

@@ -45,6 +45,7 @@ from trillium.actors.scheduler.config import SchedulerConfig
 from trillium.actors.scheduler.metrics import StepEvents
 from trillium.actors.scheduler.policy import SiblingGate, make_policy
 from trillium.actors.scheduler.preemption import make_preemption
+from trillium.actors.scheduler.queue_timeout import NO_QUEUE_TIMEOUT, QueueTimeout
 from trillium.actors.scheduler.request import Request, RequestStatus
 from trillium.actors.scheduler.step_plan import StepPlan
 
@@ -78,6 +79,7 @@ class Scheduler:
         self._preemption = make_preemption(config.preemption_mode, kv_tiers.host)
         self._siblings = SiblingGate()
         self._admission = Admission(config, pool, self._policy, self._siblings, self._preemption, kv_tiers, self.events)
+        self._queue_timeout = QueueTimeout(config.max_queue_time_s) if config.max_queue_time_s else NO_QUEUE_TIMEOUT
         self._requests: dict[str, Request] = {}
         self._running: list[Request] = []
         self._arrival_seq = 0
@@ -150,6 +152,8 @@ class Scheduler:
         """Pick this step's work (see the module docstring); None if nothing runs."""
         if self._in_flight_step is not None:
             raise RuntimeError(f"step {self._in_flight_step} is in flight: call update_from_output first")
+        for request in self._queue_timeout.expired(self._policy, self.events.clock()):
+            self._end((request.request_id,), RequestStatus.FINISHED_ABORTED)
         plan = StepPlan(token_budget=self.config.max_num_batched_tokens)
         self._schedule_running(plan)
         self._preempted_ids.extend(plan.preempted)
