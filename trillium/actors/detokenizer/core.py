@@ -53,7 +53,13 @@ import attrs
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
-from trillium.actors.protocol.outputs import RequestDelta, RequestOutputDelta, RequestOutputs, TokenDeltas
+from trillium.actors.protocol.outputs import (
+    DetokenizeSpec,
+    RequestDelta,
+    RequestOutputDelta,
+    RequestOutputs,
+    TokenDeltas,
+)
 from trillium.actors.protocol.requests import FinishRequest
 from trillium.actors.detokenizer.stop_matcher import StopMatcher
 
@@ -321,12 +327,41 @@ class DetokenizerRegistry:
     """Request id -> incremental detokenizer; the actor's whole state.
 
     A request that a stop string finished may still receive tokens from a
-    step already in flight; those are dropped until its final delta."""
+    step already in flight; those are dropped until its final delta.
+
+    The choices of an n > 1 request share one DetokenizeSpec, sent once with
+    the first of their first deltas (scheduler/group_specs.py); it is kept,
+    with its StopMatcher, until each choice's first delta has taken it."""
 
     def __init__(self, tokenizer) -> None:
         self._tokenizer = tokenizer
         self._live: dict[str, IncrementalDetokenizer] = {}
         self._stopped: set[str] = set()  # finished by a stop string, engine not yet told
+        # group id -> [spec, its StopMatcher, choices still to take it]
+        self._groups: dict[str, list] = {}
+
+    @property
+    def num_groups(self) -> int:
+        """Shared specs still waiting for a choice's first delta."""
+        return len(self._groups)
+
+    def _spec(self, delta: RequestDelta) -> tuple[DetokenizeSpec | None, StopMatcher | None]:
+        """The spec of a choice's first delta and its matcher: its own, or its group's."""
+        if delta.group_id is None:
+            return delta.spec, None if delta.spec is None else StopMatcher(delta.spec.stop)
+        if delta.spec is not None:
+            entry = [delta.spec, StopMatcher(delta.spec.stop), delta.spec.num_choices]
+            if entry[2] > 1:
+                self._groups[delta.group_id] = entry
+        else:
+            entry = self._groups.get(delta.group_id)
+            if entry is None:
+                log.error("detokenizer: request %s names unknown group %s", delta.request_id, delta.group_id)
+                return None, None
+        entry[2] -= 1
+        if entry[2] <= 0:
+            self._groups.pop(delta.group_id, None)
+        return entry[0], entry[1]
 
     def process(self, message: TokenDeltas) -> tuple[RequestOutputs, FinishRequest | None]:
         outputs: list[RequestOutputDelta] = []
@@ -349,7 +384,8 @@ class DetokenizerRegistry:
                 if delta.finish_reason is not None:
                     self._stopped.discard(rid)
                 return None  # tokens past a stop string
-            if delta.spec is None:
+            spec, stops = self._spec(delta)
+            if spec is None:
                 # Rejected or aborted before its first token: no text to decode.
                 if delta.finish_reason is None:
                     log.error("detokenizer: delta for unknown request %s", rid)
@@ -359,10 +395,9 @@ class DetokenizerRegistry:
                     finish_reason=delta.finish_reason, stop_reason=delta.stop_reason,
                     num_prompt_tokens=delta.num_prompt_tokens,
                 )
-            spec = delta.spec
             detok = IncrementalDetokenizer(
                 self._tokenizer, spec.prompt_token_ids,
-                skip_special_tokens=spec.skip_special_tokens, stop=spec.stop,
+                skip_special_tokens=spec.skip_special_tokens, stop=stops,
                 include_stop_str_in_output=spec.include_stop_str_in_output, min_tokens=spec.min_tokens,
             )
             self._live[rid] = detok

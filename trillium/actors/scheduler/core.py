@@ -99,12 +99,23 @@ class Scheduler:
     # -- inputs -----------------------------------------------------------
 
     def add_request(self, msg: AddRequest) -> None:
-        """Queue a request; ValueError if it can never fit."""
+        """Queue a request (n > 1: its `choices()`, all or none); ValueError if it can never fit."""
+        requests = [self._build(choice, self._arrival_seq + i) for i, choice in enumerate(msg.choices())]
+        if len({r.request_id for r in requests}) != len(requests):
+            raise ValueError(f"duplicate request id in {msg.request_id!r}")
+        self._arrival_seq += len(requests)
+        for request in requests:
+            request.num_choices = len(requests)
+            self.pool.update_block_hashes(request)
+            self._requests[request.request_id] = request
+            self._policy.add(request)
+
+    def _build(self, msg: AddRequest, arrival_seq: int) -> Request:
         if msg.request_id in self._requests:
             raise ValueError(f"duplicate request id {msg.request_id!r}")
         if msg.lora_id and msg.lora_id not in self.lora_ids:
             raise ValueError(f"request {msg.request_id}: LoRA adapter id {msg.lora_id} is not loaded")
-        request = Request(msg, self._arrival_seq, self.config.max_model_len)
+        request = Request(msg, arrival_seq, self.config.max_model_len)
         request.times = self.events.times(msg.arrival_time)
         num_blocks = self.pool.blocks_needed(request.max_kv_tokens)
         if num_blocks > self.pool.num_blocks:
@@ -112,10 +123,7 @@ class Scheduler:
                 f"request {msg.request_id}: up to {request.max_kv_tokens} tokens need "
                 f"{num_blocks} KV blocks, the cache has {self.pool.num_blocks}"
             )
-        self._arrival_seq += 1
-        self.pool.update_block_hashes(request)
-        self._requests[request.request_id] = request
-        self._policy.add(request)
+        return request
 
     def abort(self, request_ids) -> None:
         """Client gone / operator abort: free blocks now; a final "abort" delta
