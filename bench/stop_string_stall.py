@@ -72,8 +72,9 @@ def main() -> int:
 
     model = args.model or str(build_checkpoint(tempfile.mkdtemp(prefix="stop-bench-"), "llama",
                                                max_position_embeddings=2048))
-    server = ServeProcess(model, "--executor-threads", "1", *args.serve_arg).wait_healthy(timeout_s=900)
+    server = ServeProcess(model, "--executor-threads", "1", "--kv-cache-memory", "64MiB", *args.serve_arg)
     try:
+        server.wait_healthy(timeout_s=900)
         with httpx.Client(base_url=server.base_url, timeout=600) as http:
             _small(http, args.small_max_tokens)  # warm-up
             alone = statistics.median(_small(http, args.small_max_tokens) for _ in range(args.repeats))
