@@ -157,7 +157,8 @@ def _serve_engine_config(args: argparse.Namespace, model: str, names: tuple[str,
     from trillium.generation_defaults import load_sampling_defaults
 
     kwargs = {**_engine_kwargs(args), **_model_source(args, model), "seed": args.seed,
-              "gpu_memory_utilization": args.gpu_memory_utilization or 0.0}
+              "gpu_memory_utilization": args.gpu_memory_utilization or 0.0,
+              "max_queue_time_s": args.max_queue_time_s}
     try:
         engine = EngineConfig.build(served_model_name=names[0] if names else "",
                                     otlp_traces_endpoint=args.otlp_traces_endpoint,
@@ -173,6 +174,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import os
 
     from trillium.cli_compat import check_serve_args, serve_model
+    from trillium.cli_limits import request_limits
     from trillium.server import ServerConfig, run_server
 
     check_serve_args(args)
@@ -201,7 +203,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise SystemExit(str(exc)) from None
     server = ServerConfig(
         host=args.host, port=args.port, api_key=args.api_key or os.environ.get("TRILLIUM_API_KEY") or None,
-        max_queued_requests=args.max_queued_requests, shutdown_timeout_s=args.shutdown_timeout,
+        max_queued_requests=args.max_queued_requests, limits=request_limits(args),
+        shutdown_timeout_s=args.shutdown_timeout,
         admin_host=args.admin_host, admin_port=args.admin_port,
         admin_token=args.admin_token or os.environ.get("TRILLIUM_ADMIN_TOKEN") or None,
         allowed_weight_paths=weight_paths, profile_dir=args.profile_dir,
@@ -302,8 +305,6 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument("--port", type=int, default=8000, help="data plane port")
     http.add_argument("--api-key", default=None,
                       help="require 'Authorization: Bearer KEY' on /v1/* (also TRILLIUM_API_KEY)")
-    http.add_argument("--max-queued-requests", type=int, default=None,
-                      help="requests in the engine beyond which new ones get 503 + Retry-After (default: no limit)")
     http.add_argument("--shutdown-timeout", type=float, default=10.0,
                       help="seconds in-flight requests get to finish after SIGTERM / Ctrl-C")
     chat = serve.add_argument_group("chat (templates, tool calling, reasoning; vLLM's flags)")
@@ -321,6 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--reasoning-parser", default=None, metavar="NAME",
                       help="split the model's <think>...</think> out of the reply into reasoning_content: "
                            "deepseek_r1 or qwen3 (qwen3 honours chat_template_kwargs.enable_thinking=false)")
+    from trillium.cli_limits import add_limit_arguments
+
+    add_limit_arguments(serve)
     admin = serve.add_argument_group("admin (control plane: sleep / wake, pause, weight updates, profiling)")
     admin.add_argument("--admin-host", default="127.0.0.1",
                        help="address of the admin API; a non-loopback address requires --admin-token")

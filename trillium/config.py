@@ -155,10 +155,13 @@ class EngineConfig:
     # Default sampling params (generation_defaults.py): auto | vllm | a folder; JSON overrides.
     generation_config: str = "auto"
     override_generation_config: str = ""
+    max_queue_time_s: float = 0.0  # --max-queue-time-s: waiting requests that never ran get 503 after it; 0: off
 
     def __attrs_post_init__(self) -> None:
         if self.enable_lora and (self.max_loras < 1 or self.max_lora_rank < 1 or self.max_cpu_loras < 0):
             raise ValueError("--max-loras and --max-lora-rank must be >= 1 (and --max-cpu-loras >= 0)")
+        if self.max_queue_time_s < 0:
+            raise ValueError(f"--max-queue-time-s must be >= 0, got {self.max_queue_time_s}")
         if self.collect_detailed_traces and not self.otlp_traces_endpoint:
             raise ValueError("--collect-detailed-traces needs --otlp-traces-endpoint")
         _check_host_tier(self)

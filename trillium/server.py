@@ -43,6 +43,7 @@ import os
 import shutil
 import signal
 import tempfile
+from typing import TYPE_CHECKING
 
 from typing import TYPE_CHECKING
 
@@ -58,6 +59,9 @@ from trillium.http_cors import CorsPolicy, with_cors
 if TYPE_CHECKING:
     from trillium.data_plane.chat_options import ChatOptions
 
+if TYPE_CHECKING:
+    from trillium.data_plane.limits import RequestLimits
+
 log = logging.getLogger("trillium.serve")
 
 
@@ -66,7 +70,8 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
-    max_queued_requests: int | None = None
+    max_queued_requests: int | None = None  # engine requests; None: derived (data_plane/limits.py), 0: no limit
+    limits: "RequestLimits | None" = None  # the data plane's caps; None: the defaults
     shutdown_timeout_s: float = 10.0
     admin_host: str = "127.0.0.1"
     admin_port: int = 8001
@@ -145,6 +150,7 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
     from trillium import __version__
     from trillium.control_plane import EngineStatus, create_admin_app, serve_admin_app
     from trillium.data_plane import DataPlaneEngine, create_app, serve_app
+    from trillium.data_plane.limits import RequestLimits, default_max_queued_requests
     from trillium.models.loader import load_model_config
     from trillium.models.tokenizer import load_tokenizer
     from trillium.observability.metrics import EngineMetrics
@@ -185,6 +191,12 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
             log.info("engine actors up: %s", ", ".join(f"{n} pid {p}" for n, p in supervision.pids.items()))
             if server_config.lora_modules:
                 await _load_lora_modules(client, loras, server_config.lora_modules)
+            limits = server_config.limits or RequestLimits()
+            max_queued = server_config.max_queued_requests
+            if max_queued is None:
+                max_queued = default_max_queued_requests(engine_config.max_num_seqs, engine_config.num_blocks)
+                log.info("--max-queued-requests %d engine requests (from max_num_seqs %d and %d KV blocks)",
+                         max_queued, engine_config.max_num_seqs, engine_config.num_blocks)
             engine = DataPlaneEngine(
                 client=client,
                 tokenizer=tokenizer,
@@ -192,7 +204,8 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
                 max_model_len=engine_config.max_model_len,
                 vocab_size=vocab_size,
                 api_key=server_config.api_key,
-                max_queued_requests=server_config.max_queued_requests,
+                max_queued_requests=max_queued or None,
+                limits=limits,
                 health=lambda: (supervision.healthy, dict(supervision.alive)),
                 version=__version__,
                 engine_status=status.snapshot,

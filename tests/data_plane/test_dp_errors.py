@@ -174,7 +174,9 @@ async def test_sdk_raises_typed_errors(dp_server):
             await sdk.chat.completions.create(model="nope", messages=MSG)
 
 
-async def test_api_key_guards_v1_only(dp_server):
+async def test_api_key_guards_all_but_the_probes(dp_server):
+    """ISSUE 16: with --api-key, /tokenize, /detokenize and /metrics need the key too;
+    /health and /version stay open (probes)."""
     async with httpx.AsyncClient(base_url=dp_server.url("keyed")) as http:
         body = {"prompt": "a", "max_tokens": 1}
         _assert_error(await http.post("/v1/completions", json=body), 401, None, "invalid_api_key")
@@ -183,8 +185,13 @@ async def test_api_key_guards_v1_only(dp_server):
         _assert_error(await http.get("/v1/models", headers={"Authorization": API_KEY}), 401, None)
         ok = {"Authorization": f"Bearer {API_KEY}"}
         assert (await http.post("/v1/completions", json=body, headers=ok)).status_code == 200
-        for path in ("/health", "/version", "/metrics"):
+        for path in ("/health", "/version"):
             assert (await http.get(path)).status_code == 200, path
+        _assert_error(await http.get("/metrics"), 401, None, "invalid_api_key")
+        assert (await http.get("/metrics", headers=ok)).status_code == 200
+        for path, body in (("/tokenize", {"prompt": "a"}), ("/detokenize", {"tokens": [1]})):
+            _assert_error(await http.post(path, json=body), 401, None, "invalid_api_key")
+            assert (await http.post(path, json=body, headers=ok)).status_code == 200, path
     async with openai.AsyncOpenAI(base_url=dp_server.url("keyed") + "/v1", api_key="bad", max_retries=0) as sdk:
         with pytest.raises(openai.AuthenticationError):
             await sdk.models.list()

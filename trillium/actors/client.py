@@ -154,15 +154,17 @@ class EngineClient:
         trace=None,
         lora_id: int = 0,
         cache_salt: str | None = None,
-    ) -> RequestStream:
-        """`trace`: the HTTP request's `RequestTracer` when it is sampled for
-        tracing (observability/tracing.py), else None. `cache_salt`: see AddRequest."""
-        if request_id in self._streams:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        span = None if trace is None else trace.start(request_id, params, len(prompt_token_ids))
-        stream = RequestStream(request_id, span)
-        stream.lora_id = lora_id
-        self._streams[request_id] = stream
+        choice_ids: tuple[str, ...] | None = None,
+    ) -> RequestStream | list[RequestStream]:
+        """One engine request (params.n == 1), or with `choice_ids` all the choices of
+        one request in a single AddRequest (params.n == len(choice_ids)). `trace`: the
+        HTTP request's `RequestTracer` when it is sampled for tracing
+        (observability/tracing.py), else None. `cache_salt`: see AddRequest."""
+        streams = self._open_streams(choice_ids or (request_id,), lora_id)
+        span = None
+        if trace is not None:
+            span = trace.start(request_id, params, len(prompt_token_ids))
+            streams[0].span = span
         await self._to_scheduler.send(
             AddRequest(
                 request_id=request_id,
@@ -177,7 +179,18 @@ class EngineClient:
                 cache_salt=cache_salt,
             )
         )
-        return stream
+        return streams[0] if choice_ids is None else streams
+
+    def _open_streams(self, request_ids, lora_id: int) -> list[RequestStream]:
+        taken = [rid for rid in request_ids if rid in self._streams]
+        if taken:
+            raise ValueError(f"request id {taken[0]!r} is already in use")
+        streams = []
+        for rid in request_ids:
+            stream = self._streams[rid] = RequestStream(rid, None)
+            stream.lora_id = lora_id
+            streams.append(stream)
+        return streams
 
     async def generate(
         self,
@@ -196,11 +209,18 @@ class EngineClient:
         n > 1 becomes n engine requests `<id>-<i>` in one group (the scheduler
         admits the siblings once the first has prefilled, so they share its
         prompt blocks); with a seed, choice i samples with `seed + i`, as vLLM.
-        A traced request (`trace`) gets one llm_request span per choice, as vLLM.
+        They cross to the scheduler in one AddRequest (the scheduler expands
+        it), so the prompt and stop list are sent once. A traced request
+        (`trace`) gets one llm_request span per choice, as vLLM: its choices
+        go as one AddRequest each, with their own span carrier.
         """
         if params.n == 1:
             return [await self.submit(request_id, prompt_token_ids, params, eos_token_ids, priority=priority,
                                       trace=trace, lora_id=lora_id, cache_salt=cache_salt)]
+        if trace is None:
+            choice_ids = tuple(f"{request_id}-{i}" for i in range(params.n))
+            return await self.submit(request_id, prompt_token_ids, params, eos_token_ids, priority=priority,
+                                     lora_id=lora_id, cache_salt=cache_salt, choice_ids=choice_ids)
         streams = []
         for i in range(params.n):
             child = attrs.evolve(params, n=1, seed=None if params.seed is None else params.seed + i)

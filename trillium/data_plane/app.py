@@ -20,9 +20,15 @@ Public API (stable; `trillium serve` builds on it):
         cancel the task; in-flight engine requests are aborted either way.
 
 Every error, including unknown routes and unexpected exceptions, is
-OpenAI's `{"error": {...}}` JSON. With `engine.api_key` set, `/v1/*` and
-`/generate` (and `/generate/`) need `Authorization: Bearer <key>`; /health, /version, /metrics, /tokenize,
-/detokenize and /openapi.json stay open, as in vLLM.
+OpenAI's `{"error": {...}}` JSON. With `engine.api_key` set, `/v1/*`,
+`/generate` (and TRL's `/generate/`), /tokenize, /detokenize and /metrics need `Authorization: Bearer
+<key>` (/metrics stays open with `limits.metrics_without_auth`, for
+scrapers); /health, /version and /openapi.json stay open. The key is checked
+before the body is read: a refused request's body is read only up to 1 MiB
+(to keep its keep-alive connection in step, as the admin plane does) and
+the connection is closed. Bodies are capped at `limits.max_body_bytes`
+(413), and `limits.max_connections` requests at once are served
+(connections.py: one more gets 503 and a closed connection).
 
 The data plane never imports the control plane (and vice versa): both talk
 to the engine through the same client.
@@ -40,6 +46,7 @@ from quart import request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from trillium.data_plane.connections import ConnectionLimit
 from trillium.data_plane.context import DataPlaneEngine
 from trillium.data_plane.errors import (
     INVALID_REQUEST,
@@ -64,6 +71,11 @@ from trillium.http_serving import serve_quart_app
 log = logging.getLogger(__name__)
 
 STATE_KEY = "trillium.data_plane"
+# Open with --api-key too: probes and the API's own description.
+_OPEN_PATHS = frozenset({"/health", "/version", "/openapi.json"})
+# WHY: a refused client's small body is read so its keep-alive connection stays in
+# step; a larger one is not read at all and the connection closes (errors.unauthorized).
+_READ_REFUSED_BODY_MAX_BYTES = 1 << 20
 _ROUTE_MODULES = (models, completions, chat, generate, tokenize, health, metrics, openapi, trl)
 
 
@@ -71,14 +83,17 @@ def create_app(engine: DataPlaneEngine) -> QuartTrio:
     app = QuartTrio("trillium.data_plane")
     # WHY: a long generation streams for minutes; Quart's default 60 s send timeout would cut it.
     app.config["RESPONSE_TIMEOUT"] = None
+    app.config["MAX_CONTENT_LENGTH"] = engine.limits.max_body_bytes
+    app.asgi_app = ConnectionLimit(app.asgi_app, engine.limits.max_connections)
     state = AppState(engine, app)
     app.extensions[STATE_KEY] = state
     for module in _ROUTE_MODULES:
         app.register_blueprint(module.blueprint(state))
+    if engine.api_key:  # WHY first: an unauthenticated body is not read (see the module docstring)
+        open_paths = _OPEN_PATHS | ({"/metrics"} if engine.limits.metrics_without_auth else set())
+        app.before_request(functools.partial(_check_api_key, engine.api_key, frozenset(open_paths)))
     app.before_request(_read_body)
     app.after_request(_echo_request_id)
-    if engine.api_key:
-        app.before_request(functools.partial(_check_api_key, engine.api_key))
     app.register_error_handler(ApiError, _api_error)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected_error)
@@ -107,14 +122,18 @@ async def _echo_request_id(response):
     return response
 
 
-async def _check_api_key(api_key: str) -> None:
-    # WHY /generate too: it generates like /v1/completions (SGLang's --api-key guards it as well);
-    # /generate/ is TRL vllm-serve's.
-    if not (request.path in ("/v1", "/generate", "/generate/") or request.path.startswith("/v1/")):
+async def _check_api_key(api_key: str, open_paths: frozenset[str]) -> None:
+    # WHY every other path: /generate generates like /v1/completions (SGLang's --api-key
+    # guards it too); tokenizing is work, and /metrics tells the load and the models.
+    if request.path in open_paths:
         return
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-        raise unauthorized()
+    if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        return
+    length = request.content_length
+    if length is not None and length <= _READ_REFUSED_BODY_MAX_BYTES:
+        await request.get_data()
+    raise unauthorized()
 
 
 async def _api_error(error: ApiError):

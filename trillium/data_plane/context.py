@@ -16,6 +16,7 @@ import attrs
 from trillium import __version__
 from trillium.actors.protocol.vocabulary import EngineState
 from trillium.data_plane.chat_options import ChatOptions
+from trillium.data_plane.limits import RequestLimits
 
 if TYPE_CHECKING:
     from trillium.actors.client import EngineClient
@@ -50,8 +51,11 @@ class DataPlaneEngine:
     vocab_size: the model's vocabulary size (token ids are checked against it).
     health: `() -> (ok, detail)`; `/health` answers 200 when ok, else 503.
     api_key: when set, `/v1/*` requires `Authorization: Bearer <api_key>`.
-    max_queued_requests: most HTTP requests in the engine and not finished;
-        one more gets 503 + Retry-After. None: unbounded.
+    max_queued_requests: most engine requests (prompts x n of every HTTP
+        request) in the engine and not finished; an HTTP request that would
+        pass it gets 503 + Retry-After. None: unbounded (`trillium serve`
+        derives a default: limits.default_max_queued_requests).
+    limits: the per-request caps, body size and connection cap (limits.py).
     version: reported by `/version`.
     eos_token_ids: None means the tokenizer's.
     engine_status: `() -> (engine_state, weight_version)`. Requests are
@@ -75,6 +79,7 @@ class DataPlaneEngine:
     health: HealthProbe = _always_healthy
     api_key: str | None = None
     max_queued_requests: int | None = None
+    limits: RequestLimits = RequestLimits()
     version: str = __version__
     eos_token_ids: tuple[int, ...] | None = None
     engine_status: EngineStatusProbe | None = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+from trillium.actors.protocol.vocabulary import QUEUE_TIMEOUT_REASON
 from trillium.http_errors import HttpError
 
 INVALID_REQUEST = "invalid_request_error"
@@ -69,11 +70,12 @@ def model_not_found(name: str) -> ApiError:
 
 
 def unauthorized() -> ApiError:
+    # WHY Connection: close: the refused body may not have been read (app.py).
     return ApiError(
         401,
         "Incorrect API key provided.",
         code="invalid_api_key",
-        headers={"WWW-Authenticate": "Bearer"},
+        headers={"WWW-Authenticate": "Bearer", "Connection": "close"},
     )
 
 
@@ -85,6 +87,15 @@ def overloaded(retry_after_s: int) -> ApiError:
         code="server_overloaded",
         headers={"Retry-After": str(retry_after_s)},
     )
+
+
+def rejection_error(reason: str) -> ApiError:
+    """The error for an engine request the engine refused (`Choice.rejection`): 503 +
+    Retry-After when it waited past --max-queue-time-s, else a 400 (bad input)."""
+    if reason.startswith(QUEUE_TIMEOUT_REASON):
+        return ApiError(503, f"The request waited too long in the queue ({reason}). Retry later.",
+                        type="server_overloaded", code="queue_timeout", headers={"Retry-After": "1"})
+    return bad_request(reason)
 
 
 def unavailable(retry_after_s: int) -> ApiError:

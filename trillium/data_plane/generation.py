@@ -14,10 +14,12 @@ for any reason (done, client gone, error) cancels the pump and aborts the
 engine requests not yet finished, from a shielded scope, so their KV blocks
 are freed even when the handler was cancelled by a disconnect.
 
-`InflightRequests` is admission control: HTTP requests whose engine
-requests have not all finished. A stream's `finished` flag is set by the
-client's router even when nobody reads it, so a request whose reader never
-started still leaves the count when the engine finishes it.
+`InflightRequests` is admission control, counted in engine requests (what
+lands on the scheduler: prompts x n of each HTTP request), not in HTTP
+requests: a request is charged its whole size when admitted, and each
+engine request leaves the count when it finishes. A stream's `finished`
+flag is set by the client's router even when nobody reads it, so a request
+whose reader never started still leaves the count when the engine finishes it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import attrs
 import trio
 
 from trillium.actors.protocol.outputs import RequestOutputDelta
-from trillium.data_plane.errors import overloaded
+from trillium.data_plane.errors import bad_request, overloaded
 from trillium.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -75,12 +77,20 @@ class Generation:
     `weight_version` is the engine's weight version when the request was
     admitted: the one every part of its response reports."""
 
-    def __init__(self, client, weight_version: str = "0", *, log_requests: bool = False) -> None:
+    def __init__(self, client, weight_version: str = "0", num_engine_requests: int = 1, *,
+                 log_requests: bool = False) -> None:
         self._client = client
         self.weight_version = weight_version
+        self.num_engine_requests = num_engine_requests  # what admission charged (prompts x n)
         self._log_requests = log_requests  # --enable-log-requests
         self.choices: list[Choice] = []
         self._submitting = False
+
+    @property
+    def num_unfinished(self) -> int:
+        """Engine requests charged and not finished (those not yet submitted count too)."""
+        not_submitted = self.num_engine_requests - len(self.choices) if self._submitting else 0
+        return max(0, not_submitted) + sum(not c.stream.finished for c in self.choices)
 
     @property
     def finished(self) -> bool:
@@ -198,20 +208,36 @@ class Generation:
 
 
 class InflightRequests:
-    """Admission control: at most `limit` HTTP requests with unfinished engine requests."""
+    """Admission control: at most `limit` unfinished engine requests."""
 
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
         self._generations: list[Generation] = []
 
     def count(self) -> int:
+        """HTTP requests with unfinished engine requests (the in-flight gauge)."""
         self._generations = [g for g in self._generations if not g.finished]
         return len(self._generations)
 
+    def num_engine_requests(self) -> int:
+        self.count()
+        return sum(g.num_unfinished for g in self._generations)
+
     def admit(self, generation: Generation) -> None:
-        """Count `generation` from now on, or raise 503 when full. Call right
-        before `generation.submit` with no await in between, so the bound is exact."""
-        if self.limit is not None and self.count() >= self.limit:
+        """Count `generation` from now on, or raise 503 when its engine requests
+        would pass the limit. Call right before `generation.submit` with no
+        await in between, so the bound is exact.
+
+        NOTE: one request larger than the whole limit could never be admitted:
+        it is a 400 (retrying cannot help), not a 503."""
+        if self.limit is None:
+            self._generations.append(generation)
+            return
+        cost = generation.num_engine_requests
+        if cost > self.limit:
+            raise bad_request(f"this request makes {cost} engine requests (prompts x n); this server admits at "
+                              f"most {self.limit} at once (--max-queued-requests): split it")
+        if self.num_engine_requests() + cost > self.limit:
             raise overloaded(RETRY_AFTER_S)
         self._generations.append(generation)
 

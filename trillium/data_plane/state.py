@@ -2,7 +2,7 @@
 
 Built once by `create_app` and handed to each route module's `blueprint()`
 (no module globals, no `current_app` lookups). Owns the tokenizer runner,
-the in-flight registry (admission control) and the metrics registry.
+the request limits, the in-flight registry (admission control) and the metrics registry.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 
 import trio
 
@@ -17,8 +18,10 @@ from trillium.actors.protocol.vocabulary import EngineState
 from trillium.data_plane.context import DataPlaneEngine
 from trillium.data_plane.errors import engine_not_ready, model_not_found, unavailable
 from trillium.data_plane.generation import RETRY_AFTER_S, Generation, InflightRequests
+from trillium.data_plane.limits import num_engine_requests
 from trillium.data_plane.metrics import DataPlaneMetrics
 from trillium.data_plane.tokenization import TokenizerRunner
+from trillium.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +33,8 @@ class AppState:
         self.engine = engine
         self._app = app
         self.created_s = int(time.time())
-        self.tokenizer = TokenizerRunner(engine.tokenizer, chat_template=engine.chat.chat_template)
+        self.limits = engine.limits.for_model(engine.max_model_len)
+        self.tokenizer = TokenizerRunner(engine.tokenizer, chat_template=engine.chat.chat_template, limits=self.limits)
         self.inflight = InflightRequests(engine.max_queued_requests)
         self.metrics = DataPlaneMetrics(engine.model_name, engine.client, self.inflight.count,
                                         engine.metrics_registry)
@@ -58,19 +62,24 @@ class AppState:
             raise model_not_found(name)
         return module.lora_id
 
-    def admit(self) -> Generation:
-        """A new Generation counted as in flight; 503 when the engine is unhealthy, not
-        serving (sleeping, paused, updating weights) or the queue full.
+    def admit(self, params: Sequence[SamplingParams], prefix: str = "") -> Generation:
+        """A new Generation for one prompt per `params`, counted as in flight; 400 when
+        a params passes a cap (limits.py; `prefix`: the wire's path to its fields), 503
+        when the engine is unhealthy, not serving (sleeping, paused, updating weights)
+        or its engine requests (prompts x n) would pass --max-queued-requests.
 
         The generation reports the weight version current at admission. Call
         right before `Generation.submit`, with no await in between, so the
         bound is exact and no weight update can start in between."""
+        for prompt_params in params:
+            self.limits.check_params(prompt_params, prefix)
         if not self.healthy()[0]:
             raise unavailable(RETRY_AFTER_S)
         engine_state, weight_version = self.engine.current_status()
         if engine_state != EngineState.SERVING:  # the one state in which requests are admitted
             raise engine_not_ready(engine_state, RETRY_AFTER_S)
-        generation = Generation(self.engine.client, weight_version, log_requests=self.engine.log_requests)
+        generation = Generation(self.engine.client, weight_version, num_engine_requests(params),
+                                log_requests=self.engine.log_requests)
         self.inflight.admit(generation)
         return generation
 

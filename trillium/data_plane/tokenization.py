@@ -3,7 +3,10 @@
 Short inputs run inline (a thread hop costs more than encoding a sentence);
 long ones go to a worker thread through a bounded `CapacityLimiter`, so a
 50k-character prompt never stalls the loop that streams everyone's tokens.
-Chat-template and tokenizer errors become 400s naming `messages`.
+A text longer than the limits' `max_prompt_chars` (what max_model_len can
+use; limits.py) is a 400 before any tokenizing, and so is a token list to
+decode that is longer than the context. Chat-template and tokenizer errors
+become 400s naming `messages`.
 
 `token_text(id)` decodes one token for logprob entries, memoized: the same
 few thousand tokens come back in every response.
@@ -18,6 +21,7 @@ import jinja2
 import trio
 
 from trillium.data_plane.errors import bad_request
+from trillium.data_plane.limits import RequestLimits
 
 # WHY 2000: encoding ~2k characters takes well under a millisecond; above
 # that the loop would feel it, below it the thread hop dominates.
@@ -32,9 +36,11 @@ _RESERVED_TEMPLATE_KWARGS = frozenset(
 
 
 class TokenizerRunner:
-    def __init__(self, tokenizer, *, max_threads: int = 2, chat_template: str | None = None) -> None:
+    def __init__(self, tokenizer, *, max_threads: int = 2, chat_template: str | None = None,
+                 limits: RequestLimits | None = None) -> None:
         self.tokenizer = tokenizer
         self._chat_template = chat_template  # --chat-template; None: the tokenizer's own
+        self.limits = limits or RequestLimits()
         self._limiter = trio.CapacityLimiter(max_threads)
         self.token_text = functools.lru_cache(maxsize=_TOKEN_TEXT_CACHE_SIZE)(self._token_text)
 
@@ -43,12 +49,13 @@ class TokenizerRunner:
             return fn(*args)
         return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
 
-    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    async def encode(self, text: str, add_special_tokens: bool = True, *, param: str = "prompt") -> list[int]:
+        self.limits.check_text(text, param)
         return await self._run(len(text) <= INLINE_MAX_CHARS, self._encode, text, add_special_tokens)
 
-    async def encode_plain(self, text: str) -> list[int]:
+    async def encode_plain(self, text: str, param: str = "bad_words") -> list[int]:
         """Token ids of `text` alone, no special tokens (a word to ban, say)."""
-        return await self.encode(text, add_special_tokens=False)
+        return await self.encode(text, add_special_tokens=False, param=param)
 
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
@@ -84,6 +91,7 @@ class TokenizerRunner:
         template's own parameters the server sets (tools, documents, chat_template);
         they win over the client's chat_template_kwargs."""
         num_chars = sum(len(str(m.get("content") or "")) for m in messages) + len(str(template_arguments or ""))
+        self.limits.check_num_chars(num_chars, "messages")
         template_kwargs = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
         if continue_final_message:
             template_kwargs["continue_final_message"] = True

@@ -61,8 +61,15 @@ import attrs
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
-from trillium.actors.protocol.outputs import RequestDelta, RequestOutputDelta, RequestOutputs, TokenDeltas
+from trillium.actors.protocol.outputs import (
+    DetokenizeSpec,
+    RequestDelta,
+    RequestOutputDelta,
+    RequestOutputs,
+    TokenDeltas,
+)
 from trillium.actors.protocol.requests import FinishRequest
+from trillium.actors.detokenizer.stop_matcher import StopMatcher
 
 log = logging.getLogger(__name__)
 
@@ -184,29 +191,6 @@ class _TokenTextStream:
         return self._decode(pending)  # the byte-fallback rewrite again: decode apart
 
 
-def _find_stop(text: str, search_from: int, stops: Sequence[str]) -> tuple[int, str] | None:
-    """The earliest stop string in `text` that ends after `search_from`;
-    ties (same start) go to the one listed first."""
-    best: tuple[int, str] | None = None
-    for stop in stops:
-        index = text.find(stop, max(0, search_from - len(stop) + 1))
-        if index != -1 and (best is None or index < best[0]):
-            best = (index, stop)
-    return best
-
-
-def _num_chars_to_hold_back(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of a
-    stop string: those characters may yet become a stop string."""
-    longest = 0
-    for stop in stops:
-        for num_chars in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:num_chars]):
-                longest = num_chars
-                break
-    return longest
-
-
 class IncrementalDetokenizer:
     """Streaming text of one request, stop strings included.
 
@@ -237,7 +221,7 @@ class IncrementalDetokenizer:
         prompt_token_ids: Sequence[int],
         *,
         skip_special_tokens: bool = True,
-        stop: tuple[str, ...] = (),
+        stop: Sequence[str] | StopMatcher = (),
         include_stop_str_in_output: bool = False,
         min_tokens: int = 0,
         spaces_between_special_tokens: bool = True,
@@ -245,8 +229,9 @@ class IncrementalDetokenizer:
     ) -> None:
         """`tokenizer` is the Rust tokenizer (`tokenizers.Tokenizer`; a
         transformers fast tokenizer's `.backend_tokenizer`). `prompt_token_ids`
-        may be a list or a numpy array. `min_tokens`: as in vLLM, stop strings
-        are not checked until that many tokens were generated.
+        may be a list or a numpy array. `stop`: the stop strings, or their
+        `StopMatcher` (shared by the choices of one request). `min_tokens`: as
+        in vLLM, stop strings are not checked until that many tokens were generated.
         `spaces_between_special_tokens`: see the module docstring; `added_tokens`
         (id -> content, `added_token_contents(tokenizer)` when None) is what it needs."""
         self._stream = _TokenTextStream(tokenizer, prompt_token_ids, skip_special_tokens)
@@ -255,7 +240,7 @@ class IncrementalDetokenizer:
         if not (skip_special_tokens or spaces_between_special_tokens):
             self._joined_added = added_token_contents(tokenizer) if added_tokens is None else added_tokens
         self._last_was_added = False
-        self._stops = tuple(s for s in stop if s)  # WHY: "" would match everywhere
+        self._stops = stop if isinstance(stop, StopMatcher) else StopMatcher(stop)
         self._include_stop_str_in_output = include_stop_str_in_output
         self._min_tokens = min_tokens
         self._token_ids: list[int] = []
@@ -263,7 +248,7 @@ class IncrementalDetokenizer:
         # Last characters already emitted: a stop string may start there when
         # include_stop_str_in_output (no hold-back then).
         self._emitted_tail = ""
-        self._num_tail_chars = max((len(s) for s in self._stops), default=1) - 1
+        self._num_tail_chars = max(self._stops.max_len, 1) - 1
         self._unsent = ""
         self._finished = False
 
@@ -339,7 +324,7 @@ class IncrementalDetokenizer:
         self._unsent += chunk
         if not self._stops or len(self._token_ids) <= self._min_tokens:
             return None
-        match = _find_stop(search_text, search_from, self._stops)
+        match = self._stops.find(search_text, search_from)
         if match is None:
             return None
         index, stop = match
@@ -355,7 +340,7 @@ class IncrementalDetokenizer:
             return 0  # nothing emitted is ever cut
         # The held suffix lies inside the unsent text: an earlier start would
         # have been held back by the previous update already.
-        return _num_chars_to_hold_back(self._unsent, self._stops)
+        return self._stops.hold_back(self._unsent)
 
     def _emit(self, num_chars_held: int) -> str:
         num_chars_sent = len(self._unsent) - num_chars_held
@@ -376,13 +361,42 @@ class DetokenizerRegistry:
     """Request id -> incremental detokenizer; the actor's whole state.
 
     A request that a stop string finished may still receive tokens from a
-    step already in flight; those are dropped until its final delta."""
+    step already in flight; those are dropped until its final delta.
+
+    The choices of an n > 1 request share one DetokenizeSpec, sent once with
+    the first of their first deltas (scheduler/group_specs.py); it is kept,
+    with its StopMatcher, until each choice's first delta has taken it."""
 
     def __init__(self, tokenizer) -> None:
         self._tokenizer = tokenizer
         self._live: dict[str, IncrementalDetokenizer] = {}
         self._stopped: set[str] = set()  # finished by a stop string, engine not yet told
         self._added_tokens: dict[int, str] | None = None  # built for the first request that needs it
+        # group id -> [spec, its StopMatcher, choices still to take it]
+        self._groups: dict[str, list] = {}
+
+    @property
+    def num_groups(self) -> int:
+        """Shared specs still waiting for a choice's first delta."""
+        return len(self._groups)
+
+    def _spec(self, delta: RequestDelta) -> tuple[DetokenizeSpec | None, StopMatcher | None]:
+        """The spec of a choice's first delta and its matcher: its own, or its group's."""
+        if delta.group_id is None:
+            return delta.spec, None if delta.spec is None else StopMatcher(delta.spec.stop)
+        if delta.spec is not None:
+            entry = [delta.spec, StopMatcher(delta.spec.stop), delta.spec.num_choices]
+            if entry[2] > 1:
+                self._groups[delta.group_id] = entry
+        else:
+            entry = self._groups.get(delta.group_id)
+            if entry is None:
+                log.error("detokenizer: request %s names unknown group %s", delta.request_id, delta.group_id)
+                return None, None
+        entry[2] -= 1
+        if entry[2] <= 0:
+            self._groups.pop(delta.group_id, None)
+        return entry[0], entry[1]
 
     def process(self, message: TokenDeltas) -> tuple[RequestOutputs, FinishRequest | None]:
         outputs: list[RequestOutputDelta] = []
@@ -405,7 +419,8 @@ class DetokenizerRegistry:
                 if delta.finish_reason is not None:
                     self._stopped.discard(rid)
                 return None  # tokens past a stop string
-            if delta.spec is None:
+            spec, stops = self._spec(delta)
+            if spec is None:
                 # Rejected or aborted before its first token: no text to decode.
                 if delta.finish_reason is None:
                     log.error("detokenizer: delta for unknown request %s", rid)
@@ -415,13 +430,12 @@ class DetokenizerRegistry:
                     finish_reason=delta.finish_reason, stop_reason=delta.stop_reason,
                     num_prompt_tokens=delta.num_prompt_tokens,
                 )
-            spec = delta.spec
             joins = not (spec.skip_special_tokens or spec.spaces_between_special_tokens)
             if joins and self._added_tokens is None:
                 self._added_tokens = added_token_contents(self._tokenizer)
             detok = IncrementalDetokenizer(
                 self._tokenizer, spec.prompt_token_ids,
-                skip_special_tokens=spec.skip_special_tokens, stop=spec.stop,
+                skip_special_tokens=spec.skip_special_tokens, stop=stops,
                 include_stop_str_in_output=spec.include_stop_str_in_output, min_tokens=spec.min_tokens,
                 spaces_between_special_tokens=spec.spaces_between_special_tokens,
                 added_tokens=self._added_tokens if joins else None,

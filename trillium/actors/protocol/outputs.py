@@ -16,7 +16,12 @@ from trillium.actors.protocol.vocabulary import EngineState
 
 @attrs.frozen
 class DetokenizeSpec:
-    """What the detokenizer needs to know of a request; sent with its first delta."""
+    """What the detokenizer needs to know of a request; sent with its first delta.
+
+    For the n > 1 choices of one request (one group) it is sent once, with
+    the first delta of the group that goes out (scheduler/group_specs.py);
+    the other choices' first deltas carry only `RequestDelta.group_id`, and
+    the detokenizer keeps the spec until `num_choices` choices took it."""
 
     prompt_token_ids: np.ndarray  # int32
     skip_special_tokens: bool
@@ -25,6 +30,7 @@ class DetokenizeSpec:
     min_tokens: int = 0
     spaces_between_special_tokens: bool = True
     trace_context: dict[str, str] | None = None  # the AddRequest's W3C carrier (detokenize span)
+    num_choices: int = 1  # choices of the request that share this spec (its group's size)
 
 
 @attrs.frozen
@@ -42,6 +48,7 @@ class RequestDelta:
     num_cached_tokens: int = 0
     spec: DetokenizeSpec | None = None
     queue_time_s: float | None = None  # with the first delta: scheduler arrival -> first scheduled
+    group_id: str | None = None  # with the first delta of a choice of an n > 1 request (see DetokenizeSpec)
 
 
 @attrs.frozen

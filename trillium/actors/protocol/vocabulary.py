@@ -42,3 +42,8 @@ class WakeTag(enum.StrEnum):
 
 
 ALL_WAKE_TAGS: tuple[WakeTag, ...] = tuple(WakeTag)
+
+
+# RequestDelta.stop_reason prefix of a request the scheduler dropped after waiting
+# longer than --max-queue-time-s (scheduler/queue_timeout.py); the api answers 503.
+QUEUE_TIMEOUT_REASON = "queue_timeout"

@@ -32,6 +32,7 @@ class SchedulerConfig:
     # The model's vocabulary, for request_check.py (from the resolved EngineConfig);
     # None only for a core built without a checkpoint (unit tests).
     vocab_size: int | None = None
+    max_queue_time_s: float = 0.0  # 0 = off; else drop waiting requests that never ran (queue_timeout.py)
 
     def __attrs_post_init__(self) -> None:
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
@@ -56,6 +57,7 @@ class SchedulerConfig:
             max_loras=engine.max_loras if engine.enable_lora else 0,
             preemption_mode=engine.preemption_mode,
             vocab_size=engine.vocab_size or None,
+            max_queue_time_s=engine.max_queue_time_s,
         )
 
     def num_new_tokens(self, num_tokens: int, num_computed: int, budget: int) -> int:

@@ -47,6 +47,7 @@ from trillium.actors.scheduler.request_check import check_add_request
 from trillium.actors.scheduler.metrics import StepEvents
 from trillium.actors.scheduler.policy import SiblingGate, make_policy
 from trillium.actors.scheduler.preemption import make_preemption
+from trillium.actors.scheduler.queue_timeout import NO_QUEUE_TIMEOUT, QueueTimeout
 from trillium.actors.scheduler.request import Request, RequestStatus
 from trillium.actors.scheduler.step_plan import StepPlan
 
@@ -82,6 +83,7 @@ class Scheduler:
         self._grammars = GrammarGate()  # structured outputs: grammar_gate.py
         self._admission = Admission(config, pool, self._policy, self._siblings, self._preemption, kv_tiers, self.events,
                                     self._grammars)
+        self._queue_timeout = QueueTimeout(config.max_queue_time_s) if config.max_queue_time_s else NO_QUEUE_TIMEOUT
         self._requests: dict[str, Request] = {}
         self._running: list[Request] = []
         self._arrival_seq = 0
@@ -101,13 +103,25 @@ class Scheduler:
     # -- inputs -----------------------------------------------------------
 
     def add_request(self, msg: AddRequest) -> None:
-        """Queue a request; ValueError if it can never fit."""
+        """Queue a request (n > 1: its `choices()`, all or none); ValueError if it can never fit."""
+        requests = [self._build(choice, self._arrival_seq + i) for i, choice in enumerate(msg.choices())]
+        if len({r.request_id for r in requests}) != len(requests):
+            raise ValueError(f"duplicate request id in {msg.request_id!r}")
+        self._arrival_seq += len(requests)
+        for request in requests:
+            request.num_choices = len(requests)
+            self.pool.update_block_hashes(request)
+            self._requests[request.request_id] = request
+            self._policy.add(request)
+            self._grammars.add(request)
+
+    def _build(self, msg: AddRequest, arrival_seq: int) -> Request:
         if msg.request_id in self._requests:
             raise ValueError(f"duplicate request id {msg.request_id!r}")
         check_add_request(msg, max_model_len=self.config.max_model_len, vocab_size=self.config.vocab_size)
         if msg.lora_id and msg.lora_id not in self.lora_ids:
             raise ValueError(f"request {msg.request_id}: LoRA adapter id {msg.lora_id} is not loaded")
-        request = Request(msg, self._arrival_seq, self.config.max_model_len)
+        request = Request(msg, arrival_seq, self.config.max_model_len)
         request.times = self.events.times(msg.arrival_time)
         num_blocks = self.pool.blocks_needed(request.max_kv_tokens)
         if num_blocks > self.pool.num_blocks:
@@ -115,11 +129,7 @@ class Scheduler:
                 f"request {msg.request_id}: up to {request.max_kv_tokens} tokens need "
                 f"{num_blocks} KV blocks, the cache has {self.pool.num_blocks}"
             )
-        self._arrival_seq += 1
-        self.pool.update_block_hashes(request)
-        self._requests[request.request_id] = request
-        self._policy.add(request)
-        self._grammars.add(request)
+        return request
 
     def abort(self, request_ids) -> None:
         """Client gone / operator abort: free blocks now; a final "abort" delta
@@ -156,6 +166,8 @@ class Scheduler:
         """Pick this step's work (see the module docstring); None if nothing runs."""
         if self._in_flight_step is not None:
             raise RuntimeError(f"step {self._in_flight_step} is in flight: call update_from_output first")
+        for request in self._queue_timeout.expired(self._policy, self.events.clock()):
+            self._end((request.request_id,), RequestStatus.FINISHED_ABORTED)
         plan = StepPlan(token_budget=self.config.max_num_batched_tokens)
         self._schedule_running(plan)
         self._preempted_ids.extend(plan.preempted)

@@ -37,7 +37,8 @@ Ordering rules (tests/actors/scheduler/test_loop.py has one test each):
 4. Going idle (no step, no job to send) sends stats.
 5. ExecutorFailed raises EngineStopped; Shutdown sets `stopped`.
 
-State: the TokenDeltas of returned steps not sent yet, and `stopped`.
+State: the TokenDeltas of returned steps not sent yet, the n > 1 groups
+whose spec went out (group_specs.py), and `stopped`.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from trillium.actors.protocol.admin import ControlReply
 from trillium.actors.protocol.outputs import TokenDeltas
 from trillium.actors.protocol.requests import AbortRequest, AddRequest, FinishRequest
 from trillium.actors.scheduler.control import EngineControl, ToDetokenizer, ToExecutor
+from trillium.actors.scheduler.group_specs import GroupSpecs
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,7 @@ class SchedulerLoop:
         self.profiler = control.profiler
         self.stopped = False  # a Shutdown was handled: the actor returns
         self._step_outputs: list[TokenDeltas] = []  # of returned steps, not sent yet
+        self._group_specs = GroupSpecs()  # n > 1: each request's DetokenizeSpec goes out once
 
     # -- views ------------------------------------------------------------
 
@@ -143,7 +146,7 @@ class SchedulerLoop:
         outputs, self._step_outputs = self._step_outputs, []
         for deltas in outputs:
             if deltas.deltas:
-                out.append(Send(Peer.DETOKENIZER, deltas))
+                out.append(Send(Peer.DETOKENIZER, self._group_specs.once(deltas)))
         out.append(Send(Peer.API, self.control.stats()))
 
     def _flush_deltas(self, out: list[Send]) -> None:
@@ -152,7 +155,7 @@ class SchedulerLoop:
             # WHY the held step outputs first: a request's last token must reach the
             # detokenizer before the abort / stop delta that ends it.
             self._step_outputs_to(out)
-            out.append(Send(Peer.DETOKENIZER, pending))
+            out.append(Send(Peer.DETOKENIZER, self._group_specs.once(pending)))
 
     def _dispatch(self, message: Any, now: float, out: list[Send]) -> None:
         if isinstance(message, BatchResult):
@@ -165,7 +168,8 @@ class SchedulerLoop:
                 self.core.add_request(message)
             except ValueError as exc:  # the api validates first; this is the last guard
                 log.warning("rejected request %s: %s", message.request_id, exc)
-                self.core.reject(message.request_id, str(exc))
+                for request_id in message.choice_ids():
+                    self.core.reject(request_id, str(exc))
         elif isinstance(message, AbortRequest):
             self.core.abort(message.request_ids)
         elif isinstance(message, FinishRequest):

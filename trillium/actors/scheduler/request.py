@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import enum
 
+import attrs
 import numpy as np
 
 from trillium.actors.kv_tiers.block_pool import BlockHash
 from trillium.actors.protocol.execute import PromptLogprobs, TokenLogprobs
 from trillium.actors.protocol.outputs import DetokenizeSpec, RequestDelta
 from trillium.actors.protocol.requests import AddRequest
+from trillium.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -94,6 +96,7 @@ class Request:
         self.arrival_seq = arrival_seq  # tie-break for equal arrival times
         self.priority = msg.priority
         self.group_id = msg.group_id
+        self.num_choices = 1  # choices of its AddRequest (core.add_request sets it for n > 1)
         self.lora_id = msg.lora_id
         self.cache_salt = msg.cache_salt
         self.status = RequestStatus.WAITING
@@ -136,6 +139,14 @@ class Request:
         """Most tokens whose KV this request can ever hold (the last sampled
         token is never fed back)."""
         return self.num_prompt_tokens + self.max_tokens - 1
+
+    @property
+    def sampling_for_executor(self) -> SamplingParams:
+        """The params the executor samples with: without the stop strings, which only the
+        detokenizer matches (WHY: they may be long, and cross to the executor per choice)."""
+        if not self.sampling.stop:
+            return self.sampling
+        return attrs.evolve(self.sampling, stop=())
 
     @property
     def reads_prefix_cache(self) -> bool:
@@ -182,6 +193,7 @@ class Request:
             min_tokens=self.sampling.min_tokens,
             spaces_between_special_tokens=self.sampling.spaces_between_special_tokens,
             trace_context=self.trace_context,
+            num_choices=self.num_choices,
         )
 
     def add_prompt_logprobs(self, chunk: PromptLogprobs) -> None:
@@ -219,4 +231,5 @@ class Request:
             num_cached_tokens=max(0, self.num_cached_tokens),
             spec=self.detokenize_spec() if first else None,
             queue_time_s=self.times.queue_time_s() if first and self.times is not None else None,
+            group_id=self.group_id if first and self.num_choices > 1 else None,
         )

@@ -65,7 +65,7 @@ class StepPlan:
                 request_id=r.request_id,
                 token_ids=np.asarray(r.all_token_ids, dtype=np.int32),
                 num_prompt_tokens=r.num_prompt_tokens,
-                sampling=r.sampling,
+                sampling=r.sampling_for_executor,
                 eos_token_ids=r.eos_token_ids,
                 block_ids=np.asarray(pool.block_ids(r.request_id), dtype=np.int32),
                 num_computed_tokens=r.num_computed_tokens,

@@ -47,7 +47,7 @@ from trillium.data_plane.chat_reply import (
     template_arguments,
     template_kwargs,
 )
-from trillium.data_plane.errors import bad_request, internal_error
+from trillium.data_plane.errors import bad_request, internal_error, rejection_error
 from trillium.data_plane.generation import Choice, Generation
 from trillium.data_plane.logprobs import chat_logprobs
 from trillium.data_plane.protocol import ChatCompletionRequest, parse_request
@@ -166,7 +166,7 @@ def blueprint(state: AppState) -> Blueprint:
         # vLLM's get_chat_request_role: without a generation prompt the reply continues the last message.
         role = engine.response_role if add_generation_prompt else req.messages[-1].role
         chat = _Chat(state, req, ids, model, prompt_ids, role, reply)
-        generation = state.admit()
+        generation = state.admit([checked])
         chat.weight_version = generation.weight_version
         await generation.submit(ids.engine_id, [prompt_ids], [checked], engine.resolved_eos_token_ids,
                                 priority=req.priority or 0, trace=trace, lora_id=state.lora_id(model),
@@ -201,7 +201,7 @@ async def _respond(generation: Generation, chat: _Chat):
                 chat.choice_reply(choice.index).record(delta.text, len(delta.new_token_ids))
     rejected = [c.rejection for c in generation.choices if c.rejection]
     if rejected:
-        raise bad_request(rejected[0])
+        raise rejection_error(rejected[0])
     choices = []
     for choice in sorted(generation.choices, key=lambda c: c.index):
         message, called_tools = chat.choice_reply(choice.index).message()
@@ -230,7 +230,7 @@ async def _stream(state: AppState, generation: Generation, chat: _Chat):
             yield event({**header, "choices": [first], **extra, **prompt_ids})
         async for choice, delta in feed:
             if choice.rejection:
-                yield error_event(bad_request(choice.rejection))
+                yield error_event(rejection_error(choice.rejection))
                 yield DONE
                 return
             entries = chat.add(choice, delta)

@@ -27,7 +27,7 @@ import attrs
 import trio
 from quart import Blueprint, request
 
-from trillium.data_plane.errors import bad_request, internal_error
+from trillium.data_plane.errors import internal_error, rejection_error
 from trillium.data_plane.generation import Choice, Generation
 from trillium.data_plane.logprobs import CompletionLogprobs
 from trillium.data_plane.protocol import CompletionRequest, parse_request
@@ -158,6 +158,7 @@ def blueprint(state: AppState) -> Blueprint:
         engine = state.engine
         if req.priority:
             check_priority(req.priority, engine.client.config.engine.scheduling_policy)
+        state.limits.check_num_prompts(len(req.prompt))
         encoded = await _encode_prompts(state, req)
         prompts = [truncate_prompt(p, req.truncate_prompt_tokens, req.truncation_side, engine.max_model_len)
                    for p in encoded]
@@ -171,7 +172,7 @@ def blueprint(state: AppState) -> Blueprint:
         ]
         echo_texts = await _echo_texts(state, req.prompt, encoded, prompts, params) if req.echo else None
         completion = _Completion(state, req, ids, model, prompts, echo_texts, params.prompt_logprobs)
-        generation = state.admit()
+        generation = state.admit(checked)
         completion.weight_version = generation.weight_version
         await generation.submit(ids.engine_id, prompts, checked, engine.resolved_eos_token_ids,
                                 priority=req.priority or 0, trace=trace, lora_id=state.lora_id(model),
@@ -208,7 +209,7 @@ async def _respond(generation: Generation, completion: _Completion):
                 completion.output(choice).add(delta, completion.prompts[choice.prompt_index])
     rejected = [c.rejection for c in generation.choices if c.rejection]
     if rejected:
-        raise bad_request(rejected[0])
+        raise rejection_error(rejected[0])
     choices = []
     for choice in sorted(generation.choices, key=lambda c: c.index):
         output = completion.output(choice)
@@ -229,7 +230,7 @@ async def _stream(state: AppState, generation: Generation, completion: _Completi
     async with generation.feed(state.nursery) as feed:
         async for choice, delta in feed:
             if choice.rejection:
-                yield error_event(bad_request(choice.rejection))
+                yield error_event(rejection_error(choice.rejection))
                 yield DONE
                 return
             output = completion.output(choice)

@@ -36,7 +36,7 @@ import time
 import trio
 from quart import Blueprint, request
 
-from trillium.data_plane.errors import ApiError, bad_request, internal_error
+from trillium.data_plane.errors import ApiError, bad_request, internal_error, rejection_error
 from trillium.data_plane.generate_request import GenerateRequest, PromptSpec, check_generate_prompt, parse_generate
 from trillium.data_plane.generation import Choice, Generation
 from trillium.data_plane.logprobs import MIN_LOGPROB
@@ -107,7 +107,7 @@ class _Sample:
             reason = {"type": "abort", "message": choice.stop_reason if isinstance(choice.stop_reason, str)
                       else "the request was aborted"}
             if choice.rejection:
-                reason["status_code"] = 400
+                reason["status_code"] = rejection_error(choice.rejection).status
             return reason
         matched = choice.stop_reason
         if matched is None and self.output_ids:
@@ -176,8 +176,9 @@ def blueprint(state: AppState) -> Blueprint:
         req = parse_generate(await request.get_data())
         engine = state.engine
         lora_ids = [_lora_id(state, spec.lora_path) for spec in req.prompts]
-        prompts = [spec.token_ids if spec.token_ids is not None else await state.tokenizer.encode(spec.text)
-                   for spec in req.prompts]
+        state.limits.check_num_prompts(len(req.prompts), req.prompt_field)
+        prompts = [spec.token_ids if spec.token_ids is not None
+                   else await state.tokenizer.encode(spec.text, param=req.prompt_field) for spec in req.prompts]
         checked = [
             check_generate_prompt(ids, spec, prompt_field=req.prompt_field, vocab_size=engine.vocab_size,
                                   max_model_len=engine.max_model_len, defaults=engine.defaults,
@@ -186,7 +187,7 @@ def blueprint(state: AppState) -> Blueprint:
         ]
         trace = sample_request(engine.tracing, request.headers, req.prompts[0].lora_path or engine.model_name)
         response = _Response(state, req, prompts, checked, received_s)
-        generation = state.admit()
+        generation = state.admit(checked, "sampling_params.")
         response.weight_version = generation.weight_version
         try:
             await generation.submit(req.prompts[0].rid, prompts, checked, engine.resolved_eos_token_ids,
@@ -210,7 +211,7 @@ async def _respond(generation: Generation, response: _Response):
                 response.sample(choice).add(delta)
     rejected = [c.rejection for c in generation.choices if c.rejection]
     if rejected:
-        raise bad_request(rejected[0])
+        raise rejection_error(rejected[0])
     items = [response.item(c, True) for c in sorted(generation.choices, key=lambda c: c.index)]
     return json_response(items[0] if response.req.is_single else items)
 

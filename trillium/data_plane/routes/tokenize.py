@@ -40,6 +40,7 @@ def blueprint(state: AppState) -> Blueprint:
         req = parse_request(DetokenizeRequest, await request.get_data())
         state.resolve_model(req.model)
         vocab_size = state.engine.vocab_size
+        state.limits.check_num_tokens(req.tokens, state.engine.max_model_len, "tokens")  # before walking them
         if any(not 0 <= t < vocab_size for t in req.tokens):
             raise bad_request(f"tokens: token ids must be in [0, {vocab_size})", "tokens")
         return json_response({"prompt": await state.tokenizer.decode(req.tokens)})

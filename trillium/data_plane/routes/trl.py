@@ -26,7 +26,7 @@ import uuid
 import trio
 from quart import Blueprint, request
 
-from trillium.data_plane.errors import bad_request
+from trillium.data_plane.errors import rejection_error
 from trillium.data_plane.protocol import parse_request
 from trillium.data_plane.sampling import check_prompt
 from trillium.data_plane.state import WEIGHT_VERSION_HEADER, AppState
@@ -50,13 +50,14 @@ def blueprint(state: AppState) -> Blueprint:
         req = parse_request(TrlGenerateRequest, await request.get_data())
         params = sampling_params(req)
         engine = state.engine
+        state.limits.check_num_prompts(len(req.prompts), "prompts")  # before any tokenizing
         prompts = [list(p) for p in req.prompts] if req.token_prompts else [
             await state.tokenizer.encode(text) for text in req.prompts]
         checked = [check_prompt(ids, params, vocab_size=engine.vocab_size, max_model_len=engine.max_model_len,
                                 renames={"prompt_token_ids": "prompts", "prompt": "prompts"})
                    for ids in prompts]
         trace = sample_request(engine.tracing, request.headers, engine.model_name)
-        generation = state.admit()
+        generation = state.admit(checked)
         await generation.submit(f"trl-{uuid.uuid4().hex}", prompts, checked, engine.resolved_eos_token_ids,
                                 trace=trace)
         num_sequences = len(prompts) * params.n
@@ -70,7 +71,7 @@ def blueprint(state: AppState) -> Blueprint:
                         rows[choice.index].extend(logprob_row(e, params.logprobs) for e in delta.logprobs)
         rejected = [c.rejection for c in generation.choices if c.rejection]
         if rejected:
-            raise bad_request(rejected[0])
+            raise rejection_error(rejected[0])
         with_logprobs = params.logprobs is not None
         reply = json_response({
             "prompt_ids": prompts,
