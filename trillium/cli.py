@@ -141,6 +141,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         admin_token=args.admin_token or os.environ.get("TRILLIUM_ADMIN_TOKEN") or None,
         allowed_weight_paths=weight_paths, profile_dir=args.profile_dir,
         lora_modules=lora_modules, allowed_lora_paths=lora_paths, admin_on_data_port=args.admin_on_data_port,
+        engine_stall_timeout_s=args.engine_stall_timeout_s,
     )
     return run_server(engine, server)
 
@@ -206,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="requests in the engine beyond which new ones get 503 + Retry-After (default: no limit)")
     http.add_argument("--shutdown-timeout", type=float, default=10.0,
                       help="seconds in-flight requests get to finish after SIGTERM / Ctrl-C")
+    http.add_argument("--engine-stall-timeout-s", type=float, default=60.0,
+                      help="an engine actor that answers no ping, or an engine that makes no step while "
+                           "requests are queued, for this many seconds is stalled: /health answers 503 "
+                           "naming it, open streams end with an error, trillium:engine_stalls_total counts "
+                           "it (default 60, vLLM's VLLM_ENGINE_ITERATION_TIMEOUT_S; 0: no watchdog)")
     admin = serve.add_argument_group("admin (control plane: sleep / wake, pause, weight updates, profiling)")
     admin.add_argument("--admin-host", default="127.0.0.1",
                        help="address of the admin API; a non-loopback address requires --admin-token")

@@ -9,9 +9,14 @@ Process layout (one host):
       └─ scheduler    child process         batching, KV block pool, prefix cache
 
 Actors talk over ipc:// sockets in a private temp dir. If any child dies,
-the supervisor raises ActorFailed: /health turns 503 for the instant it
-takes, every other child is stopped, and the server exits non-zero with the
-cause logged. SIGTERM / Ctrl-C stops accepting connections, lets in-flight
+the supervisor raises ActorFailed: /health turns 503, every other child is
+stopped, every open stream ends with an error event (a non-streamed
+request gets a 503 body) naming the actor, the HTTP servers finish those
+responses, and the server exits 1 with the cause logged. A child that is
+alive but stalled (no pong, or no step with work queued, for
+--engine-stall-timeout-s: actors/liveness.py) turns /health 503 naming it
+and fails the open streams the same way; the server keeps serving and
+recovers when the actor answers again. SIGTERM / Ctrl-C stops accepting connections, lets in-flight
 requests finish for `--shutdown-timeout` seconds, then stops every child.
 
 The two HTTP planes share the EngineClient and one `EngineStatus` (the
@@ -45,11 +50,15 @@ import attrs
 import trio
 
 from trillium.actors.client import EngineClient
-from trillium.actors.assembly import ActorConfig, Addresses, engine_specs
+from trillium.actors.assembly import ActorConfig, Addresses, engine_codec, engine_specs
+from trillium.actors.liveness import ENGINE_ACTORS, StallDetector, watch_engine
+from trillium.actors.protocol.vocabulary import EngineState
 from trillium.actors.supervisor import ActorFailed, Supervision, run_in_subprocesses
 from trillium.config import EngineConfig
 
 log = logging.getLogger("trillium.serve")
+
+_HTTP_FINISH_S = 3.0  # after the drain: how long the HTTP servers get to finish their last responses
 
 
 @attrs.frozen
@@ -68,6 +77,7 @@ class ServerConfig:
     allowed_lora_paths: tuple[str, ...] | None = None  # None: the directories of lora_modules
     admin_on_data_port: bool = False  # also mount the admin routes on the data port
     data_port_admin_open: bool = False  # resolved: those routes need no token (loopback, no token given)
+    engine_stall_timeout_s: float = 60.0  # no pong / no step with work queued for this long: stalled (0: off)
 
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
@@ -120,8 +130,8 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
 
 async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> None:
     from trillium import __version__
-    from trillium.control_plane import EngineStatus, create_admin_app, serve_admin_app
-    from trillium.data_plane import DataPlaneEngine, create_app, serve_app
+    from trillium.control_plane import EngineStatus, create_admin_app
+    from trillium.data_plane import DataPlaneEngine, create_app
     from trillium.models.loader import load_model_config
     from trillium.models.tokenizer import load_tokenizer
     from trillium.observability.metrics import EngineMetrics
@@ -147,12 +157,46 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
     if tracing.enabled:
         log.info("tracing: OTLP/HTTP spans to %s%s", engine_config.otlp_traces_endpoint,
                  " (detailed)" if tracing.detailed else "")
+    engine_failure: list[ActorFailed] = []
+    shutdown = trio.Event()
+    detector = StallDetector(ENGINE_ACTORS, server_config.engine_stall_timeout_s)
+    engine_metrics.watch_liveness(detector)
+
+    def health() -> tuple[bool, object]:
+        if not supervision.healthy:
+            return False, dict(supervision.alive)
+        if detector.stall is not None:
+            return False, str(detector.stall)
+        return True, dict(supervision.alive)
+
+    async def supervise(*, task_status) -> None:
+        started = _Started(task_status)
+        try:
+            await run_in_subprocesses(engine_specs(config), task_status=started)
+        except ActorFailed as exc:
+            if not started.done:
+                raise
+            # WHY not re-raise here: that would cancel the HTTP servers mid-response; the
+            # open streams first end with an error, then the server shuts down and exits 1.
+            engine_failure.append(exc)
+            log.error("engine actor failed: %s", exc)
+            client.fail_all(f"engine actor {exc.name!r} failed", commands=True)
+            shutdown.set()
+
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(client.run)
             log.info("starting engine actors (executor, detokenizer, scheduler) for %s", engine_config.model)
-            supervision = await nursery.start(run_in_subprocesses, engine_specs(config))
-            log.info("engine actors up: %s", ", ".join(f"{n} pid {p}" for n, p in supervision.pids.items()))
+            supervision = await nursery.start(supervise)
+            log.info("engine actors up: %s (sockets in %s)",
+                     ", ".join(f"{n} pid {p}" for n, p in supervision.pids.items()), ipc_dir)
+            if server_config.engine_stall_timeout_s > 0:
+                nursery.start_soon(functools.partial(
+                    watch_engine, client, detector, _actor_addresses(config), engine_codec(),
+                    ping_interval_s=min(1.0, server_config.engine_stall_timeout_s / 4),
+                    steppable=lambda: status.engine_state in (EngineState.SERVING, EngineState.DRAINING),
+                    on_stall=lambda stall: client.fail_all(str(stall)),
+                ))
             if server_config.lora_modules:
                 await _load_lora_modules(client, loras, server_config.lora_modules)
             engine = DataPlaneEngine(
@@ -163,7 +207,7 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
                 vocab_size=vocab_size,
                 api_key=server_config.api_key,
                 max_queued_requests=server_config.max_queued_requests,
-                health=lambda: (supervision.healthy, dict(supervision.alive)),
+                health=health,
                 version=__version__,
                 engine_status=status.snapshot,
                 metrics_registry=registry,
@@ -173,52 +217,79 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
             app = create_app(engine)
             admin = _admin_engine(
                 client, engine_config, server_config, status, lambda: dict(supervision.pids),
-                lambda: (supervision.healthy, dict(supervision.alive)), registry, tracing, loras,
+                health, registry, tracing, loras,
             )
             admin_app = create_admin_app(admin)
-            shutdown = trio.Event()
             nursery.start_soon(_watch_signals, shutdown)
-            serve_admin = functools.partial(
-                serve_admin_app, admin_app, server_config.admin_host, server_config.admin_port,
-                shutdown_trigger=shutdown.wait, graceful_timeout_s=server_config.shutdown_timeout_s,
-            )
-            data_app = app
-            if server_config.admin_on_data_port:
-                # WHY the admin port first: it runs the admin app's lifespan, which the mount relies on.
-                admin_port = await nursery.start(serve_admin)
-                data_app = _with_admin_routes(app, admin_app, server_config)
-            port = await nursery.start(
-                functools.partial(
-                    serve_app, data_app, server_config.host, server_config.port,
-                    shutdown_trigger=shutdown.wait, graceful_timeout_s=server_config.shutdown_timeout_s,
+            async with trio.open_nursery() as http:
+                await _serve_http(http, app, admin_app, admin, engine_config, server_config, shutdown)
+                await shutdown.wait()
+                log.info(
+                    "shutdown requested: no new connections; in-flight requests get up to %.0f s",
+                    server_config.shutdown_timeout_s,
                 )
-            )
-            if not server_config.admin_on_data_port:
-                admin_port = await nursery.start(serve_admin)
-            log.info(
-                "admin API on http://%s:%d (Bearer token required; weight paths allowed under %s; "
-                "profiles to %s)", server_config.admin_host, admin_port,
-                ", ".join(admin.weight_paths.roots) or "nowhere", admin.profile_dir,
-            )
-            log.info(
-                "serving %s on http://%s:%d  (KV cache: %d tokens = %d blocks x %d; max_model_len %d)",
-                engine_config.served_model_name, server_config.host, port,
-                engine_config.num_kv_tokens, engine_config.num_blocks, engine_config.block_size,
-                engine_config.max_model_len,
-            )
-            await shutdown.wait()
-            log.info(
-                "shutdown requested: no new connections; in-flight requests get up to %.0f s",
-                server_config.shutdown_timeout_s,
-            )
-            # serve_app returns once in-flight requests finished (or the grace period ran out).
-            await _wait_drained(client, server_config.shutdown_timeout_s + 1)
+                await _wait_drained(client, server_config.shutdown_timeout_s + 1)
+                # The servers return once their responses are written (error events included); bounded.
+                http.cancel_scope.deadline = trio.current_time() + _HTTP_FINISH_S
             nursery.cancel_scope.cancel()
     finally:
         client.close()
         tracing.close()
         shutil.rmtree(ipc_dir, ignore_errors=True)
         log.info("stopped; engine processes are gone")
+    if engine_failure:
+        raise engine_failure[0]
+
+
+async def _serve_http(http, app, admin_app, admin, engine_config, server_config, shutdown) -> None:
+    """Start both HTTP servers in `http` (they stop when `shutdown` is set) and log where."""
+    from trillium.control_plane import serve_admin_app
+    from trillium.data_plane import serve_app
+
+    serve_admin = functools.partial(
+        serve_admin_app, admin_app, server_config.admin_host, server_config.admin_port,
+        shutdown_trigger=shutdown.wait, graceful_timeout_s=server_config.shutdown_timeout_s,
+    )
+    data_app = app
+    if server_config.admin_on_data_port:
+        # WHY the admin port first: it runs the admin app's lifespan, which the mount relies on.
+        admin_port = await http.start(serve_admin)
+        data_app = _with_admin_routes(app, admin_app, server_config)
+    port = await http.start(
+        functools.partial(
+            serve_app, data_app, server_config.host, server_config.port,
+            shutdown_trigger=shutdown.wait, graceful_timeout_s=server_config.shutdown_timeout_s,
+        )
+    )
+    if not server_config.admin_on_data_port:
+        admin_port = await http.start(serve_admin)
+    log.info(
+        "admin API on http://%s:%d (Bearer token required; weight paths allowed under %s; "
+        "profiles to %s)", server_config.admin_host, admin_port,
+        ", ".join(admin.weight_paths.roots) or "nowhere", admin.profile_dir,
+    )
+    log.info(
+        "serving %s on http://%s:%d  (KV cache: %d tokens = %d blocks x %d; max_model_len %d)",
+        engine_config.served_model_name, server_config.host, port,
+        engine_config.num_kv_tokens, engine_config.num_blocks, engine_config.block_size,
+        engine_config.max_model_len,
+    )
+
+
+class _Started:
+    """A task_status that remembers whether started() was called."""
+
+    def __init__(self, task_status) -> None:
+        self._task_status = task_status
+        self.done = False
+
+    def started(self, value=None) -> None:
+        self.done = True
+        self._task_status.started(value)
+
+
+def _actor_addresses(config: ActorConfig) -> dict[str, str]:
+    return {name: getattr(config.addresses, name) for name in ENGINE_ACTORS}
 
 
 def _with_admin_routes(app, admin_app, server_config: ServerConfig):

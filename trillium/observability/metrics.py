@@ -28,6 +28,8 @@ scrape time. Names and semantics follow vLLM's, under `trillium:`:
                 copies into the device; disk, a request's wait in the loading state); tier is
                 "device", "host" or "disk"; kv_swaps_total{direction} (out, in: swap preemption)
                 -- only with --kv-host-bytes (disk series: --kv-disk-path)
+    liveness    engine_stalled{actor} (1 while the watchdog finds the actor stalled),
+                engine_stalls_total{actor} (stall onsets; actors/liveness.py) -- `trillium serve`
 
 `request_success_total{finished_reason}` counts each request's final
 output as the client gets it (`finished_output`, from the detokenizer's
@@ -182,6 +184,28 @@ class _LoRACollector:
             yield family
 
 
+class _LivenessCollector:
+    """The stall watchdog's view (actors/liveness.py StallDetector), every actor at 0 from the start."""
+
+    def __init__(self, model_name: str, detector) -> None:
+        self._model_name = model_name
+        self._detector = detector
+
+    def collect(self):
+        model, detector = self._model_name, self._detector
+        stalled = GaugeMetricFamily("trillium:engine_stalled", "1 while the watchdog finds the actor stalled.",
+                                    labels=["model_name", "actor"])
+        stalls = CounterMetricFamily("trillium:engine_stalls", "Times the watchdog found the actor stalled "
+                                     "(no pong, or no step with work queued, for --engine-stall-timeout-s).",
+                                     labels=["model_name", "actor"])
+        current = detector.stall.actor if detector.stall is not None else None
+        for actor in sorted(detector.num_stalls):
+            stalled.add_metric([model, actor], float(actor == current))
+            stalls.add_metric([model, actor], detector.num_stalls[actor])
+        yield stalled
+        yield stalls
+
+
 class EngineMetrics:
     """Engine series in `registry`; call `observe(stats)` for each SchedulerStats."""
 
@@ -242,6 +266,10 @@ class EngineMetrics:
             self._swap_ins = counter("trillium:lora_swap_ins", "LoRA adapters loaded into a device slot.")
             self._swap_ins.labels(model_name)
             registry.register(_LoRACollector(model_name, stats, loras))
+
+    def watch_liveness(self, detector) -> None:
+        """Export the stall watchdog's series (`trillium serve`)."""
+        self.registry.register(_LivenessCollector(self._model, detector))
 
     def attach(self, client) -> None:
         """Feed from an EngineClient: its SchedulerStats and its requests' final outputs."""

@@ -19,6 +19,7 @@ import trio
 
 from trillium.actors.detokenizer.core import DetokenizerRegistry
 from trillium.actors.assembly import ActorConfig, engine_codec
+from trillium.actors.liveness import PongSender
 from trillium.actors.mailbox import Mailbox
 from trillium.actors.protocol.supervision import Shutdown
 from trillium.actors.protocol.admin import ControlReply, StartProfile, StopProfile
@@ -37,7 +38,7 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
     codec = engine_codec()
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, cfg.engine.model)
     registry = DetokenizerRegistry(tokenizer.backend)
-    mailbox = Mailbox.bind(cfg.addresses.detokenizer, codec)
+    mailbox = Mailbox.bind(cfg.addresses.detokenizer, codec, pongs=PongSender("detokenizer", cfg.addresses.api, codec))
     to_api = Outbox.connect(cfg.addresses.api, codec)
     to_scheduler = Outbox.connect(cfg.addresses.scheduler, codec)
     profiler = LoopProfiler("detokenizer")

@@ -23,6 +23,7 @@ import trio
 from trillium.actors.assembly import ActorConfig, engine_codec
 from trillium.actors.executor.core import ExecutorCore
 from trillium.actors.executor.control import ExecutorControl
+from trillium.actors.liveness import PongSender
 from trillium.actors.mailbox import Mailbox
 from trillium.actors.protocol.supervision import Shutdown
 from trillium.actors.protocol.execute import ExecuteBatch, ExecutorFailed
@@ -37,7 +38,7 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
     codec = engine_codec()
     torch_thread = TorchThread("trillium-executor")
     core = await torch_thread.run(ExecutorCore, cfg.engine)
-    mailbox = Mailbox.bind(cfg.addresses.executor, codec)
+    mailbox = Mailbox.bind(cfg.addresses.executor, codec, pongs=PongSender("executor", cfg.addresses.api, codec))
     to_scheduler = Outbox.connect(cfg.addresses.scheduler, codec)
     control = ExecutorControl(core, torch_thread)
     send_lock = trio.Lock()

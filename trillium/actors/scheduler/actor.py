@@ -15,6 +15,7 @@ from __future__ import annotations
 import trio
 
 from trillium.actors.assembly import ActorConfig, engine_codec
+from trillium.actors.liveness import PongSender
 from trillium.actors.mailbox import Mailbox
 from trillium.actors.scheduler.control import EngineControl
 from trillium.actors.scheduler.core import build_scheduler
@@ -33,7 +34,7 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
     if tracer is not None:
         core.on_finished = SchedulerSpans(tracer).on_finished
     loop = SchedulerLoop(core, EngineControl(core, cfg.engine))
-    mailbox = Mailbox.bind(cfg.addresses.scheduler, codec)
+    mailbox = Mailbox.bind(cfg.addresses.scheduler, codec, pongs=PongSender("scheduler", cfg.addresses.api, codec))
     outboxes = {
         Peer.EXECUTOR: Outbox.connect(cfg.addresses.executor, codec),
         Peer.DETOKENIZER: Outbox.connect(cfg.addresses.detokenizer, codec),
