@@ -124,6 +124,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     name = args.served_model_name or ("SmolLM2-135M-Instruct" if args.model is None else "")
     from trillium.control_plane.paths import split_path_list
 
+    admin_token = _admin_token(args)
+    if admin_token is None:
+        return 2  # the unsafe-admin-settings exit code (see run_server)
     kwargs = _engine_kwargs(args)
     if args.collect_detailed_traces and not args.otlp_traces_endpoint:
         raise SystemExit("--collect-detailed-traces needs --otlp-traces-endpoint")
@@ -138,12 +141,37 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, api_key=args.api_key or os.environ.get("TRILLIUM_API_KEY") or None,
         max_queued_requests=args.max_queued_requests, shutdown_timeout_s=args.shutdown_timeout,
         admin_host=args.admin_host, admin_port=args.admin_port,
-        admin_token=args.admin_token or os.environ.get("TRILLIUM_ADMIN_TOKEN") or None,
+        admin_token=admin_token or None,
         allowed_weight_paths=weight_paths, profile_dir=args.profile_dir,
         lora_modules=lora_modules, allowed_lora_paths=lora_paths, admin_on_data_port=args.admin_on_data_port,
         engine_stall_timeout_s=args.engine_stall_timeout_s,
     )
     return run_server(engine, server)
+
+
+def _admin_token(args: argparse.Namespace) -> str | None:
+    """--admin-token-file, else --admin-token (with a warning), else TRILLIUM_ADMIN_TOKEN; None with
+    the error logged when the file is unusable or both flags are given ("" when none is set)."""
+    import logging
+    import os
+
+    from trillium.control_plane.auth import AdminConfigError, read_token_file
+
+    log = logging.getLogger("trillium.serve")
+    if args.admin_token_file:
+        if args.admin_token:
+            log.error("give --admin-token or --admin-token-file, not both")
+            return None
+        try:
+            return read_token_file(args.admin_token_file)
+        except AdminConfigError as exc:
+            log.error("%s", exc)
+            return None
+    if args.admin_token:
+        log.warning("--admin-token on the command line is visible to every local user (ps, /proc/<pid>/cmdline); "
+                    "use --admin-token-file or TRILLIUM_ADMIN_TOKEN")
+        return args.admin_token
+    return os.environ.get("TRILLIUM_ADMIN_TOKEN", "")
 
 
 def _lora_module(value: str) -> tuple[str, str]:
@@ -218,7 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
     admin.add_argument("--admin-port", type=int, default=8001, help="admin API port (0: any free port)")
     admin.add_argument("--admin-token", default=None,
                        help="require 'Authorization: Bearer TOKEN' on every admin route (also "
-                            "TRILLIUM_ADMIN_TOKEN; default on loopback: a random token, logged at start)")
+                            "TRILLIUM_ADMIN_TOKEN; default on loopback: a random token, printed once on stderr "
+                            "and logged only as a fingerprint). NOTE: a command-line value is visible to every "
+                            "local user (ps); prefer --admin-token-file or the environment variable")
+    admin.add_argument("--admin-token-file", default=None, metavar="PATH",
+                       help="read the admin token from PATH (its content, whitespace stripped); overrides "
+                            "TRILLIUM_ADMIN_TOKEN, excludes --admin-token")
     admin.add_argument("--admin-on-data-port", action="store_true",
                        help="also serve the admin routes on the data port (--port), for RL frameworks that send "
                             "admin calls to the generation URL (slime, verl). With --admin-token they require it "

@@ -44,6 +44,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 
 import attrs
@@ -58,6 +59,8 @@ from trillium.config import EngineConfig
 
 log = logging.getLogger("trillium.serve")
 
+# The engine's children never see these (a core dump or /proc/<pid>/environ of an actor leaks nothing).
+SECRET_ENV_VARS = ("TRILLIUM_ADMIN_TOKEN", "TRILLIUM_API_KEY")
 _HTTP_FINISH_S = 3.0  # after the drain: how long the HTTP servers get to finish their last responses
 
 
@@ -82,7 +85,8 @@ class ServerConfig:
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     """Resolve the config, run until a signal or an actor failure; exit code (2: unsafe admin settings)."""
-    from trillium.control_plane.auth import AdminConfigError, data_port_requires_token, resolve_admin_token
+    from trillium.control_plane.auth import (
+        AdminConfigError, data_port_requires_token, resolve_admin_token, token_fingerprint)
 
     try:
         admin_token, generated = resolve_admin_token(
@@ -94,8 +98,11 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
         log.error("%s", exc)
         return 2
     if generated:
-        log.warning("admin API token (generated; set --admin-token or TRILLIUM_ADMIN_TOKEN to choose one): %s",
-                    admin_token)
+        # WHY print, not log: log lines are shipped and kept; the token goes to the terminal once,
+        # the log gets only its fingerprint (to tell which token a client holds).
+        print(f"trillium: admin API token (generated for this run): {admin_token}", file=sys.stderr, flush=True)
+        log.warning("admin API token generated (sha256 fingerprint %s; printed once on stderr; set "
+                    "--admin-token-file or TRILLIUM_ADMIN_TOKEN to choose one)", token_fingerprint(admin_token))
     if open_mount:
         log.warning("--admin-on-data-port without an admin token: the admin routes (weights, sleep, pause, ...) "
                     "on http://%s:%d need no token; anyone who can reach that loopback port can use them",
@@ -172,7 +179,7 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
     async def supervise(*, task_status) -> None:
         started = _Started(task_status)
         try:
-            await run_in_subprocesses(engine_specs(config), task_status=started)
+            await run_in_subprocesses(engine_specs(config), task_status=started, drop_env=SECRET_ENV_VARS)
         except ActorFailed as exc:
             if not started.done:
                 raise

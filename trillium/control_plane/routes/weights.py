@@ -3,7 +3,8 @@
     POST /update_weights_from_disk {"model_path", "weight_version"?, "flush_cache": true,
                                     "abort_all_requests": false}
         model_path is resolved (symlinks, ..) and must lie under an allowed
-        root (--allowed-weight-paths), else 403; a missing path is 400.
+        root (--allowed-weight-paths), else 403, as must every link inside
+        it (paths.py `escaping_links`); a missing path is 400.
     POST /update_weights_from_tensor?weight_version=...&flush_cache=true&abort_all_requests=false
         body: the raw bytes of a safetensors file (HF parameter names). It
         is parsed with the `safetensors` library (no pickle) in a worker
@@ -103,6 +104,10 @@ def blueprint(state: AdminState) -> Blueprint:
         path = policy.resolve(req.model_path)
         if not await trio.to_thread.run_sync(os.path.exists, path):
             raise bad_request(f"model_path {req.model_path!r} does not exist", "model_path")
+        escaping = await trio.to_thread.run_sync(policy.escaping_links, path)
+        if escaping:
+            raise forbidden(f"model_path {req.model_path!r} holds links out of the allowed weight paths: "
+                            f"{', '.join(escaping[:8])}", "model_path")
         command = UpdateWeightsFromDisk(new_command_id(), model_path=path, weight_version=req.weight_version,
                                         flush_cache=req.flush_cache)
         reply = await state.update_weights(command, source="disk", abort_all_requests=req.abort_all_requests)
