@@ -169,7 +169,12 @@ class ExecutorControl:
         return await self.torch.run(load)
 
     async def _from_tensors(self, msg: UpdateWeightsFromTensors) -> dict:
-        return await self.torch.run(lambda: self._swap(weights.parse_safetensors(msg.safetensors), msg.flush_cache))
+        def read() -> weights.NamedTensors:
+            if msg.safetensors_path is not None:
+                return weights.read_safetensors_file(msg.safetensors_path)
+            return weights.parse_safetensors(msg.safetensors)
+
+        return await self.torch.run(lambda: self._swap(read(), msg.flush_cache))
 
     async def _from_distributed(self, msg: UpdateWeightsFromDistributed) -> dict:
         if self._group is None:

@@ -92,6 +92,19 @@ def parse_safetensors(blob: np.ndarray) -> NamedTensors:
     return list(tensors.items())
 
 
+def read_safetensors_file(path: str) -> NamedTensors:
+    """The tensors of a safetensors file on disk (an upload the api streamed there)."""
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(path)
+    except Exception as exc:  # safetensors raises its own SafetensorError; OSError for a missing file
+        raise ControlError(400, f"not a valid safetensors payload: {exc}") from None
+    if not tensors:
+        raise ControlError(400, "the safetensors payload holds no tensors")
+    return list(tensors.items())
+
+
 def parse_dtype(name: str) -> torch.dtype:
     """"bfloat16" / "torch.bfloat16" -> torch.bfloat16 (floating dtypes only)."""
     dtype = getattr(torch, name.removeprefix("torch."), None)
