@@ -67,12 +67,18 @@ def weights_root(tmp_path_factory, checkpoint):
 
 
 @pytest.fixture(scope="module")
-def server(checkpoint, weights_root, tmp_path_factory):
+def server_tmp(tmp_path_factory):
+    """The server's TMPDIR: its socket directory and uploads land here."""
+    return tmp_path_factory.mktemp("server-tmp")
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint, weights_root, tmp_path_factory, server_tmp):
     token_file = tmp_path_factory.mktemp("secrets") / "admin-token"
     token_file.write_text(FILE_TOKEN + "\n")
     proc = AdminServer(str(checkpoint("llama")), "--admin-token-file", str(token_file),
                        "--allowed-weight-paths", str(weights_root), "--executor-threads", "1",
-                       "--kv-cache-memory", "4MiB", env={"TRILLIUM_API_KEY": "sk-env-key"},
+                       "--kv-cache-memory", "4MiB", env={"TRILLIUM_API_KEY": "sk-env-key", "TMPDIR": str(server_tmp)},
                        admin_token=FILE_TOKEN)
     try:
         proc.wait_ready()
@@ -142,6 +148,23 @@ def test_weight_file_linked_out_of_the_root_is_403(server, weights_root):
     response = server.admin("POST", "/update_weights_from_disk", json={"model_path": str(weights_root / "linked")})
     assert response.status_code == 403, response.text
     assert "model.safetensors" in response.json()["error"]["message"]
+
+
+def test_uploads_are_streamed_to_a_temp_file_that_is_removed(server, server_tmp, checkpoint):
+    from safetensors.torch import load_file, save
+
+    norm = load_file(str(checkpoint("llama") / "model.safetensors"))["model.norm.weight"]
+    ok = server.admin("POST", "/update_weights_from_tensor?weight_version=uploaded", content=save(
+        {"model.norm.weight": norm}), headers={"Content-Type": "application/octet-stream"}, timeout=120)
+    assert ok.status_code == 200, ok.text
+    bad = server.admin("POST", "/update_weights_from_tensor", content=b"\x10" + b"\0" * 7 + b"not a header",
+                       headers={"Content-Type": "application/octet-stream"})
+    assert bad.status_code == 400, bad.text
+    wrong = server.admin("POST", "/update_weights_from_tensor", content=save({"model.norm.weight": norm[:3]}),
+                         headers={"Content-Type": "application/octet-stream"}, timeout=120)
+    assert wrong.status_code == 400, wrong.text
+    assert not [p.name for p in server_tmp.iterdir() if p.name.startswith("trillium-upload-")]
+    assert server.admin_ok("GET", "/weight_version") == {"weight_version": "uploaded"}
 
 
 def test_escaping_links_policy(tmp_path):

@@ -3,7 +3,8 @@
 SIGKILL (executor, detokenizer, scheduler; one fresh server each): the open
 stream ends with an SSE error event (503, code `engine_failed`, naming the
 actor) and `[DONE]` instead of a cut connection; the server exits 1; no
-engine process and no ipc socket directory is left behind.
+engine process, no ipc socket directory and no temp file (its TMPDIR is the
+test's) is left behind.
 
 SIGSTOP (one server, each actor in turn, `--engine-stall-timeout-s 2`): the
 stream ends with an error event naming the stalled actor, /health on both
@@ -46,10 +47,16 @@ def model_path(checkpoint):
     return str(checkpoint("llama", max_position_embeddings=LONG_CONTEXT))
 
 
-def serve(model_path: str) -> ServeProcess:
+def serve(model_path: str, tmp_dir) -> ServeProcess:
+    """A server whose temp files (socket directory, uploads) all go under `tmp_dir` (TMPDIR)."""
     return ServeProcess(model_path, "--kv-cache-memory", "32MiB", "--executor-threads", "1",
                         "--engine-stall-timeout-s", str(STALL_TIMEOUT_S),
-                        env={"TRILLIUM_ADMIN_TOKEN": ADMIN_TOKEN}).wait_healthy()
+                        env={"TRILLIUM_ADMIN_TOKEN": ADMIN_TOKEN, "TMPDIR": str(tmp_dir)}).wait_healthy()
+
+
+def ours(tmp_dir) -> list[str]:
+    """Trillium's entries left in a server's TMPDIR (torch's own caches, torchinductor_*, are not ours)."""
+    return sorted(entry.name for entry in tmp_dir.iterdir() if entry.name.startswith("trillium"))
 
 
 def assert_engine_error(stream: StreamingClient, actor: str) -> None:
@@ -64,8 +71,8 @@ def assert_engine_error(stream: StreamingClient, actor: str) -> None:
 @pytest.mark.parametrize("actor", [
     "executor", pytest.param("detokenizer", marks=pytest.mark.heavy), pytest.param("scheduler", marks=pytest.mark.heavy),
 ])
-def test_sigkill_mid_stream_ends_streams_with_an_error_and_exits(model_path, actor):
-    server = serve(model_path)
+def test_sigkill_mid_stream_ends_streams_with_an_error_and_exits(model_path, actor, tmp_path):
+    server = serve(model_path, tmp_path)
     pids, ipc_dir = engine_pids(server), ipc_dir_of(server)
     try:
         stream = StreamingClient(server)
@@ -77,12 +84,13 @@ def test_sigkill_mid_stream_ends_streams_with_an_error_and_exits(model_path, act
     finally:
         server.stop()
     assert not no_leftovers(pids.values(), ipc_dir), no_leftovers(pids.values(), ipc_dir)
+    assert ipc_dir.startswith(str(tmp_path)) and not ours(tmp_path), ours(tmp_path)
     assert f"actor {actor!r} failed" in server.log()
 
 
 @pytest.mark.heavy
-def test_sigstop_each_actor_is_a_named_stall_then_recovers(model_path):
-    server = serve(model_path)
+def test_sigstop_each_actor_is_a_named_stall_then_recovers(model_path, tmp_path):
+    server = serve(model_path, tmp_path)
     pids, ipc_dir = engine_pids(server), ipc_dir_of(server)
     admin = httpx.Client(base_url=server.admin_url, timeout=30, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     try:
@@ -126,3 +134,4 @@ def test_sigstop_each_actor_is_a_named_stall_then_recovers(model_path):
         code = server.stop()
     assert code == 0, server.log()
     assert not no_leftovers(pids.values(), ipc_dir), no_leftovers(pids.values(), ipc_dir)
+    assert ipc_dir.startswith(str(tmp_path)) and not ours(tmp_path), ours(tmp_path)
