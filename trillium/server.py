@@ -153,57 +153,30 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
     vocab_size = load_model_config(engine_config.model).vocab_size
     client = EngineClient(config)
     status = EngineStatus(lambda: client.last_stats)
-    supervision = Supervision(alive={})
     loras = LoRARegistry() if engine_config.enable_lora else None
     registry = CollectorRegistry()
     engine_metrics = EngineMetrics(registry, engine_config.served_model_name, lambda: client.last_stats,
                                    api_mailbox_depth=lambda: client.mailbox_depth,
-                                   actors_alive=lambda: dict(supervision.alive), loras=loras)
+                                   actors_alive=lambda: dict(processes.supervision.alive), loras=loras)
     engine_metrics.attach(client)
     tracing = RequestTracing.from_config(engine_config, "api")
     if tracing.enabled:
         log.info("tracing: OTLP/HTTP spans to %s%s", engine_config.otlp_traces_endpoint,
                  " (detailed)" if tracing.detailed else "")
-    engine_failure: list[ActorFailed] = []
     shutdown = trio.Event()
-    detector = StallDetector(ENGINE_ACTORS, server_config.engine_stall_timeout_s)
-    engine_metrics.watch_liveness(detector)
-
-    def health() -> tuple[bool, object]:
-        if not supervision.healthy:
-            return False, dict(supervision.alive)
-        if detector.stall is not None:
-            return False, str(detector.stall)
-        return True, dict(supervision.alive)
-
-    async def supervise(*, task_status) -> None:
-        started = _Started(task_status)
-        try:
-            await run_in_subprocesses(engine_specs(config), task_status=started, drop_env=SECRET_ENV_VARS)
-        except ActorFailed as exc:
-            if not started.done:
-                raise
-            # WHY not re-raise here: that would cancel the HTTP servers mid-response; the
-            # open streams first end with an error, then the server shuts down and exits 1.
-            engine_failure.append(exc)
-            log.error("engine actor failed: %s", exc)
-            client.fail_all(f"engine actor {exc.name!r} failed", commands=True)
-            shutdown.set()
+    processes = _EngineProcesses(config, client, server_config.engine_stall_timeout_s, shutdown)
+    engine_metrics.watch_liveness(processes.detector)
+    health = processes.health
 
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(client.run)
             log.info("starting engine actors (executor, detokenizer, scheduler) for %s", engine_config.model)
-            supervision = await nursery.start(supervise)
+            supervision = processes.supervision = await nursery.start(processes.supervise)
             log.info("engine actors up: %s (sockets in %s)",
                      ", ".join(f"{n} pid {p}" for n, p in supervision.pids.items()), ipc_dir)
-            if server_config.engine_stall_timeout_s > 0:
-                nursery.start_soon(functools.partial(
-                    watch_engine, client, detector, _actor_addresses(config), engine_codec(),
-                    ping_interval_s=min(1.0, server_config.engine_stall_timeout_s / 4),
-                    steppable=lambda: status.engine_state in (EngineState.SERVING, EngineState.DRAINING),
-                    on_stall=lambda stall: client.fail_all(str(stall)),
-                ))
+            processes.watch(nursery, steppable=lambda: status.engine_state in (EngineState.SERVING,
+                                                                               EngineState.DRAINING))
             if server_config.lora_modules:
                 await _load_lora_modules(client, loras, server_config.lora_modules)
             engine = DataPlaneEngine(
@@ -223,7 +196,7 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
             )
             app = create_app(engine)
             admin = _admin_engine(
-                client, engine_config, server_config, status, lambda: dict(supervision.pids),
+                client, engine_config, server_config, status, lambda: dict(processes.supervision.pids),
                 health, registry, tracing, loras,
             )
             admin_app = create_admin_app(admin)
@@ -244,8 +217,8 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
         tracing.close()
         shutil.rmtree(ipc_dir, ignore_errors=True)
         log.info("stopped; engine processes are gone")
-    if engine_failure:
-        raise engine_failure[0]
+    if processes.failure is not None:
+        raise processes.failure
 
 
 async def _serve_http(http, app, admin_app, admin, engine_config, server_config, shutdown) -> None:
@@ -283,6 +256,56 @@ async def _serve_http(http, app, admin_app, admin, engine_config, server_config,
     )
 
 
+class _EngineProcesses:
+    """The engine's child processes as the api sees them: supervised, watched for stalls, /health.
+
+    An actor that dies after start-up does not cancel the server at once: the
+    open streams first end with an error (`EngineClient.fail_all`), `shutdown`
+    is set so the HTTP servers finish those responses, and `failure` is
+    re-raised once everything stopped (exit code 1)."""
+
+    def __init__(self, config: ActorConfig, client: EngineClient, stall_timeout_s: float,
+                 shutdown: trio.Event) -> None:
+        self._config = config
+        self._client = client
+        self._shutdown = shutdown
+        self.supervision = Supervision(alive={})
+        self.detector = StallDetector(ENGINE_ACTORS, stall_timeout_s)
+        self.failure: ActorFailed | None = None
+
+    def health(self) -> tuple[bool, object]:
+        if not self.supervision.healthy:
+            return False, dict(self.supervision.alive)
+        if self.detector.stall is not None:
+            return False, str(self.detector.stall)
+        return True, dict(self.supervision.alive)
+
+    async def supervise(self, *, task_status) -> None:
+        started = _Started(task_status)
+        try:
+            await run_in_subprocesses(engine_specs(self._config), task_status=started, drop_env=SECRET_ENV_VARS)
+        except ActorFailed as exc:
+            if not started.done:
+                raise
+            # WHY not re-raise here: that would cancel the HTTP servers mid-response.
+            self.failure = exc
+            log.error("engine actor failed: %s", exc)
+            self._client.fail_all(f"engine actor {exc.name!r} failed", commands=True)
+            self._shutdown.set()
+
+    def watch(self, nursery: trio.Nursery, steppable) -> None:
+        """Start the stall watchdog (actors/liveness.py) unless its timeout is 0."""
+        timeout_s = self.detector.stall_timeout_s
+        if timeout_s <= 0:
+            return
+        addresses = {name: getattr(self._config.addresses, name) for name in ENGINE_ACTORS}
+        nursery.start_soon(functools.partial(
+            watch_engine, self._client, self.detector, addresses, engine_codec(),
+            ping_interval_s=min(1.0, timeout_s / 4), steppable=steppable,
+            on_stall=lambda stall: self._client.fail_all(str(stall)),
+        ))
+
+
 class _Started:
     """A task_status that remembers whether started() was called."""
 
@@ -293,10 +316,6 @@ class _Started:
     def started(self, value=None) -> None:
         self.done = True
         self._task_status.started(value)
-
-
-def _actor_addresses(config: ActorConfig) -> dict[str, str]:
-    return {name: getattr(config.addresses, name) for name in ENGINE_ACTORS}
 
 
 def _with_admin_routes(app, admin_app, server_config: ServerConfig):
