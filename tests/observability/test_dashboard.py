@@ -41,6 +41,7 @@ MODEL_NAME = "test-model"  # ServeProcess passes --served-model-name test-model
 ROWS = ["Latency", "Throughput", "Queue and KV cache", "Control plane", "Actors"]
 READY_TIMEOUT_S = 60
 SCRAPES_AFTER_LOAD = 3
+START_TIMEOUT_S = 300  # WHY: a second server starts beside the first one and Prometheus on 2 shared cores
 
 # The exported metric families (the contract between the server and the dashboard).
 CONTRACT_METRICS = [
@@ -400,7 +401,8 @@ def assert_every_panel_has_data(prometheus_url: str) -> None:
 def test_every_panel_has_data_on_a_fresh_server(prometheus_binary, model_path, tmp_path_factory):
     """No load, no KV tiers, no LoRA: every family is exported from start-up (at 0), so each
     panel's query returns data and rate() has a baseline (issue 16, item 7)."""
-    server = ServeProcess(str(model_path), "--kv-cache-memory", "1MiB", "--executor-threads", "1").wait_healthy()
+    server = ServeProcess(str(model_path), "--kv-cache-memory", "1MiB", "--executor-threads", "1").wait_healthy(
+        timeout_s=START_TIMEOUT_S)
     try:
         with running_prometheus(prometheus_binary, server, tmp_path_factory.mktemp("prometheus-fresh")) as url:
             wait_for(lambda: (scalar(url, 'count_over_time(up{job="trillium"}[10m])') or 0) >= SCRAPES_AFTER_LOAD,

@@ -2,7 +2,8 @@
 
 SIGKILL (executor, detokenizer, scheduler; one fresh server each): the open
 stream ends with an SSE error event (503, code `engine_failed`, naming the
-actor) and `[DONE]` instead of a cut connection; the server exits 1; no
+actor) and `[DONE]` instead of a cut connection, a non-streamed request
+with n=2 gets a 503 with the same error; the server exits 1; no
 engine process, no ipc socket directory and no temp file (its TMPDIR is the
 test's) is left behind.
 
@@ -31,7 +32,7 @@ import time
 import httpx
 import pytest
 
-from support.engine_faults import StreamingClient, engine_pids, ipc_dir_of, metric, no_leftovers
+from support.engine_faults import NonStreamedClient, StreamingClient, engine_pids, ipc_dir_of, metric, no_leftovers
 from support.serve_process import ServeProcess
 from support.waiting import wait_until
 
@@ -51,7 +52,7 @@ def serve(model_path: str, tmp_dir) -> ServeProcess:
     """A server whose temp files (socket directory, uploads) all go under `tmp_dir` (TMPDIR)."""
     return ServeProcess(model_path, "--kv-cache-memory", "32MiB", "--executor-threads", "1",
                         "--engine-stall-timeout-s", str(STALL_TIMEOUT_S),
-                        env={"TRILLIUM_ADMIN_TOKEN": ADMIN_TOKEN, "TMPDIR": str(tmp_dir)}).wait_healthy()
+                        env={"TRILLIUM_ADMIN_TOKEN": ADMIN_TOKEN, "TMPDIR": str(tmp_dir)}).wait_healthy(timeout_s=300)
 
 
 def ours(tmp_dir) -> list[str]:
@@ -76,10 +77,18 @@ def test_sigkill_mid_stream_ends_streams_with_an_error_and_exits(model_path, act
     pids, ipc_dir = engine_pids(server), ipc_dir_of(server)
     try:
         stream = StreamingClient(server)
+        plain = NonStreamedClient(server)  # n=2: the merged choices path
         assert stream.first_chunk.wait(60) and stream.num_tokens > 0, stream.error
+        wait_until(lambda: metric(server, "trillium:num_requests_running") >= 3, timeout_s=60, interval_s=0.05,
+                   what="the non-streamed request's two choices to run")
         os.kill(pids[actor], signal.SIGKILL)
         stream.join(60)
+        plain.join(60)
         assert_engine_error(stream, actor)
+        assert plain.response is not None, f"the connection was cut: {plain.error!r}"
+        assert plain.response.status_code == 503, plain.response.text
+        error = plain.response.json()["error"]
+        assert error["code"] == "engine_failed" and actor in error["message"], error
         assert server.process.wait(timeout=60) == 1, server.log()
     finally:
         server.stop()

@@ -40,7 +40,7 @@ SEED = 16
 def server(checkpoint):
     proc = ServeProcess(str(checkpoint("llama", max_position_embeddings=8192)), "--kv-cache-memory", "16MiB",
                         "--executor-threads", "1", "--engine-stall-timeout-s", "2", "--max-num-seqs", "16",
-                        env={"TRILLIUM_ADMIN_TOKEN": ADMIN_TOKEN}).wait_healthy()
+                        env={"TRILLIUM_ADMIN_TOKEN": ADMIN_TOKEN}).wait_healthy(timeout_s=300)
     yield proc
     assert proc.stop() == 0, proc.log()
 

@@ -63,6 +63,28 @@ class StreamingClient:
         return sum(1 for e in self.events if isinstance(e, dict) and "choices" in e)
 
 
+class NonStreamedClient:
+    """One non-streamed completion with n=2 on a thread; `response` once answered (None if cut)."""
+
+    def __init__(self, server: ServeProcess, max_tokens: int = 30000) -> None:
+        self.response: httpx.Response | None = None
+        self.error: BaseException | None = None
+        body = {"model": MODEL_NAME, "prompt": "The little dog", "max_tokens": max_tokens, "ignore_eos": True,
+                "n": 2}
+        self._thread = threading.Thread(target=self._run, args=(server.base_url, body), daemon=True)
+        self._thread.start()
+
+    def _run(self, base_url: str, body: dict) -> None:
+        try:
+            self.response = httpx.post(base_url + "/v1/completions", json=body, timeout=120)
+        except BaseException as exc:  # noqa: BLE001 - reported to the test (a cut connection)
+            self.error = exc
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), f"the request did not end within {timeout_s} s"
+
+
 def metric(server: ServeProcess, name: str, **labels: str) -> float:
     """The value of one sample on the data port's /metrics (labels must match); KeyError if absent."""
     text = httpx.get(server.base_url + "/metrics", timeout=10).text
