@@ -303,6 +303,7 @@ class _EngineProcesses:
             watch_engine, self._client, self.detector, addresses, engine_codec(),
             ping_interval_s=min(1.0, timeout_s / 4), steppable=steppable,
             on_stall=lambda stall: self._client.fail_all(str(stall)),
+            active=lambda: self.supervision.healthy and self.failure is None,
         ))
 
 

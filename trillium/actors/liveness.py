@@ -143,9 +143,12 @@ class StallDetector:
 
 async def watch_engine(client, detector: StallDetector, addresses: Mapping[str, str], codec: Codec, *,
                        ping_interval_s: float, steppable: Callable[[], bool],
-                       on_stall: Callable[[Stall], Sequence[str]]) -> None:
+                       on_stall: Callable[[Stall], Sequence[str]],
+                       active: Callable[[], bool] = lambda: True) -> None:
     """Ping each actor (name -> inbox address) every interval; at each onset call
-    `on_stall`, and abort the engine requests it returns (the streams it failed)."""
+    `on_stall`, and abort the engine requests it returns (the streams it failed).
+    While `active()` is false (an actor died: the supervisor's failure path owns the
+    streams, and the survivors go quiet as they stop) nothing is judged."""
     outboxes = {actor: Outbox.connect(addresses[actor], codec) for actor in detector.actors}
     token = 0
     try:
@@ -156,6 +159,8 @@ async def watch_engine(client, detector: StallDetector, addresses: Mapping[str, 
                     await outbox.send(Ping(token=token, reply_to=client.config.addresses.api))
             detector.pinged(trio.current_time(), client.last_pong_s)
             await trio.sleep(ping_interval_s)
+            if not active():
+                continue
             before = detector.stall
             stats = client.last_stats
             stall = detector.check(
