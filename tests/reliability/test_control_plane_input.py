@@ -197,7 +197,8 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 def test_generated_token_printed_once_and_logged_as_fingerprint(tmp_path):
-    # A model that does not exist: the start fails right after the token is resolved.
+    # A folder that holds no checkpoint: the start fails right after the token is resolved.
+    (tmp_path / "no-model").mkdir()
     run = run_cli(str(tmp_path / "no-model"), "--admin-port", str(free_port()),
                   env={"TRILLIUM_ADMIN_TOKEN": ""})
     printed = re.findall(r"admin API token \(generated for this run\): (\S+)", run.stderr)
