@@ -184,6 +184,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     names = _served_names(args, model)
     from trillium.control_plane.paths import split_path_list
 
+    admin_token = _admin_token(args)
+    if admin_token is None:
+        return 2  # the unsafe-admin-settings exit code (see run_server)
     if args.collect_detailed_traces and not args.otlp_traces_endpoint:
         raise SystemExit("--collect-detailed-traces needs --otlp-traces-endpoint")
     engine = _serve_engine_config(args, model, names)
@@ -206,11 +209,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_queued_requests=args.max_queued_requests, limits=request_limits(args),
         shutdown_timeout_s=args.shutdown_timeout,
         admin_host=args.admin_host, admin_port=args.admin_port,
-        admin_token=args.admin_token or os.environ.get("TRILLIUM_ADMIN_TOKEN") or None,
+        admin_token=admin_token or None,
         allowed_weight_paths=weight_paths, profile_dir=args.profile_dir,
         lora_modules=lora_modules, allowed_lora_paths=lora_paths, admin_on_data_port=args.admin_on_data_port,
         **_compat_server_kwargs(args, names),
         chat=chat,
+        engine_stall_timeout_s=args.engine_stall_timeout_s,
     )
     return run_server(engine, server)
 
@@ -235,6 +239,31 @@ def _compat_server_kwargs(args: argparse.Namespace, names: tuple[str, ...]) -> d
     return dict(extra_model_names=tuple(names[1:]), response_role=args.response_role,
                 max_logprobs=args.max_logprobs, log_requests=args.enable_log_requests, cors=cors,
                 ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
+
+
+def _admin_token(args: argparse.Namespace) -> str | None:
+    """--admin-token-file, else --admin-token (with a warning), else TRILLIUM_ADMIN_TOKEN; None with
+    the error logged when the file is unusable or both flags are given ("" when none is set)."""
+    import logging
+    import os
+
+    from trillium.control_plane.auth import AdminConfigError, read_token_file
+
+    log = logging.getLogger("trillium.serve")
+    if args.admin_token_file:
+        if args.admin_token:
+            log.error("give --admin-token or --admin-token-file, not both")
+            return None
+        try:
+            return read_token_file(args.admin_token_file)
+        except AdminConfigError as exc:
+            log.error("%s", exc)
+            return None
+    if args.admin_token:
+        log.warning("--admin-token on the command line is visible to every local user (ps, /proc/<pid>/cmdline); "
+                    "use --admin-token-file or TRILLIUM_ADMIN_TOKEN")
+        return args.admin_token
+    return os.environ.get("TRILLIUM_ADMIN_TOKEN", "")
 
 
 def _lora_module(value: str) -> tuple[str, str]:
@@ -325,13 +354,23 @@ def build_parser() -> argparse.ArgumentParser:
     from trillium.cli_limits import add_limit_arguments
 
     add_limit_arguments(serve)
+    http.add_argument("--engine-stall-timeout-s", type=float, default=60.0,
+                      help="an engine actor that answers no ping, or an engine that makes no step while "
+                           "requests are queued, for this many seconds is stalled: /health answers 503 "
+                           "naming it, open streams end with an error, trillium:engine_stalls_total counts "
+                           "it (default 60, vLLM's VLLM_ENGINE_ITERATION_TIMEOUT_S; 0: no watchdog)")
     admin = serve.add_argument_group("admin (control plane: sleep / wake, pause, weight updates, profiling)")
     admin.add_argument("--admin-host", default="127.0.0.1",
                        help="address of the admin API; a non-loopback address requires --admin-token")
     admin.add_argument("--admin-port", type=int, default=8001, help="admin API port (0: any free port)")
     admin.add_argument("--admin-token", default=None,
                        help="require 'Authorization: Bearer TOKEN' on every admin route (also "
-                            "TRILLIUM_ADMIN_TOKEN; default on loopback: a random token, logged at start)")
+                            "TRILLIUM_ADMIN_TOKEN; default on loopback: a random token, printed once on stderr "
+                            "and logged only as a fingerprint). NOTE: a command-line value is visible to every "
+                            "local user (ps); prefer --admin-token-file or the environment variable")
+    admin.add_argument("--admin-token-file", default=None, metavar="PATH",
+                       help="read the admin token from PATH (its content, whitespace stripped); overrides "
+                            "TRILLIUM_ADMIN_TOKEN, excludes --admin-token")
     admin.add_argument("--admin-on-data-port", action="store_true",
                        help="also serve the admin routes on the data port (--port), for RL frameworks that send "
                             "admin calls to the generation URL (slime, verl). With --admin-token they require it "

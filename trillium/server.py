@@ -12,9 +12,14 @@ Actors talk over ipc:// sockets in a private (0700) temp dir
 (actors/ipc_dir.py), and every frame carries an HMAC proof under a secret
 made for this run and handed to each child on its stdin
 (actors/link_auth.py). If any child dies,
-the supervisor raises ActorFailed: /health turns 503 for the instant it
-takes, every other child is stopped, and the server exits non-zero with the
-cause logged. SIGTERM / Ctrl-C stops accepting connections, lets in-flight
+the supervisor raises ActorFailed: /health turns 503, every other child is
+stopped, every open stream ends with an error event (a non-streamed
+request gets a 503 body) naming the actor, the HTTP servers finish those
+responses, and the server exits 1 with the cause logged. A child that is
+alive but stalled (no pong, or no step with work queued, for
+--engine-stall-timeout-s: actors/liveness.py) turns /health 503 naming it
+and fails the open streams the same way; the server keeps serving and
+recovers when the actor answers again. SIGTERM / Ctrl-C stops accepting connections, lets in-flight
 requests finish for `--shutdown-timeout` seconds, then stops every child.
 
 The two HTTP planes share the EngineClient and one `EngineStatus` (the
@@ -42,9 +47,8 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
-from typing import TYPE_CHECKING
-
 from typing import TYPE_CHECKING
 
 import attrs
@@ -52,17 +56,22 @@ import trio
 
 from trillium.actors.client import EngineClient
 from trillium.actors.assembly import ActorConfig, Addresses, engine_specs
+from trillium.actors.links import Links
+from trillium.actors.liveness import ENGINE_ACTORS, StallDetector, watch_engine
+from trillium.actors.protocol.vocabulary import EngineState
 from trillium.actors.supervisor import ActorFailed, Supervision, run_in_subprocesses
 from trillium.config import EngineConfig
 from trillium.http_cors import CorsPolicy, with_cors
 
 if TYPE_CHECKING:
     from trillium.data_plane.chat_options import ChatOptions
-
-if TYPE_CHECKING:
     from trillium.data_plane.limits import RequestLimits
 
 log = logging.getLogger("trillium.serve")
+
+# The engine's children never see these (a core dump or /proc/<pid>/environ of an actor leaks nothing).
+SECRET_ENV_VARS = ("TRILLIUM_ADMIN_TOKEN", "TRILLIUM_API_KEY")
+_HTTP_FINISH_S = 3.0  # after the drain: how long the HTTP servers get to finish their last responses
 
 
 @attrs.frozen
@@ -92,11 +101,13 @@ class ServerConfig:
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     chat: "ChatOptions | None" = None  # chat template and parsers; None: the defaults
+    engine_stall_timeout_s: float = 60.0  # no pong / no step with work queued for this long: stalled (0: off)
 
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     """Resolve the config, run until a signal or an actor failure; exit code (2: unsafe admin settings)."""
-    from trillium.control_plane.auth import AdminConfigError, data_port_requires_token, resolve_admin_token
+    from trillium.control_plane.auth import (
+        AdminConfigError, data_port_requires_token, resolve_admin_token, token_fingerprint)
 
     try:
         admin_token, generated = resolve_admin_token(
@@ -108,8 +119,11 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
         log.error("%s", exc)
         return 2
     if generated:
-        log.warning("admin API token (generated; set --admin-token or TRILLIUM_ADMIN_TOKEN to choose one): %s",
-                    admin_token)
+        # WHY print, not log: log lines are shipped and kept; the token goes to the terminal once,
+        # the log gets only its fingerprint (to tell which token a client holds).
+        print(f"trillium: admin API token (generated for this run): {admin_token}", file=sys.stderr, flush=True)
+        log.warning("admin API token generated (sha256 fingerprint %s; printed once on stderr; set "
+                    "--admin-token-file or TRILLIUM_ADMIN_TOKEN to choose one)", token_fingerprint(admin_token))
     if open_mount:
         log.warning("--admin-on-data-port without an admin token: the admin routes (weights, sleep, pause, ...) "
                     "on http://%s:%d need no token; anyone who can reach that loopback port can use them",
@@ -148,8 +162,8 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
 
 async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> None:
     from trillium import __version__
-    from trillium.control_plane import EngineStatus, create_admin_app, serve_admin_app
-    from trillium.data_plane import DataPlaneEngine, create_app, serve_app
+    from trillium.control_plane import EngineStatus, create_admin_app
+    from trillium.data_plane import DataPlaneEngine, create_app
     from trillium.data_plane.limits import RequestLimits, default_max_queued_requests
     from trillium.models.loader import load_model_config
     from trillium.models.tokenizer import load_tokenizer
@@ -172,23 +186,30 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
     vocab_size = load_model_config(engine_config.model).vocab_size
     client = EngineClient(config)
     status = EngineStatus(lambda: client.last_stats)
-    supervision = Supervision(alive={})
     loras = LoRARegistry() if engine_config.enable_lora else None
     registry = CollectorRegistry()
     engine_metrics = EngineMetrics(registry, engine_config.served_model_name, lambda: client.last_stats,
                                    api_mailbox_depth=lambda: client.mailbox_depth,
-                                   actors_alive=lambda: dict(supervision.alive), loras=loras)
+                                   actors_alive=lambda: dict(processes.supervision.alive), loras=loras)
     engine_metrics.attach(client)
     tracing = RequestTracing.from_config(engine_config, "api")
     if tracing.enabled:
         log.info("tracing: OTLP/HTTP spans to %s%s", engine_config.otlp_traces_endpoint,
                  " (detailed)" if tracing.detailed else "")
+    shutdown = trio.Event()
+    processes = _EngineProcesses(config, client, server_config.engine_stall_timeout_s, shutdown)
+    engine_metrics.watch_liveness(processes.detector)
+    health = processes.health
+
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(client.run)
             log.info("starting engine actors (executor, detokenizer, scheduler) for %s", engine_config.model)
-            supervision = await nursery.start(run_in_subprocesses, engine_specs(config))
-            log.info("engine actors up: %s", ", ".join(f"{n} pid {p}" for n, p in supervision.pids.items()))
+            supervision = processes.supervision = await nursery.start(processes.supervise)
+            log.info("engine actors up: %s (sockets in %s)",
+                     ", ".join(f"{n} pid {p}" for n, p in supervision.pids.items()), ipc_dir)
+            processes.watch(nursery, steppable=lambda: status.engine_state in (EngineState.SERVING,
+                                                                               EngineState.DRAINING))
             if server_config.lora_modules:
                 await _load_lora_modules(client, loras, server_config.lora_modules)
             limits = server_config.limits or RequestLimits()
@@ -206,7 +227,7 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
                 api_key=server_config.api_key,
                 max_queued_requests=max_queued or None,
                 limits=limits,
-                health=lambda: (supervision.healthy, dict(supervision.alive)),
+                health=health,
                 version=__version__,
                 engine_status=status.snapshot,
                 metrics_registry=registry,
@@ -220,57 +241,131 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
             )
             app = create_app(engine)
             admin = _admin_engine(
-                client, engine_config, server_config, status, lambda: dict(supervision.pids),
-                lambda: (supervision.healthy, dict(supervision.alive)), registry, tracing, loras,
+                client, engine_config, server_config, status, lambda: dict(processes.supervision.pids),
+                health, registry, tracing, loras,
             )
             admin_app = create_admin_app(admin)
-            shutdown = trio.Event()
             nursery.start_soon(_watch_signals, shutdown)
-            serve_admin = functools.partial(
-                serve_admin_app, admin_app, server_config.admin_host, server_config.admin_port,
-                shutdown_trigger=shutdown.wait, graceful_timeout_s=server_config.shutdown_timeout_s,
-            )
-            data_app = app
-            if server_config.cors is not None:
-                data_app = with_cors(data_app, server_config.cors)
-            if server_config.admin_on_data_port:
-                # WHY the admin port first: it runs the admin app's lifespan, which the mount relies on.
-                admin_port = await nursery.start(serve_admin)
-                data_app = _with_admin_routes(data_app, admin_app, server_config)
-            port = await nursery.start(
-                functools.partial(
-                    serve_app, data_app, server_config.host, server_config.port,
-                    shutdown_trigger=shutdown.wait, graceful_timeout_s=server_config.shutdown_timeout_s,
-                    certfile=server_config.ssl_certfile, keyfile=server_config.ssl_keyfile,
+            async with trio.open_nursery() as http:
+                await _serve_http(http, app, admin_app, admin, engine_config, server_config, shutdown)
+                await shutdown.wait()
+                log.info(
+                    "shutdown requested: no new connections; in-flight requests get up to %.0f s",
+                    server_config.shutdown_timeout_s,
                 )
-            )
-            if not server_config.admin_on_data_port:
-                admin_port = await nursery.start(serve_admin)
-            log.info(
-                "admin API on http://%s:%d (Bearer token required; weight paths allowed under %s; "
-                "profiles to %s)", server_config.admin_host, admin_port,
-                ", ".join(admin.weight_paths.roots) or "nowhere", admin.profile_dir,
-            )
-            log.info(
-                "serving %s on %s://%s:%d  (KV cache: %d tokens = %d blocks x %d; max_model_len %d)",
-                ", ".join((engine_config.served_model_name, *server_config.extra_model_names)),
-                "https" if server_config.ssl_certfile else "http", server_config.host, port,
-                engine_config.num_kv_tokens, engine_config.num_blocks, engine_config.block_size,
-                engine_config.max_model_len,
-            )
-            await shutdown.wait()
-            log.info(
-                "shutdown requested: no new connections; in-flight requests get up to %.0f s",
-                server_config.shutdown_timeout_s,
-            )
-            # serve_app returns once in-flight requests finished (or the grace period ran out).
-            await _wait_drained(client, server_config.shutdown_timeout_s + 1)
+                await _wait_drained(client, server_config.shutdown_timeout_s + 1)
+                # The servers return once their responses are written (error events included); bounded.
+                http.cancel_scope.deadline = trio.current_time() + _HTTP_FINISH_S
             nursery.cancel_scope.cancel()
     finally:
         client.close()
         tracing.close()
         shutil.rmtree(ipc_dir, ignore_errors=True)
         log.info("stopped; engine processes are gone")
+    if processes.failure is not None:
+        raise processes.failure
+
+
+async def _serve_http(http, app, admin_app, admin, engine_config, server_config, shutdown) -> None:
+    """Start both HTTP servers in `http` (they stop when `shutdown` is set) and log where."""
+    from trillium.control_plane import serve_admin_app
+    from trillium.data_plane import serve_app
+
+    serve_admin = functools.partial(
+        serve_admin_app, admin_app, server_config.admin_host, server_config.admin_port,
+        shutdown_trigger=shutdown.wait, graceful_timeout_s=server_config.shutdown_timeout_s,
+    )
+    data_app = app
+    if server_config.cors is not None:
+        data_app = with_cors(data_app, server_config.cors)
+    if server_config.admin_on_data_port:
+        # WHY the admin port first: it runs the admin app's lifespan, which the mount relies on.
+        admin_port = await http.start(serve_admin)
+        data_app = _with_admin_routes(data_app, admin_app, server_config)
+    port = await http.start(
+        functools.partial(
+            serve_app, data_app, server_config.host, server_config.port,
+            shutdown_trigger=shutdown.wait, graceful_timeout_s=server_config.shutdown_timeout_s,
+            certfile=server_config.ssl_certfile, keyfile=server_config.ssl_keyfile,
+        )
+    )
+    if not server_config.admin_on_data_port:
+        admin_port = await http.start(serve_admin)
+    log.info(
+        "admin API on http://%s:%d (Bearer token required; weight paths allowed under %s; "
+        "profiles to %s)", server_config.admin_host, admin_port,
+        ", ".join(admin.weight_paths.roots) or "nowhere", admin.profile_dir,
+    )
+    log.info(
+        "serving %s on %s://%s:%d  (KV cache: %d tokens = %d blocks x %d; max_model_len %d)",
+        ", ".join((engine_config.served_model_name, *server_config.extra_model_names)),
+        "https" if server_config.ssl_certfile else "http", server_config.host, port,
+        engine_config.num_kv_tokens, engine_config.num_blocks, engine_config.block_size,
+        engine_config.max_model_len,
+    )
+
+
+class _EngineProcesses:
+    """The engine's child processes as the api sees them: supervised, watched for stalls, /health.
+
+    An actor that dies after start-up does not cancel the server at once: the
+    open streams first end with an error (`EngineClient.fail_all`), `shutdown`
+    is set so the HTTP servers finish those responses, and `failure` is
+    re-raised once everything stopped (exit code 1)."""
+
+    def __init__(self, config: ActorConfig, client: EngineClient, stall_timeout_s: float,
+                 shutdown: trio.Event) -> None:
+        self._config = config
+        self._client = client
+        self._shutdown = shutdown
+        self.supervision = Supervision(alive={})
+        self.detector = StallDetector(ENGINE_ACTORS, stall_timeout_s)
+        self.failure: ActorFailed | None = None
+
+    def health(self) -> tuple[bool, object]:
+        if not self.supervision.healthy:
+            return False, dict(self.supervision.alive)
+        if self.detector.stall is not None:
+            return False, str(self.detector.stall)
+        return True, dict(self.supervision.alive)
+
+    async def supervise(self, *, task_status) -> None:
+        started = _Started(task_status)
+        try:
+            await run_in_subprocesses(engine_specs(self._config), task_status=started, drop_env=SECRET_ENV_VARS)
+        except ActorFailed as exc:
+            if not started.done:
+                raise
+            # WHY not re-raise here: that would cancel the HTTP servers mid-response.
+            self.failure = exc
+            log.error("engine actor failed: %s", exc)
+            self._client.fail_all(f"engine actor {exc.name!r} failed", commands=True)
+            self._shutdown.set()
+
+    def watch(self, nursery: trio.Nursery, steppable) -> None:
+        """Start the stall watchdog (actors/liveness.py) unless its timeout is 0."""
+        timeout_s = self.detector.stall_timeout_s
+        if timeout_s <= 0:
+            return
+        links = Links(self._config, "api")  # WHY: pings carry the link proof like every engine frame
+        nursery.start_soon(functools.partial(
+            watch_engine, self._client, self.detector, links.outbox,
+            ping_interval_s=min(1.0, timeout_s / 4), steppable=steppable,
+            on_stall=lambda stall: self._client.fail_all(str(stall)),
+            active=lambda: self.supervision.healthy and self.failure is None,
+        ))
+
+
+class _Started:
+    """A task_status that remembers whether started() was called."""
+
+    def __init__(self, task_status) -> None:
+        self._task_status = task_status
+        self.done = False
+
+    def started(self, value=None) -> None:
+        self.done = True
+        self._task_status.started(value)
 
 
 def _with_admin_routes(app, admin_app, server_config: ServerConfig):

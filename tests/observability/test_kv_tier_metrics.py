@@ -1,5 +1,6 @@
-"""The KV tier series: exported from the SchedulerStats' tier numbers, and only
-when a host tier is configured (the stats carry tiers)."""
+"""The KV tier series: exported from the SchedulerStats' tier numbers; without
+a host tier (the stats carry none) the host and disk rows are exported at 0,
+so the dashboard's tier panels have data from start-up (issue 16, item 7)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,16 @@ def test_tier_series_follow_the_stats():
     assert samples["trillium:kv_tier_bytes_moved_total[('direction', 'to_device')]"] == 2048
 
 
-def test_no_tier_series_without_a_host_tier():
+def test_tier_series_at_zero_without_a_host_tier():
     for stats in (None, _stats()):
-        assert not [name for name in _scrape(stats) if "kv_tier" in name]
+        tier_samples = {name: value for name, value in _scrape(stats).items() if "kv_tier" in name or "kv_swaps" in name}
+        for tier in ("host", "disk"):
+            assert tier_samples[f"trillium:kv_tier_usage_perc[('tier', '{tier}')]"] == 0
+            assert tier_samples[f"trillium:kv_tier_hits_total[('tier', '{tier}')]"] == 0
+            assert tier_samples[f"trillium:kv_tier_evictions_total[('tier', '{tier}')]"] == 0
+            assert tier_samples[f"trillium:kv_tier_load_seconds_count[('tier', '{tier}')]"] == 0
+        for direction in ("to_host", "to_device", "to_disk", "from_disk"):
+            assert tier_samples[f"trillium:kv_tier_bytes_moved_total[('direction', '{direction}')]"] == 0
+        assert tier_samples["trillium:kv_tier_failed_reads_total[]"] == 0
+        assert tier_samples["trillium:kv_swaps_total[('direction', 'out')]"] == 0
+        assert not [name for name in tier_samples if "'device'" in name], "no device row without tiers"

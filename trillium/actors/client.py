@@ -7,6 +7,13 @@ from the scheduler) and the registry of live requests. Used by
 `submit()` returns a `RequestStream`; a router task appends each
 RequestOutputDelta to its stream. Streams buffer (bounded by the request's
 max_tokens), so a slow consumer never stalls the router for everyone else.
+
+When the engine cannot go on (an actor died, or stalled: actors/liveness.py),
+`fail_all(reason)` ends every open stream with `EngineFailed`, which the
+reader gets from its `async for` after the deltas already received: the
+HTTP planes turn it into an error event or a 5xx body instead of a cut
+connection. The router also records each actor's last `Pong` and the time of
+the last step progress (stats or outputs) for the stall watchdog.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import trio
 
 from trillium.actors.assembly import ActorConfig
 from trillium.actors.links import Links
-from trillium.actors.protocol.supervision import Shutdown
+from trillium.actors.protocol.supervision import Pong, Shutdown
 from trillium.actors.protocol.admin import ControlReply
 from trillium.actors.protocol.outputs import RequestOutputDelta, RequestOutputs, SchedulerStats
 from trillium.actors.protocol.rejections import FramesRejected
@@ -28,6 +35,10 @@ from trillium.actors.protocol.requests import AbortRequest, AddRequest
 from trillium.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
+
+
+class EngineFailed(Exception):
+    """The engine stopped serving this request (an actor died or stalled); the message says why."""
 
 
 class RequestStream:
@@ -40,6 +51,14 @@ class RequestStream:
         self.finished = False
         self.span = span  # observability/tracing.py RequestSpan of a traced request, else None
         self.lora_id = 0
+        self._error: EngineFailed | None = None
+
+    def _fail(self, error: EngineFailed) -> None:
+        if self.finished:
+            return
+        self._error = error
+        self.finished = True
+        self._event.set()
 
     def _push(self, delta: RequestOutputDelta) -> None:
         self._deltas.append(delta)
@@ -60,6 +79,8 @@ class RequestStream:
                 yield delta
                 if delta.finished:
                     return
+            if self._error is not None:
+                raise self._error
 
 
 class _ReplyWaiter:
@@ -84,6 +105,9 @@ class EngineClient:
         self.stats_listeners: list = []
         # Called with the final RequestOutputDelta of every request (metrics count finishes).
         self.finish_listeners: list = []
+        # Liveness (trio clock): each actor's last Pong, and the last stats / outputs.
+        self.last_pong_s: dict[str, float] = {}
+        self.last_progress_s = 0.0
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Route outputs until cancelled."""
@@ -92,6 +116,8 @@ class EngineClient:
             task_status.started()
             while True:
                 message = await self._mailbox.receive()
+                if isinstance(message, RequestOutputs | SchedulerStats):
+                    self.last_progress_s = trio.current_time()
                 if isinstance(message, RequestOutputs):
                     for delta in message.deltas:
                         stream = self._streams.get(delta.request_id)
@@ -110,6 +136,20 @@ class EngineClient:
                         waiter.event.set()
                 elif isinstance(message, FramesRejected):
                     self._actor_rejections[message.actor] = message
+                elif isinstance(message, Pong):
+                    self.last_pong_s[message.actor] = trio.current_time()
+
+    def fail_all(self, reason: str, *, commands: bool = False) -> list[str]:
+        """End every open stream with EngineFailed(reason) (and, with `commands`, answer every
+        pending control command 503); the engine ids the streams had."""
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            stream._fail(EngineFailed(reason))
+        for command_id, waiter in self._replies.items() if commands else ():
+            if waiter.reply is None:
+                waiter.reply = ControlReply(command_id, 503, reason)
+                waiter.event.set()
+        return list(streams)
 
     @staticmethod
     def _notify(listeners: list, message) -> None:

@@ -18,6 +18,7 @@ from trillium.actors.assembly import ActorConfig, engine_codec
 from trillium.actors.codec import Codec
 from trillium.actors.gate import Gate
 from trillium.actors.link_auth import Signer, Verifier
+from trillium.actors.liveness import PongSender
 from trillium.actors.mailbox import Mailbox
 from trillium.actors.protocol.senders import MAX_MESSAGE_BYTES, ROLES
 from trillium.actors.transport import Inbox, Outbox
@@ -53,5 +54,8 @@ class Links:
         cap = MAX_MESSAGE_BYTES[self.role]
         inbox = Inbox.bind(self.address(self.role), self.codec, max_message_bytes=cap)
         gate = Gate(self.role, self.codec, Verifier(self._key, ROLES), cap)
-        report_to = None if self.role == "api" else self.outbox("api")
-        return Mailbox(inbox, gate, report_to, max_buffered)
+        report_to = pongs = None
+        if self.role != "api":
+            report_to = self.outbox("api")
+            pongs = PongSender(self.role, self.address("api"), lambda: self.outbox("api"))
+        return Mailbox(inbox, gate, report_to, max_buffered, pongs)

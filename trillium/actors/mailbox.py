@@ -15,7 +15,10 @@ through one, so two things are written once:
   a bad frame never reaches the actor and never stops the reader. With a
   `report_to` outbox (every actor but the api) the reader also sends the
   gate's counts to the api, at most once every `REPORT_INTERVAL_S` while
-  they change.
+  they change;
+- liveness: with a `PongSender` (actors/liveness.py) the pump answers an
+  admitted `Ping` itself, so an actor busy awaiting a long step still
+  answers: only a frozen process or trio loop goes quiet.
 
 Build one with `links.Links.mailbox()`.
 """
@@ -27,6 +30,8 @@ import math
 import trio
 
 from trillium.actors.gate import Gate
+from trillium.actors.liveness import PongSender
+from trillium.actors.protocol.supervision import Ping
 from trillium.actors.transport import Inbox, Outbox
 
 REPORT_INTERVAL_S = 1.0
@@ -34,14 +39,15 @@ REPORT_INTERVAL_S = 1.0
 
 class Mailbox:
     def __init__(self, inbox: Inbox, gate: Gate, report_to: Outbox | None = None,
-                 max_buffered: int = 4096) -> None:
+                 max_buffered: int = 4096, pongs: PongSender | None = None) -> None:
         self._inbox = inbox
         self.gate = gate
         self._report_to = report_to
+        self._pongs = pongs
         self._send, self._receive = trio.open_memory_channel(max_buffered)
 
     async def pump(self) -> None:
-        """Run in the actor's nursery: forward admitted inbox messages forever."""
+        """Run in the actor's nursery: forward admitted inbox messages forever (answering pings)."""
         try:
             async with trio.open_nursery() as nursery:
                 if self._report_to is not None:
@@ -49,12 +55,18 @@ class Mailbox:
                 while True:
                     frames, peer = await self._inbox.receive_frames()
                     message = self.gate.admit(frames, peer)
-                    if message is not None:
-                        await self._send.send(message)
+                    if message is None:
+                        continue
+                    if self._pongs is not None and isinstance(message, Ping):
+                        await self._pongs.answer(message)
+                        continue
+                    await self._send.send(message)
         finally:
             self._inbox.close()
             if self._report_to is not None:
                 self._report_to.close()
+            if self._pongs is not None:
+                self._pongs.close()
 
     async def _report_rejections(self) -> None:
         reported = 0

@@ -207,17 +207,20 @@ async def run_in_subprocesses(
     *,
     task_status: trio.TaskStatus[Supervision] = trio.TASK_STATUS_IGNORED,
     env: Mapping[str, str] | None = None,
+    drop_env: Sequence[str] = (),
     grace_period_s: float = 5.0,
 ) -> None:
     """Run each actor in a child process; raise :class:`ActorFailed` when one exits.
 
-    ``env`` adds variables to the children's environment. Leaving (failure or
-    cancellation) sends SIGTERM to every child still running, SIGKILL after
-    ``grace_period_s``, and reaps them all.
+    ``env`` adds variables to the children's environment, ``drop_env`` names
+    variables they must not inherit (secrets the actors never need). Leaving
+    (failure or cancellation) sends SIGTERM to every child still running,
+    SIGKILL after ``grace_period_s``, and reaps them all.
     """
     _check_unique(specs)
     supervision = Supervision(alive={spec.name: False for spec in specs})
-    child_env = {**os.environ, **(env or {})}
+    child_env = {key: value for key, value in os.environ.items() if key not in drop_env}
+    child_env.update(env or {})
     # The child must import this very package, even from an uninstalled checkout.
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     child_env["PYTHONPATH"] = os.pathsep.join(

@@ -4,8 +4,12 @@ Resolution at start-up (`resolve_admin_token`), before anything is loaded:
 
 - `--admin-token` or `TRILLIUM_ADMIN_TOKEN` set: that token.
 - no token, loopback admin host (127.0.0.0/8, ::1, localhost): a random
-  token is generated and logged once at WARNING (as Jupyter does), so a
-  local operator can copy it from the log and nobody else can guess it.
+  token is generated and printed once on stderr (as Jupyter does), so a
+  local operator can copy it and nobody else can guess it; the log gets
+  only its `token_fingerprint`.
+- `--admin-token-file PATH` (`read_token_file`): the token is the file's
+  content, kept out of `ps` and /proc/<pid>/cmdline, where `--admin-token`
+  is visible to every local user (a warning says so).
 - no token, any other host: refused (`AdminConfigError`; `trillium serve`
   exits with code 2). An unauthenticated admin port on a network can
   swap the served weights.
@@ -26,6 +30,7 @@ host it is refused.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import secrets
@@ -58,6 +63,23 @@ def resolve_admin_token(host: str, token: str | None, api_key: str | None = None
     if api_key and hmac.compare_digest(token.encode(), api_key.encode()):
         raise AdminConfigError("the admin token must differ from the data-plane API key (--api-key)")
     return token, False
+
+
+def token_fingerprint(token: str) -> str:
+    """A short SHA-256 fingerprint of a secret, safe to log."""
+    return hashlib.sha256(token.encode()).hexdigest()[:16]
+
+
+def read_token_file(path: str) -> str:
+    """The token stored in `path` (surrounding whitespace stripped); AdminConfigError when unusable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read(4096).strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AdminConfigError(f"--admin-token-file {path}: {exc}") from None
+    if not token:
+        raise AdminConfigError(f"--admin-token-file {path} is empty")
+    return token
 
 
 def check_bearer(authorization: str | None, token: str) -> bool:

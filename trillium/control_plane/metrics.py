@@ -34,6 +34,8 @@ __all__ = ["CONTENT_TYPE", "AdminMetrics", "KNOWN_STATES"]
 # The label values, in a stable order (the enum's values: "serving", "draining", ...).
 KNOWN_STATES = (EngineState.SERVING, EngineState.DRAINING, EngineState.PAUSED, EngineState.SLEEPING,
                 EngineState.UPDATING_WEIGHTS)
+UPDATE_SOURCES = ("disk", "tensor", "distributed")
+UPDATE_OUTCOMES = ("success", "error")
 _UPDATE_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -75,6 +77,12 @@ class AdminMetrics:
         self._update_s = Histogram("trillium:weight_update_duration_seconds",
                                    "Weight update time: admission closed to engine reply.",
                                    ["model_name", "source"], buckets=_UPDATE_BUCKETS_S, registry=self.registry)
+        # WHY every source and outcome at 0: the dashboard's update panels have series (and a rate()
+        # baseline) on a server that has not updated its weights yet.
+        for source in UPDATE_SOURCES:
+            self._update_s.labels(model_name, source)
+            for outcome in UPDATE_OUTCOMES:
+                self._updates.labels(model_name, source, outcome)
         self.registry.register(_StatusCollector(model_name, status, profiling))
 
     def on_weight_update(self, source: str, outcome: str, duration_s: float) -> None:

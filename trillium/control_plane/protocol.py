@@ -133,10 +133,15 @@ class InitGroupRequest(_LaxBody):
         return self
 
 
+MAX_DIMENSION = 2**31 - 1  # far above any real weight dimension (vocabularies are ~2**18)
+
+
 class UpdateFromDistributedRequest(_UpdateBody):
     names: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
     dtypes: list[str]
-    shapes: list[list[Annotated[int, Field(ge=0)]]]
+    # WHY bounded here: a dimension past int64 cannot even cross to the engine (it was a 500); the
+    # engine checks the rest (names, shapes, total size) against the model before allocating.
+    shapes: list[Annotated[list[Annotated[int, Field(ge=0, le=MAX_DIMENSION)]], Field(max_length=8)]]
     group_name: Annotated[str, Field(min_length=1)] | None = None  # SGLang's: must be the open group
 
     @field_validator("dtypes")

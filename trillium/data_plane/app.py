@@ -47,10 +47,12 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from trillium.data_plane.connections import ConnectionLimit
+from trillium.actors.client import EngineFailed
 from trillium.data_plane.context import DataPlaneEngine
 from trillium.data_plane.errors import (
     INVALID_REQUEST,
     ApiError,
+    engine_failed,
     internal_error,
     unauthorized,
 )
@@ -96,6 +98,7 @@ def create_app(engine: DataPlaneEngine) -> QuartTrio:
     app.after_request(_echo_request_id)
     app.register_error_handler(ApiError, _api_error)
     app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(EngineFailed, _engine_failed)
     app.register_error_handler(Exception, _unexpected_error)
     return app
 
@@ -144,6 +147,10 @@ async def _http_error(error: HTTPException):
     kind = "not_found_error" if error.code == 404 else INVALID_REQUEST
     message = f"{error.name}: {request.method} {request.path}" if error.code in (404, 405) else error.description
     return ApiError(error.code or 500, message, type=kind, code=error.code).to_response()
+
+
+async def _engine_failed(error: EngineFailed):
+    return engine_failed(str(error)).to_response()
 
 
 async def _unexpected_error(error: Exception):

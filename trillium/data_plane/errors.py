@@ -119,5 +119,11 @@ def engine_not_ready(engine_state: str, retry_after_s: int) -> ApiError:
     )
 
 
+def engine_failed(reason: str) -> ApiError:
+    """503 for a request the engine stopped serving mid-way (an actor died or stalled)."""
+    return ApiError(503, f"The engine failed while serving this request: {reason}", type="service_unavailable",
+                    code="engine_failed", headers={"Retry-After": "1"})
+
+
 def internal_error() -> ApiError:
     return ApiError(500, "The server had an internal error.", type="server_error", code="internal_error")

@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Sequence
 import attrs
 import trio
 
+from trillium.actors.client import EngineFailed
 from trillium.actors.protocol.outputs import RequestOutputDelta
 from trillium.data_plane.errors import bad_request, overloaded
 from trillium.sampling_params import SamplingParams
@@ -85,6 +86,7 @@ class Generation:
         self._log_requests = log_requests  # --enable-log-requests
         self.choices: list[Choice] = []
         self._submitting = False
+        self._pump_error: BaseException | None = None  # EngineFailed of a choice, re-raised to the reader
 
     @property
     def num_unfinished(self) -> int:
@@ -152,10 +154,17 @@ class Generation:
         nursery.start_soon(self._pump, send, scope)
         try:
             async with receive:
-                yield receive
+                async with contextlib.aclosing(self._merged(receive)) as events:
+                    yield events
         finally:
             scope.cancel()
             await self.abort_unfinished()
+
+    async def _merged(self, receive: trio.MemoryReceiveChannel) -> AsyncIterator[tuple[Choice, RequestOutputDelta]]:
+        async for item in receive:
+            yield item
+        if self._pump_error is not None:
+            raise self._pump_error
 
     async def _pump(self, send: trio.MemorySendChannel, scope: trio.CancelScope) -> None:
         with scope:
@@ -173,12 +182,15 @@ class Generation:
             yield choice, delta
 
     async def _forward(self, choice: Choice, send: trio.MemorySendChannel) -> None:
-        async for delta in choice.stream:
-            self._observe(choice, delta)
-            try:
-                await send.send((choice, delta))
-            except trio.BrokenResourceError:
-                return  # the reader left; abort_unfinished takes it from here
+        try:
+            async for delta in choice.stream:
+                self._observe(choice, delta)
+                try:
+                    await send.send((choice, delta))
+                except trio.BrokenResourceError:
+                    return  # the reader left; abort_unfinished takes it from here
+        except EngineFailed as exc:  # the engine gave up on this choice: the reader raises it
+            self._pump_error = exc
 
     def _observe(self, choice: Choice, delta: RequestOutputDelta) -> None:
         choice.num_cached_tokens = max(choice.num_cached_tokens, delta.num_cached_tokens)

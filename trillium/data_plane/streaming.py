@@ -5,8 +5,9 @@
 `sse_response(body)` wraps an async iterator of encoded events in a Quart
 response with no send timeout (a long generation is not a stuck client).
 An error after the headers went out (a rejected request, an unexpected
-exception, logged) travels as one `data: {"error": ...}` event, which the
-openai SDK raises as APIError.
+exception, logged; the engine failing mid-stream, a 503 naming why)
+travels as one `data: {"error": ...}` event, which the openai SDK raises
+as APIError.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from collections.abc import AsyncIterator
 
 from quart import Response
 
-from trillium.data_plane.errors import ApiError, internal_error
+from trillium.actors.client import EngineFailed
+from trillium.data_plane.errors import ApiError, engine_failed, internal_error
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,9 @@ async def _guarded(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         try:
             async for item in events:
                 yield item
+        except EngineFailed as exc:
+            yield error_event(engine_failed(str(exc)))
+            yield DONE
         except Exception:
             log.exception("error while streaming a response")
             yield error_event(internal_error())

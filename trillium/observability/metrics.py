@@ -20,16 +20,18 @@ scrape time. Names and semantics follow vLLM's, under `trillium:`:
     LoRA        lora_requests_info{running_lora_adapters, waiting_lora_adapters, max_lora}
                 (vLLM's info gauge: the value is the time of the reading), lora_loads_total,
                 lora_unloads_total, lora_swap_ins_total (adapters moved into a device slot)
-                -- only with --enable-lora
+                -- at 0 (no adapters, max_lora "0") without --enable-lora
     KV tiers    kv_tier_usage_perc{tier}, kv_tier_hits_total{tier} (prefix-cache hits, blocks),
                 kv_tier_evictions_total{tier} (blocks), kv_tier_bytes_moved_total{direction}
                 (to_host, to_device, to_disk, from_disk), kv_tier_failed_reads_total (corrupt
                 disk blocks, recomputed), kv_tier_load_seconds{tier} (histogram: host, a step's
                 copies into the device; disk, a request's wait in the loading state); tier is
                 "device", "host" or "disk"; kv_swaps_total{direction} (out, in: swap preemption)
-                -- only with --kv-host-bytes (disk series: --kv-disk-path)
+                -- the tiers that are off (host, disk) are exported at 0
     links       engine_rejected_frames_total{actor,reason}: frames an engine inbox dropped
                 (observability/link_metrics.py; from start-up, at 0)
+    liveness    engine_stalled{actor} (1 while the watchdog finds the actor stalled),
+                engine_stalls_total{actor} (stall onsets; actors/liveness.py) -- `trillium serve`
 
 `request_success_total{finished_reason}` counts each request's final
 output as the client gets it (`finished_output`, from the detokenizer's
@@ -52,6 +54,8 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from trillium.actors.protocol.outputs import KvTierStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 FINISH_REASONS = ("stop", "length", "abort")
@@ -113,8 +117,7 @@ class _StateCollector:
                       stats.prefix_cache_queries_total if stats else 0)
         yield counter("trillium:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                       stats.prefix_cache_hits_total if stats else 0)
-        if stats is not None and stats.kv_tiers:
-            yield from _tier_families(model, stats)
+        yield from _tier_families(model, stats)
         depth = GaugeMetricFamily("trillium:actor_mailbox_depth",
                                   "Messages waiting in an actor's inbox (scheduler: at its last drain).",
                                   labels=["model_name", "actor"])
@@ -129,36 +132,41 @@ class _StateCollector:
             yield up
 
 
+# WHY rows for tiers that are off: every series the dashboard queries exists from start-up (at 0), so no
+# panel says "no data" and rate() has a baseline when a tier is switched on later.
+_OFF_TIERS = (KvTierStats("host", 0.0, 0, 0, 0), KvTierStats("disk", 0.0, 0, 0, 0))
+
+
 def _tier_families(model: str, stats):
-    """The KV tier series (a host tier is configured: the stats carry tiers)."""
+    """The KV tier series: the configured tiers' rows, host and disk at 0 where they are off."""
+    tiers = tuple(stats.kv_tiers) if stats is not None else ()
+    named = {tier.tier for tier in tiers}
+    tiers += tuple(tier for tier in _OFF_TIERS if tier.tier not in named)
+    total = (lambda field: getattr(stats, field)) if stats is not None else (lambda field: 0)
     usage = GaugeMetricFamily("trillium:kv_tier_usage_perc", "Fraction of a KV tier's blocks in use (0-1).",
                               labels=["model_name", "tier"])
     hits = CounterMetricFamily("trillium:kv_tier_hits", "Prefix-cache hits served by a KV tier, in blocks.",
                                labels=["model_name", "tier"])
     evictions = CounterMetricFamily("trillium:kv_tier_evictions", "Cached KV blocks a tier dropped for room.",
                                     labels=["model_name", "tier"])
-    for tier in stats.kv_tiers:
+    for tier in tiers:
         usage.add_metric([model, tier.tier], tier.usage)
         hits.add_metric([model, tier.tier], tier.hit_blocks_total)
         evictions.add_metric([model, tier.tier], tier.evicted_blocks_total)
     moved = CounterMetricFamily("trillium:kv_tier_bytes_moved", "KV bytes copied between the KV tiers.",
                                 labels=["model_name", "direction"])
-    moved.add_metric([model, "to_host"], stats.kv_bytes_to_host_total)
-    moved.add_metric([model, "to_device"], stats.kv_bytes_to_device_total)
-    if any(tier.tier == "disk" for tier in stats.kv_tiers):
-        moved.add_metric([model, "to_disk"], stats.kv_bytes_to_disk_total)
-        moved.add_metric([model, "from_disk"], stats.kv_bytes_from_disk_total)
+    for direction, field in (("to_host", "kv_bytes_to_host_total"), ("to_device", "kv_bytes_to_device_total"),
+                             ("to_disk", "kv_bytes_to_disk_total"), ("from_disk", "kv_bytes_from_disk_total")):
+        moved.add_metric([model, direction], total(field))
     swaps = CounterMetricFamily("trillium:kv_swaps", "Preempted requests whose KV went to the host tier "
                                 "(out) and came back (in): --preemption-mode swap.", labels=["model_name", "direction"])
-    swaps.add_metric([model, "out"], stats.num_swapped_out_total)
-    swaps.add_metric([model, "in"], stats.num_swapped_in_total)
-    yield from (usage, hits, evictions, moved, swaps)
-    if any(tier.tier == "disk" for tier in stats.kv_tiers):
-        failed = CounterMetricFamily("trillium:kv_tier_failed_reads",
-                                     "Disk KV blocks that failed their check (corrupt, truncated): recomputed.",
-                                     labels=["model_name"])
-        failed.add_metric([model], stats.kv_disk_failed_reads_total)
-        yield failed
+    swaps.add_metric([model, "out"], total("num_swapped_out_total"))
+    swaps.add_metric([model, "in"], total("num_swapped_in_total"))
+    failed = CounterMetricFamily("trillium:kv_tier_failed_reads",
+                                 "Disk KV blocks that failed their check (corrupt, truncated): recomputed.",
+                                 labels=["model_name"])
+    failed.add_metric([model], total("kv_disk_failed_reads_total"))
+    yield from (usage, hits, evictions, moved, swaps, failed)
 
 
 class _LoRACollector:
@@ -169,7 +177,7 @@ class _LoRACollector:
 
     def collect(self):
         stats, loras, model = self._stats(), self._loras, self._model_name
-        names = lambda ids: ",".join(loras.name_of(i) for i in ids)  # noqa: E731
+        names = lambda ids: ",".join(loras.name_of(i) for i in ids) if loras is not None else ""  # noqa: E731
         info = GaugeMetricFamily(
             "trillium:lora_requests_info", "Adapters of running and waiting requests (value: time of reading).",
             labels=["model_name", "running_lora_adapters", "waiting_lora_adapters", "max_lora"])
@@ -177,11 +185,34 @@ class _LoRACollector:
                          names(stats.waiting_lora_ids) if stats else "",
                          str(stats.max_loras if stats else 0)], time.time())
         yield info
-        for name, doc, value in (("trillium:lora_loads", "LoRA adapters loaded.", loras.num_loads),
-                                 ("trillium:lora_unloads", "LoRA adapters unloaded.", loras.num_unloads)):
+        loads, unloads = (loras.num_loads, loras.num_unloads) if loras is not None else (0, 0)
+        for name, doc, value in (("trillium:lora_loads", "LoRA adapters loaded.", loads),
+                                 ("trillium:lora_unloads", "LoRA adapters unloaded.", unloads)):
             family = CounterMetricFamily(name, doc, labels=["model_name"])
             family.add_metric([model], value)
             yield family
+
+
+class _LivenessCollector:
+    """The stall watchdog's view (actors/liveness.py StallDetector), every actor at 0 from the start."""
+
+    def __init__(self, model_name: str, detector) -> None:
+        self._model_name = model_name
+        self._detector = detector
+
+    def collect(self):
+        model, detector = self._model_name, self._detector
+        stalled = GaugeMetricFamily("trillium:engine_stalled", "1 while the watchdog finds the actor stalled.",
+                                    labels=["model_name", "actor"])
+        stalls = CounterMetricFamily("trillium:engine_stalls", "Times the watchdog found the actor stalled "
+                                     "(no pong, or no step with work queued, for --engine-stall-timeout-s).",
+                                     labels=["model_name", "actor"])
+        current = detector.stall.actor if detector.stall is not None else None
+        for actor in sorted(detector.num_stalls):
+            stalled.add_metric([model, actor], float(actor == current))
+            stalls.add_metric([model, actor], detector.num_stalls[actor])
+        yield stalled
+        yield stalls
 
 
 class EngineMetrics:
@@ -205,10 +236,14 @@ class EngineMetrics:
             return Counter(name, doc, [*labels, *extra], registry=registry)
 
         def histogram(name: str, doc: str, buckets) -> Histogram:
-            return Histogram(name, doc, labels, buckets=buckets, registry=registry)
+            family = Histogram(name, doc, labels, buckets=buckets, registry=registry)
+            family.labels(model_name)  # WHY: its buckets exist (at 0) before the first observation
+            return family
 
         self._prompt_tokens = counter("trillium:prompt_tokens", "Prefilled prompt tokens (at first token).")
         self._generation_tokens = counter("trillium:generation_tokens", "Generated tokens.")
+        self._prompt_tokens.labels(model_name)
+        self._generation_tokens.labels(model_name)
         self._success = counter("trillium:request_success", "Finished requests by finish reason.",
                                 ("finished_reason",))
         for reason in FINISH_REASONS:  # WHY: series exist (at 0) before the first finish
@@ -238,12 +273,17 @@ class EngineMetrics:
                                   "KV tier loads: host, a step's copies to the device; disk, a request's "
                                   "wait for its blocks.", [*labels, "tier"], buckets=_STEP_BUCKETS_S,
                                   registry=registry)
+        for tier in ("host", "disk"):
+            self._kv_load.labels(model_name, tier)
         registry.register(_StateCollector(model_name, stats, api_mailbox_depth, actors_alive))
-        self._swap_ins = None
-        if loras is not None:
-            self._swap_ins = counter("trillium:lora_swap_ins", "LoRA adapters loaded into a device slot.")
-            self._swap_ins.labels(model_name)
-            registry.register(_LoRACollector(model_name, stats, loras))
+        # WHY without --enable-lora too: the LoRA panels read 0 instead of "no data".
+        self._swap_ins = counter("trillium:lora_swap_ins", "LoRA adapters loaded into a device slot.")
+        self._swap_ins.labels(model_name)
+        registry.register(_LoRACollector(model_name, stats, loras))
+
+    def watch_liveness(self, detector) -> None:
+        """Export the stall watchdog's series (`trillium serve`)."""
+        self.registry.register(_LivenessCollector(self._model, detector))
 
     def attach(self, client) -> None:
         """Feed from an EngineClient: its SchedulerStats and its requests' final outputs."""
@@ -263,7 +303,7 @@ class EngineMetrics:
             self._prompt_tokens.labels(model).inc(stats.num_prompt_tokens)
         if stats.num_generation_tokens:
             self._generation_tokens.labels(model).inc(stats.num_generation_tokens)
-        if stats.num_lora_swap_ins and self._swap_ins is not None:
+        if stats.num_lora_swap_ins:
             self._swap_ins.labels(model).inc(stats.num_lora_swap_ins)
         for values, histogram in ((stats.ttfts_s, self._ttft), (stats.itls_s, self._itl),
                                   (stats.step_tokens, self._iteration), (stats.step_durations_s, self._step)):

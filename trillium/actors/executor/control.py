@@ -169,7 +169,12 @@ class ExecutorControl:
         return await self.torch.run(load)
 
     async def _from_tensors(self, msg: UpdateWeightsFromTensors) -> dict:
-        return await self.torch.run(lambda: self._swap(weights.parse_safetensors(msg.safetensors), msg.flush_cache))
+        def read() -> weights.NamedTensors:
+            if msg.safetensors_path is not None:
+                return weights.read_safetensors_file(msg.safetensors_path)
+            return weights.parse_safetensors(msg.safetensors)
+
+        return await self.torch.run(lambda: self._swap(read(), msg.flush_cache))
 
     async def _from_distributed(self, msg: UpdateWeightsFromDistributed) -> dict:
         if self._group is None:
@@ -179,9 +184,11 @@ class ExecutorControl:
                 400, f"names, dtypes and shapes differ in length ({len(msg.names)}, {len(msg.dtypes)}, {len(msg.shapes)})"
             )
         dtypes = tuple(weights.parse_dtype(d) for d in msg.dtypes)
-        # WHY receive before validating: the trainer broadcasts every tensor
-        # regardless; leaving the collective half way would strand it until
-        # its timeout. A bad name or shape is refused after the transfer.
+        await self._check_announced(tuple(msg.names), dtypes, tuple(tuple(s) for s in msg.shapes))
+        # WHY receive before the full validation: the trainer broadcasts every
+        # tensor regardless; leaving the collective half way would strand it
+        # until its timeout. What the announcement already shows to be wrong
+        # (names, shapes, size) is refused above, before any buffer exists.
         device = self.core.device if self._group_backend == "nccl" else torch.device("cpu")
 
         if self._shadow is None:
@@ -217,6 +224,17 @@ class ExecutorControl:
                  len(named), sum(t.numel() * t.element_size() for _, t in named) / 1e6,
                  received_s - started_s, time.perf_counter() - received_s)
         return data
+
+    async def _check_announced(self, names, dtypes, shapes) -> None:
+        """400 before any allocation; the group is closed (the trainer's broadcast has no receiver)."""
+        if self._validator is None:
+            self._validator = await self.torch.run(weights.WeightValidator, self.core.model)
+        try:
+            await self.torch.run(self._validator.check_announced, names, dtypes, shapes)
+        except ControlError as exc:
+            await self.torch.run(self.close)
+            raise ControlError(exc.status, f"{exc.message}; nothing was received and the weights update group "
+                                           f"was closed: init it again", {"group_closed": True}) from None
 
     def _swap(self, named: weights.NamedTensors, flush_cache: bool, *, complete: bool = False, shadow=None) -> dict:
         """Validate everything, then copy (or swap in the shadow): a failure leaves the old weights.

@@ -6,6 +6,10 @@ tensors received over a weights update group (`distributed/update_group.py`,
 into `shadow_weights.py`'s shadow). Each becomes a list of (HF name, tensor)
 held in memory in full, then:
 
+0. For a distributed update, `WeightValidator.check_announced` first: the
+   announced names, shapes and total size against the model on meta
+   tensors, before a single receive buffer is allocated (a shape such as
+   [2**40] is a 400, never an allocation).
 1. `WeightValidator.check`: names, shapes and dtypes against the model,
    before anything is copied. It runs the model's own `load_weights` on a
    twin built on the meta device (no storage), so the name resolution and
@@ -88,6 +92,19 @@ def parse_safetensors(blob: np.ndarray) -> NamedTensors:
     return list(tensors.items())
 
 
+def read_safetensors_file(path: str) -> NamedTensors:
+    """The tensors of a safetensors file on disk (an upload the api streamed there)."""
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(path)
+    except Exception as exc:  # safetensors raises its own SafetensorError; OSError for a missing file
+        raise ControlError(400, f"not a valid safetensors payload: {exc}") from None
+    if not tensors:
+        raise ControlError(400, "the safetensors payload holds no tensors")
+    return list(tensors.items())
+
+
 def parse_dtype(name: str) -> torch.dtype:
     """"bfloat16" / "torch.bfloat16" -> torch.bfloat16 (floating dtypes only)."""
     dtype = getattr(torch, name.removeprefix("torch."), None)
@@ -103,6 +120,26 @@ class WeightValidator:
         with torch.device("meta"):
             self._twin = type(model)(model.config, dtype=model.dtype, max_positions=model.max_positions)
         self.required = frozenset(model.checkpoint_weight_names())
+        # WHY the twin's: its shapes are the model's even while the live weights sleep without storage.
+        self.num_elements = sum(p.numel() for p in self._twin.parameters())
+
+    def check_announced(self, names: tuple[str, ...], dtypes: tuple[torch.dtype, ...],
+                        shapes: tuple[tuple[int, ...], ...]) -> None:
+        """ControlError(400) unless tensors of these names, dtypes and shapes would load; allocates nothing."""
+        # WHY twice the model: a checkpoint may carry a tied weight under both names; nothing more.
+        limit = 2 * self.num_elements
+        total = sum(math.prod(shape) for shape in shapes)  # Python ints: no overflow
+        if total > limit:
+            raise ControlError(400, f"the update announces {total} elements; the model has {self.num_elements} "
+                                    f"(at most {limit} accepted)")
+        if any(len(shape) > 8 or min(shape, default=1) < 0 for shape in shapes):
+            raise ControlError(400, "shapes: each shape has at most 8 non-negative dimensions")
+        try:
+            meta = [(name, torch.empty(shape, dtype=dtype, device="meta"))
+                    for name, dtype, shape in zip(names, dtypes, shapes)]
+        except (RuntimeError, ValueError, OverflowError) as exc:
+            raise ControlError(400, f"bad shape: {exc}") from None
+        self.check(meta)
 
     def check(self, named: Iterable[tuple[str, torch.Tensor]], *, complete: bool = False) -> set[str]:
         """The checkpoint names `named` would load; ControlError(400) if any

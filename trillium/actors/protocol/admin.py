@@ -79,13 +79,16 @@ class UpdateWeightsFromDisk:
 @attrs.frozen
 class UpdateWeightsFromTensors:
     """`safetensors` is the raw bytes of a safetensors file (uint8 array,
-    travels as a frame); the executor parses it with the safetensors library."""
+    travels as a frame), or empty with `safetensors_path` naming the file the
+    api streamed an upload into (read once by the executor, never copied
+    through the sockets); the executor parses it with the safetensors library."""
 
     command_id: str
     safetensors: np.ndarray
     weight_version: str | None = None
     flush_cache: bool = True
     drain_timeout_s: float | None = None
+    safetensors_path: str | None = None
 
 
 @attrs.frozen

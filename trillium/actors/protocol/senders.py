@@ -8,16 +8,19 @@ a role may not send to that receiver is dropped and counted as
 "forbidden", like any other rejected frame (`actors/gate.py`).
 
     receiver      sender        messages
-    scheduler     api           AddRequest, AbortRequest, the lifecycle commands, Shutdown
+    scheduler     api           AddRequest, AbortRequest, the lifecycle commands, Shutdown, Ping
                   detokenizer   FinishRequest, ControlReply (forwarded profile commands)
                   executor      BatchResult, ExecutorFailed, ControlReply
     executor      scheduler     ExecuteBatch, forwarded lifecycle commands, Shutdown
-                  api           Shutdown
+                  api           Shutdown, Ping
     detokenizer   scheduler     TokenDeltas, StartProfile, StopProfile, Shutdown
-                  api           Shutdown
-    api           scheduler     SchedulerStats, ControlReply, FramesRejected
-                  detokenizer   RequestOutputs, FramesRejected
-                  executor      FramesRejected
+                  api           Shutdown, Ping
+    api           scheduler     SchedulerStats, ControlReply, FramesRejected, Pong
+                  detokenizer   RequestOutputs, FramesRejected, Pong
+                  executor      FramesRejected, Pong
+
+Ping / Pong: the api's stall watchdog (actors/liveness.py); each actor's
+mailbox answers an admitted Ping itself.
 
 WHY only the api sends lifecycle commands to the scheduler: they are the
 control plane's (admin token, path allow-lists); a forwarded command reaches
@@ -50,25 +53,26 @@ _EXECUTOR_COMMANDS = (
 _ALLOWED: dict[str, dict[str, frozenset[type]]] = {
     "scheduler": {
         "api": frozenset(
-            {requests.AddRequest, requests.AbortRequest, supervision.Shutdown, *_LIFECYCLE_COMMANDS}
+            {requests.AddRequest, requests.AbortRequest, supervision.Shutdown, supervision.Ping,
+             *_LIFECYCLE_COMMANDS}
         ),
         "detokenizer": frozenset({requests.FinishRequest, admin.ControlReply}),
         "executor": frozenset({execute.BatchResult, execute.ExecutorFailed, admin.ControlReply}),
     },
     "executor": {
         "scheduler": frozenset({execute.ExecuteBatch, supervision.Shutdown, *_EXECUTOR_COMMANDS}),
-        "api": frozenset({supervision.Shutdown}),
+        "api": frozenset({supervision.Shutdown, supervision.Ping}),
     },
     "detokenizer": {
         "scheduler": frozenset(
             {outputs.TokenDeltas, admin.StartProfile, admin.StopProfile, supervision.Shutdown}
         ),
-        "api": frozenset({supervision.Shutdown}),
+        "api": frozenset({supervision.Shutdown, supervision.Ping}),
     },
     "api": {
-        "scheduler": frozenset({outputs.SchedulerStats, admin.ControlReply, FramesRejected}),
-        "detokenizer": frozenset({outputs.RequestOutputs, FramesRejected}),
-        "executor": frozenset({FramesRejected}),
+        "scheduler": frozenset({outputs.SchedulerStats, admin.ControlReply, FramesRejected, supervision.Pong}),
+        "detokenizer": frozenset({outputs.RequestOutputs, FramesRejected, supervision.Pong}),
+        "executor": frozenset({FramesRejected, supervision.Pong}),
     },
 }
 

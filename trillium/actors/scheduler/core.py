@@ -103,7 +103,9 @@ class Scheduler:
     # -- inputs -----------------------------------------------------------
 
     def add_request(self, msg: AddRequest) -> None:
-        """Queue a request (n > 1: its `choices()`, all or none); ValueError if it can never fit."""
+        """Queue a request (n > 1: its `choices()`, all or none); ValueError if it can never fit.
+        WHY checked here, once: the api is not trusted (request_check.py), and the choices share its prompt."""
+        check_add_request(msg, max_model_len=self.config.max_model_len, vocab_size=self.config.vocab_size)
         requests = [self._build(choice, self._arrival_seq + i) for i, choice in enumerate(msg.choices())]
         if len({r.request_id for r in requests}) != len(requests):
             raise ValueError(f"duplicate request id in {msg.request_id!r}")
@@ -118,7 +120,6 @@ class Scheduler:
     def _build(self, msg: AddRequest, arrival_seq: int) -> Request:
         if msg.request_id in self._requests:
             raise ValueError(f"duplicate request id {msg.request_id!r}")
-        check_add_request(msg, max_model_len=self.config.max_model_len, vocab_size=self.config.vocab_size)
         if msg.lora_id and msg.lora_id not in self.lora_ids:
             raise ValueError(f"request {msg.request_id}: LoRA adapter id {msg.lora_id} is not loaded")
         request = Request(msg, arrival_seq, self.config.max_model_len)

@@ -35,9 +35,7 @@ def check_add_request(msg: AddRequest, *, max_model_len: int, vocab_size: int | 
         if any(not 0 <= t < vocab_size for t in msg.eos_token_ids):
             raise ValueError(f"eos_token_ids: must be in [0, {vocab_size})")
     params = msg.sampling
-    if params.n != 1:
-        raise ValueError(f"n: the api expands n > 1 into one request per choice; got {params.n}")
-    params.validate(vocab_size)
+    params.validate(vocab_size)  # n >= 1 included: n > 1 is expanded by Scheduler.add_request
     if params.max_tokens is not None and prompt.size + params.max_tokens > max_model_len:
         raise ValueError(
             f"max_tokens: prompt ({prompt.size}) + max_tokens ({params.max_tokens}) exceeds max_model_len "

@@ -69,6 +69,10 @@ def blueprint(state: AdminState) -> Blueprint:
         path = engine.lora_paths.resolve(lora_path)
         if not os.path.isdir(path):
             raise bad_request(f"lora_path {lora_path!r} is not a directory", "lora_path")
+        escaping = engine.lora_paths.escaping_links(path)  # an adapter directory: a few files
+        if escaping:
+            raise forbidden(f"lora_path {lora_path!r} holds links out of the allowed roots: "
+                            f"{', '.join(escaping[:8])}", "lora_path")
         return path
 
     async def load(name: str, lora_path: str, replace: bool):

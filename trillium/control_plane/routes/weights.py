@@ -3,11 +3,15 @@
     POST /update_weights_from_disk {"model_path", "weight_version"?, "flush_cache": true,
                                     "abort_all_requests": false}
         model_path is resolved (symlinks, ..) and must lie under an allowed
-        root (--allowed-weight-paths), else 403; a missing path is 400.
+        root (--allowed-weight-paths), else 403, as must every link inside
+        it (paths.py `escaping_links`); a missing path is 400.
     POST /update_weights_from_tensor?weight_version=...&flush_cache=true&abort_all_requests=false
         body: the raw bytes of a safetensors file (HF parameter names). It
-        is parsed with the `safetensors` library (no pickle) in a worker
-        thread before anything reaches the engine; a malformed file is 400.
+        is streamed to a private temp file under the body size cap (413
+        beyond; uploads.py), its header checked with the `safetensors`
+        library (no pickle) before anything reaches the engine (a malformed
+        file is 400), and the executor reads the file once; it is deleted
+        when the update is answered.
         Names and shapes are the engine's to check (400, old weights kept).
         SGLang's JSON body ({"serialized_named_tensors": [...]}, tensors pickled
         by its MultiprocessingSerializer) is a 400 saying why and what to send
@@ -48,6 +52,7 @@ from trillium.control_plane.protocol import (
 from trillium.control_plane.query import takes_query
 from trillium.control_plane.responses import json_response, success
 from trillium.control_plane.state import AdminState, new_command_id
+from trillium.control_plane.uploads import HEAD_BYTES, check_safetensors_file, streamed_upload
 
 MAX_VERSION_CHARS = 256
 
@@ -95,7 +100,8 @@ async def load_from_disk(
     abort_all_requests: bool = False, param: str = "model_path",
 ) -> tuple[ControlReply, str]:
     """One disk update as every route that loads a checkpoint directory runs it (SGLang's, AReaL's,
-    prime-rl's): the allowed-paths check (403), the path must exist (400), then
+    prime-rl's): the allowed-paths check (403), the path must exist (400), no link in it may
+    lead out of the allowed roots (403), then
     `AdminState.update_weights`. Returns the engine's reply and the resolved path."""
     policy = state.engine.weight_paths
     if not policy.is_allowed(model_path):
@@ -104,6 +110,10 @@ async def load_from_disk(
     path = policy.resolve(model_path)
     if not await trio.to_thread.run_sync(os.path.exists, path):
         raise bad_request(f"{param} {model_path!r} does not exist", param)
+    escaping = await trio.to_thread.run_sync(policy.escaping_links, path)
+    if escaping:
+        raise forbidden(f"{param} {model_path!r} holds links out of the allowed weight paths: "
+                        f"{', '.join(escaping[:8])}", param)
     command = UpdateWeightsFromDisk(new_command_id(), model_path=path, weight_version=weight_version,
                                     flush_cache=flush_cache)
     reply = await state.update_weights(command, source="disk", abort_all_requests=abort_all_requests)
@@ -128,17 +138,22 @@ def blueprint(state: AdminState) -> Blueprint:
             raise bad_request(f"weight_version: at most {MAX_VERSION_CHARS} characters", "weight_version")
         flush_cache = parse_bool(request.args.get("flush_cache"), "flush_cache", True)
         abort_all = parse_bool(request.args.get("abort_all_requests"), "abort_all_requests", False)
-        body = await request.get_data()
-        if not body:
-            raise bad_request("the body must be a safetensors file (got an empty body)")
-        refuse_json_payload(request.headers.get("Content-Type", ""), body)
-        try:
-            num_tensors, num_bytes = await trio.to_thread.run_sync(check_safetensors, body)
-        except ValueError as exc:
-            raise bad_request(str(exc)) from None
-        command = UpdateWeightsFromTensors(new_command_id(), safetensors=np.frombuffer(body, dtype=np.uint8),
-                                           weight_version=version, flush_cache=flush_cache)
-        reply = await state.update_weights(command, source="tensor", abort_all_requests=abort_all)
+        async with streamed_upload(request.body, state.engine.max_body_bytes) as upload:
+            if not upload.num_bytes:
+                raise bad_request("the body must be a safetensors file (got an empty body)")
+            content_type = request.headers.get("Content-Type", "")
+            if upload.num_bytes <= HEAD_BYTES:  # WHY only then: a JSON body is small; a large one is a file
+                refuse_json_payload(content_type, upload.head)
+            elif content_type.split(";")[0].strip().lower() == "application/json":
+                raise bad_request("the body must be a safetensors file, not JSON")
+            try:
+                num_tensors, num_bytes = await trio.to_thread.run_sync(check_safetensors_file, upload.path)
+            except ValueError as exc:
+                raise bad_request(str(exc)) from None
+            command = UpdateWeightsFromTensors(new_command_id(), safetensors=np.zeros(0, dtype=np.uint8),
+                                               weight_version=version, flush_cache=flush_cache,
+                                               safetensors_path=upload.path)
+            reply = await state.update_weights(command, source="tensor", abort_all_requests=abort_all)
         return success(reply, f"loaded {num_tensors} tensors ({num_bytes} bytes)",
                        weight_version=state.status.weight_version)
 
