@@ -60,13 +60,9 @@ def _params(reqs, every: int):
 
 
 def _throughput(llm, reqs, every: int) -> float:
-    params = _params(reqs, every)
-    start = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p, _ in reqs], params)
-    elapsed = time.perf_counter() - start
-    produced = sum(len(o.outputs[0].token_ids) for o in outs)
-    assert produced == sum(o for _, o in reqs), "engine produced the wrong number of tokens"
-    return produced / elapsed
+    from trillium.benchmarks.throughput import timed_generate
+
+    return timed_generate(llm, reqs, _params(reqs, every))
 
 
 def _compile_times(model_dir: str, vocab_size: int, seed: int) -> dict[str, float]:

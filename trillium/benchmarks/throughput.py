@@ -46,7 +46,12 @@ def _workload_decode(vocab: int, seed: int):
 def _run_trillium(llm, reqs) -> float:
     from trillium import SamplingParams
 
-    params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for _, o in reqs]
+    return timed_generate(llm, reqs, [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for _, o in reqs])
+
+
+def timed_generate(llm, reqs, params) -> float:
+    """Output tokens/s of one `llm.generate` over `reqs` ((prompt ids, output length) pairs)
+    with one SamplingParams per request; each must produce exactly its length (ignore_eos)."""
     start = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p, _ in reqs], params)
     elapsed = time.perf_counter() - start
