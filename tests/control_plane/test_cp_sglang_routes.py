@@ -24,7 +24,8 @@ LONG_PROMPT = "The little dog ran to the big red barn and " * 8  # several KV bl
 
 
 def _prefix_hits(server) -> float:
-    text = server.http.get(server.base_url + "/metrics").text
+    # /metrics sits behind the data plane's --api-key like everything but the probes.
+    text = server.http.get(server.base_url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text
     return sum(float(m) for m in re.findall(r"^trillium:prefix_cache_hits_total\S* (\S+)$", text, re.M))
 
 
