@@ -12,6 +12,7 @@ def blueprint(state: AppState) -> Blueprint:
     bp = Blueprint("health", __name__)
 
     @bp.get("/health")
+    @bp.get("/health/")  # TRL vllm-serve's spelling (trl/scripts/vllm_serve.py), the same probe
     async def health():
         ok, detail = state.healthy()
         if ok:

@@ -6,7 +6,8 @@ on the same engine path as /v1/completions (admission, submission, abort on
 disconnect: generation.py); its weight-sync routes are the control plane's
 (control_plane/routes/trl.py).
 
-    GET /health/   -> {"status": "ok"}, 503 when an engine actor is down
+    GET /health/   -> {"status": "ok"}, 503 when an engine actor is down (served by routes/health.py,
+                      the same probe as /health)
     POST /generate/ (body: trl_request.py)
         -> {"prompt_ids": [[int]] (one per prompt, as tokenized),
             "completion_ids": [[int]] (n per prompt, prompt by prompt),
@@ -37,13 +38,6 @@ from trillium.observability.tracing import sample_request
 
 def blueprint(state: AppState) -> Blueprint:
     bp = Blueprint("trl", __name__)
-
-    @bp.get("/health/")
-    async def health():
-        ok, detail = state.healthy()
-        if ok:
-            return json_response({"status": "ok"})
-        return json_response({"status": "unhealthy", "detail": str(detail)}, status=503)
 
     @bp.post("/generate/")
     async def generate():
