@@ -333,8 +333,12 @@ TRAINER = textwrap.dedent(
     group = open_group("127.0.0.1", port, rank=0, world_size=2, group_name="rl", timeout_s=60)
     for name in sorted(weights):
         broadcast(group, weights[name].contiguous())
-    close_group(group)  # NOTE: a gloo group still alive at interpreter exit aborts the process
     print("sent", len(weights), flush=True)
+    # WHY wait: as a real trainer waits for the engine's reply to the update before it
+    # moves on; rank 0 hosts the store, and tearing it down while the engine still
+    # receives aborts this process under load ("terminate called without an active exception").
+    sys.stdin.read()  # until the test has the engine's reply and closes our stdin
+    close_group(group)  # NOTE: a gloo group still alive at interpreter exit aborts the process
     """
 )
 
@@ -362,15 +366,10 @@ async def test_weight_update_over_a_gloo_group_from_a_trainer_process(checkpoint
                                 shapes=((1,),))).status == 409
         port = _free_port()
         async with trio.open_nursery() as nursery:
-            trainer = []
-
-            async def run_trainer():
-                trainer.append(await trio.run_process(
-                    [sys.executable, str(script), str(port), str(checkpoints[1] / "model.safetensors")],
-                    env=env, capture_stdout=True, check=False,
-                ))
-
-            nursery.start_soon(run_trainer)
+            trainer_process = await nursery.start(partial(
+                trio.run_process, [sys.executable, str(script), str(port), str(checkpoints[1] / "model.safetensors")],
+                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, check=False,
+            ))
             joined = await e.control(lc.InitWeightsUpdateGroup, master_address="127.0.0.1", master_port=port,
                                      rank_offset=1, world_size=2, group_name="rl", timeout_s=60)
             assert joined.ok, joined.message
@@ -379,7 +378,9 @@ async def test_weight_update_over_a_gloo_group_from_a_trainer_process(checkpoint
                 lc.UpdateWeightsFromDistributed, names=tuple(names), dtypes=("float32",) * len(names),
                 shapes=tuple(tuple(weights[n].shape) for n in names), weight_version="dist-1",
             )
-        assert trainer[0].returncode == 0 and b"sent" in trainer[0].stdout
+            sent = await trainer_process.stdout.receive_some()
+            await trainer_process.stdin.aclose()  # the reply is in: the trainer may close its end
+        assert trainer_process.returncode == 0 and b"sent" in sent, (trainer_process.returncode, sent)
         assert reply.ok, reply.message
         assert reply.data["weight_version"] == "dist-1"
         assert await e.generate() == expected[1]

@@ -59,6 +59,30 @@ def test_no_progress_with_work_queued(running, actor):
     assert detector.num_stalls[actor] == 1
 
 
+def test_a_frozen_scheduler_is_named_by_its_ping_not_blamed_on_the_executor():
+    # The scheduler froze at t=10: steps stop at once, its first unanswered ping went at t=11.
+    detector = StallDetector(ENGINE_ACTORS, TIMEOUT_S)
+    pongs = {actor: 10.0 for actor in ENGINE_ACTORS}
+    for now in range(11, 18):
+        detector.pinged(float(now), pongs)
+        pongs["executor"] = pongs["detokenizer"] = now + 0.1
+        stall = check(detector, now + 0.9, pongs, progress=10.0, queued=1, running=1)
+        if now + 0.9 - 11 <= TIMEOUT_S:
+            assert stall is None, now  # the step clock ran out at t=15: not the executor's fault
+    assert stall is not None and stall.actor == "scheduler" and "ping" in stall.reason
+    assert detector.num_stalls == {"executor": 0, "detokenizer": 0, "scheduler": 1}
+
+
+def test_a_hung_step_with_every_ping_answered_is_the_executor():
+    detector = StallDetector(ENGINE_ACTORS, TIMEOUT_S)
+    pongs = {actor: 10.0 for actor in ENGINE_ACTORS}
+    for now in range(11, 18):
+        detector.pinged(float(now), pongs)
+        pongs = {actor: now + 0.1 for actor in ENGINE_ACTORS}
+        stall = check(detector, now + 0.9, pongs, progress=10.0, queued=1, running=1)
+    assert stall is not None and stall.actor == "executor" and "step did not come back" in stall.reason
+
+
 def test_no_work_or_not_stepping_is_not_a_stall():
     detector = StallDetector(ENGINE_ACTORS, TIMEOUT_S)
     assert check(detector, 100.0, {}, progress=0.0, queued=0) is None

@@ -14,8 +14,9 @@ loop. Two halves of one protocol (`Ping` / `Pong`, protocol/supervision.py):
   each actor and the last step progress (a `SchedulerStats` or
   `RequestOutputs` reaching the api), it names the stalled actor:
     * an actor that left a ping unanswered for `stall_timeout_s`;
-    * else, with engine requests queued and the engine in a stepping state
-      (serving, draining), no progress for `stall_timeout_s`: the executor
+    * else, with every ping answered, engine requests queued and the engine
+      in a stepping state (serving, draining), no progress for
+      `stall_timeout_s`: the executor
       when requests were running (its step did not come back), else the
       scheduler (it did not schedule).
   It counts stall onsets per actor (the `trillium:engine_stalls_total`
@@ -104,12 +105,23 @@ class StallDetector:
     def check(self, now: float, *, last_pong_s: Mapping[str, float], last_progress_s: float,
               num_queued: int, steppable: bool, num_running: int) -> Stall | None:
         """The stall now (None: healthy); a new onset bumps `num_stalls`. Call once per tick."""
-        stall = self._ping_stall(now, last_pong_s) or self._step_stall(now, last_progress_s, num_queued,
-                                                                       steppable, num_running)
+        stall = self._ping_stall(now, last_pong_s)
+        if stall is None and (self._latched is not None or not self._awaiting_pong(last_pong_s)):
+            stall = self._step_stall(now, last_progress_s, num_queued, steppable, num_running)
         if stall is not None and (self.stall is None or self.stall.actor != stall.actor):
             self.num_stalls[stall.actor] = self.num_stalls.get(stall.actor, 0) + 1
         self.stall = stall
         return stall
+
+    def _awaiting_pong(self, last_pong_s: Mapping[str, float]) -> bool:
+        """Some actor has a ping out that it has not answered yet.
+
+        WHY a step stall waits for it: a frozen scheduler stops the steps too, and
+        the step clock can run out before the ping one does; naming the executor
+        then would be wrong. An actor that answers pings while the steps stop is
+        the step stall's case."""
+        return any(first is not None and last_pong_s.get(actor, -math.inf) < first
+                   for actor, first in self._first_unanswered.items())
 
     def _ping_stall(self, now: float, last_pong_s: Mapping[str, float]) -> Stall | None:
         for actor, first in self._first_unanswered.items():
