@@ -410,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     build = sub.add_parser(
         "build-model", parents=[common], help="write a small deterministic random checkpoint")
     build.add_argument("path")
-    from trillium.models.synthetic import VARIANTS
+    from trillium.models.synthetic_variants import VARIANTS
 
     build.add_argument("--variant", default="llama", choices=VARIANTS,
                        help="which architecture and size: " + ", ".join(VARIANTS))

@@ -179,7 +179,6 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
     config = ActorConfig(engine_config, Addresses.ipc(ipc_dir))
     from trillium.generation_defaults import load_sampling_defaults
 
-    tokenizer = await trio.to_thread.run_sync(load_tokenizer, engine_config.tokenizer_path)
     defaults = load_sampling_defaults(engine_config.model, engine_config.generation_config,
                                       engine_config.override_generation_config)
     log.info("%s", defaults.describe())
@@ -205,9 +204,15 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
         async with trio.open_nursery() as nursery:
             await nursery.start(client.run)
             log.info("starting engine actors (executor, detokenizer, scheduler) for %s", engine_config.model)
-            supervision = processes.supervision = await nursery.start(processes.supervise)
+            # WHY beside the actors' start: loading the tokenizer is seconds of this process's
+            # time that the children's imports need not wait for.
+            tokenizer_box: list = []
+            async with trio.open_nursery() as starting:
+                starting.start_soon(_load_into, tokenizer_box, load_tokenizer, engine_config.tokenizer_path)
+                supervision = processes.supervision = await nursery.start(processes.supervise)
+            tokenizer = tokenizer_box[0]
             log.info("engine actors up: %s (sockets in %s)",
-                     ", ".join(f"{n} pid {p}" for n, p in supervision.pids.items()), ipc_dir)
+                     ", ".join(f"{n} pid {supervision.pids[n]}" for n in ENGINE_ACTORS), ipc_dir)
             processes.watch(nursery, steppable=lambda: status.engine_state in (EngineState.SERVING,
                                                                                EngineState.DRAINING))
             if server_config.lora_modules:
@@ -354,6 +359,10 @@ class _EngineProcesses:
             on_stall=lambda stall: self._client.fail_all(str(stall)),
             active=lambda: self.supervision.healthy and self.failure is None,
         ))
+
+
+async def _load_into(box: list, load, *args) -> None:
+    box.append(await trio.to_thread.run_sync(load, *args))
 
 
 class _Started:

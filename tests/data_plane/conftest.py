@@ -1,7 +1,8 @@
 """Fixtures of the data-plane tests: one background engine serving three apps.
 
 Apps: "default" (no key, unbounded), "keyed" (api_key "sk-test"),
-"queue1" (max_queued_requests=1). The model's context is 2048 tokens so a
+"queue1" (max_queued_requests=1), and "tools-<parser>" (a tools chat template,
+--enable-auto-tool-choice with that --tool-call-parser). The model's context is 2048 tokens so a
 request can outlast a disconnect by far (see test_dp_disconnect.py).
 """
 
@@ -9,16 +10,17 @@ from __future__ import annotations
 
 import pytest
 
-from support.data_plane_server import API_KEY, ServerHarness
+from support.data_plane_server import API_KEY, TOOL_PARSER_APPS, TOOLS_TEMPLATE, ServerHarness
+from trillium.data_plane.chat_options import ChatOptions
 
 
 @pytest.fixture(scope="session")
 def dp_server(checkpoint):
     path = checkpoint("llama", max_position_embeddings=2048)
-    harness = ServerHarness(
-        path,
-        {"default": {}, "keyed": {"api_key": API_KEY}, "queue1": {"max_queued_requests": 1}},
-        max_num_seqs=64,
-    ).start()
+    apps = {"default": {}, "keyed": {"api_key": API_KEY}, "queue1": {"max_queued_requests": 1}}
+    for parser in TOOL_PARSER_APPS:
+        apps[f"tools-{parser}"] = {"chat": ChatOptions.build(
+            chat_template=TOOLS_TEMPLATE, enable_auto_tool_choice=True, tool_call_parser=parser)}
+    harness = ServerHarness(path, apps, max_num_seqs=64).start()
     yield harness
     harness.stop()

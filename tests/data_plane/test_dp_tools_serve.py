@@ -24,7 +24,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from support.serve_process import ServeProcess
-from test_dp_tool_parsers_serve import check_forced_call
+from test_dp_tool_parsers_e2e import check_forced_call
 
 TEMPLATE = """\
 {%- if tools %}<|system|>Tools:{% for t in tools %} {{ t.function.name }}{{ t.function.parameters | tojson }}\
@@ -197,7 +197,7 @@ def test_multi_turn_tool_conversation(sdk, server):
 
 
 def test_auto_hermes_reply_is_read_into_tool_calls(sdk):
-    """The reply forced into hermes' format (test_dp_tool_parsers_serve.py) becomes a tool call."""
+    """The reply forced into hermes' format (test_dp_tool_parsers_e2e.py) becomes a tool call."""
     check_forced_call(sdk, "hermes")
 
 

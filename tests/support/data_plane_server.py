@@ -29,6 +29,11 @@ from trillium.models.tokenizer import load_tokenizer
 
 MODEL_NAME = "tiny-llama"
 API_KEY = "sk-test"
+# The tool-call parsers tried end to end (data_plane/test_dp_tool_parsers_e2e.py) on apps of
+# their own; hermes runs in test_dp_tools_serve.py's `trillium serve`, which covers the CLI flags.
+TOOL_PARSER_APPS = ("llama3_json", "mistral", "pythonic")
+TOOLS_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
+                  "{% if tools %}<|system|>{{ tools | tojson }}<|end|>{% endif %}<|assistant|>")
 
 
 class ServerHarness:

@@ -75,8 +75,9 @@ def engine_codec() -> Codec:
 
 
 def engine_specs(config: ActorConfig) -> list[ActorSpec]:
-    """Actors in start order: the executor (slowest start: loads weights),
-    then the detokenizer and the scheduler, which connect to it."""
+    """Actors in start order (in one process; as subprocesses they start together): the
+    executor (slowest start: loads weights), then the detokenizer and the scheduler,
+    which connect to it."""
     blob = config.to_bytes()
     return [
         ActorSpec(name="executor", target="trillium.actors.executor.actor:run", config=blob),

@@ -13,8 +13,10 @@ with a deadline).
 - :func:`run_in_subprocesses` runs each actor in its own
   ``python -m trillium.actors.supervisor`` child (``trillium serve``).
 
-Both start the actors in the order given, each awaited until started, then
-call ``task_status.started(supervision)`` with a :class:`Supervision` whose
+In process the actors start in the order given, each awaited until started
+(inproc:// peers find each other that way); as subprocesses they start
+together, each importing and loading at once. Either then calls
+``task_status.started(supervision)`` with a :class:`Supervision` whose
 ``alive`` map feeds ``/health``.
 
 Child protocol (no pickle): the parent writes a 4-byte big-endian length and
@@ -41,6 +43,7 @@ import struct
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 
 import attrs
 import msgpack
@@ -143,11 +146,19 @@ async def _supervise_group(
     run_one: Callable[..., Awaitable[None]],
     supervision: Supervision,
     task_status: trio.TaskStatus[Supervision],
+    *,
+    together: bool = False,
 ) -> None:
+    """Start every actor (in order, or `together`), report `supervision` once all are ready, run them."""
     try:
         async with trio.open_nursery() as nursery:
-            for spec in specs:
-                await nursery.start(run_one, spec, supervision)
+            if together:
+                async with trio.open_nursery() as starting:
+                    for spec in specs:
+                        starting.start_soon(partial(nursery.start, run_one, spec, supervision))
+            else:
+                for spec in specs:
+                    await nursery.start(run_one, spec, supervision)
             task_status.started(supervision)
     except BaseException as exc:
         failure = _first_failure(exc)
@@ -230,7 +241,11 @@ async def run_in_subprocesses(
     async def run_one(spec: ActorSpec, supervision: Supervision, *, task_status) -> None:
         await _run_child(spec, supervision, child_env, grace_period_s, task_status)
 
-    await _supervise_group(specs, run_one, supervision, task_status)
+    # WHY together: each child spends seconds importing torch and loading the tokenizer
+    # before it is ready; one after another that is most of a server's start. Over
+    # ipc:// the order does not matter: an Outbox connects before its peer binds and
+    # its messages wait in the queue, and no actor sends before the api does.
+    await _supervise_group(specs, run_one, supervision, task_status, together=True)
 
 
 async def _run_child(

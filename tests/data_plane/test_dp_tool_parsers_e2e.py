@@ -7,8 +7,9 @@ vllm/tool_parsers/hermes_tool_parser.py, llama_tool_parser.py,
 mistral_tool_parser.py, pythonic_tool_parser.py), and the server must then
 return it as `message.tool_calls` (finish_reason "tool_calls") and stream
 it as OpenAI does, through the OpenAI SDK. hermes runs in
-test_dp_tools_serve.py's server; the other three start a server each
-(heavy).
+test_dp_tools_serve.py's `trillium serve` (the CLI flags end to end); the
+other three are apps of the data-plane harness (support/data_plane_server.py
+TOOL_PARSER_APPS), each with its parser's ChatOptions.
 """
 
 from __future__ import annotations
@@ -18,13 +19,11 @@ import json
 import openai
 import pytest
 
-from support.serve_process import ServeProcess
+from support.data_plane_server import MODEL_NAME, TOOL_PARSER_APPS
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
-TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
-            "{% if tools %}<|system|>{{ tools | tojson }}<|end|>{% endif %}<|assistant|>")
 REPLIES = {
     "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
     "llama3_json": '{"name": "get_weather", "parameters": {"city": "Paris"}}',
@@ -33,9 +32,9 @@ REPLIES = {
 }
 
 
-def check_forced_call(client: openai.OpenAI, parser: str) -> None:
+def check_forced_call(client: openai.OpenAI, parser: str, model: str = "test-model") -> None:
     """The forced reply comes back as one get_weather call, whole and streamed."""
-    kwargs = dict(model="test-model", messages=MESSAGES, tools=TOOLS, tool_choice="auto", max_tokens=200,
+    kwargs = dict(model=model, messages=MESSAGES, tools=TOOLS, tool_choice="auto", max_tokens=200,
                   temperature=0, extra_body={"structured_outputs": {"choice": [REPLIES[parser]]}})
     choice = client.chat.completions.create(**kwargs).choices[0]
     (call,) = choice.message.tool_calls
@@ -53,16 +52,7 @@ def check_forced_call(client: openai.OpenAI, parser: str) -> None:
     assert json.loads("".join(e.function.arguments or "" for e in entries)) == {"city": "Paris"}
 
 
-@pytest.mark.heavy
-@pytest.mark.parametrize("parser", ["llama3_json", "mistral", "pythonic"])
-def test_parser_end_to_end(checkpoint, tmp_path, parser):
-    template = tmp_path / "template.jinja"
-    template.write_text(TEMPLATE)
-    proc = ServeProcess(str(checkpoint("llama", max_position_embeddings=2048)), "--max-num-seqs", "4",
-                        "--kv-cache-memory", "16MiB", "--chat-template", str(template),
-                        "--enable-auto-tool-choice", "--tool-call-parser", parser).wait_healthy(timeout_s=300)
-    try:
-        with openai.OpenAI(base_url=proc.base_url + "/v1", api_key="unused", max_retries=0) as client:
-            check_forced_call(client, parser)
-    finally:
-        assert proc.stop() == 0, proc.log()
+@pytest.mark.parametrize("parser", TOOL_PARSER_APPS)
+def test_parser_end_to_end(dp_server, parser):
+    with openai.OpenAI(base_url=dp_server.url(f"tools-{parser}") + "/v1", api_key="unused", max_retries=0) as client:
+        check_forced_call(client, parser, MODEL_NAME)
