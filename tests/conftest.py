@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from trillium.models.synthetic import build_checkpoint
+
+
+def pytest_configure(config):
+    """The run's own cache dir (GGUF tokenizers converted once, gguf_tokenizer_cache.py): never the
+    user's ~/.cache, and shared by every server the tests start (they inherit the environment)."""
+    if "TRILLIUM_CACHE_DIR" not in os.environ:
+        os.environ["TRILLIUM_CACHE_DIR"] = tempfile.mkdtemp(prefix="trillium-test-cache-")
 
 
 @pytest.fixture(scope="session")

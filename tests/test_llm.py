@@ -114,4 +114,18 @@ def test_chat_uses_the_chat_template(checkpoint):
     with LLM(str(path)) as llm:
         expected_ids = llm.get_tokenizer().encode_chat(messages)
         out = llm.chat(messages, SamplingParams(temperature=0, max_tokens=4))[0]
+        # vLLM's LLM.chat arguments (vllm/entrypoints/llm.py): tools and chat_template_kwargs reach the
+        # template as transformers passes them; chat_template replaces the model's.
+        template = "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}|{{ tools | tojson }}" \
+                   "{% endif %}{% if shout %}!{% endif %}"
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+        hf = llm.get_tokenizer().hf
+        with_tools = llm.chat(messages, SamplingParams(temperature=0, max_tokens=2), chat_template=template,
+                              tools=tools, chat_template_kwargs={"shout": True})[0]
+        text = hf.apply_chat_template(messages, tools=tools, chat_template=template, shout=True, tokenize=False,
+                                      add_generation_prompt=True)
+        assert "get_weather" in text and text.endswith("!")
+        assert with_tools.prompt_token_ids == hf.encode(text, add_special_tokens=False)
+        with pytest.raises(ValueError, match="continue_final_message"):
+            llm.chat(messages, continue_final_message=True)
     assert out.prompt_token_ids == list(expected_ids)

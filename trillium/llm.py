@@ -195,16 +195,36 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template: str | None = None,
+        chat_template_kwargs: dict | None = None,
+        tools: Sequence[dict] | None = None,
+        lora=None,
     ) -> list[RequestOutput]:
-        """Apply the model's chat template to one or more conversations and generate."""
+        """Apply the chat template to one or more conversations and generate (vLLM's `LLM.chat`).
+
+        `tools` (OpenAI function tools) and `chat_template_kwargs` reach the template as
+        `transformers`' apply_chat_template passes them; the replies are text, as vLLM's
+        `LLM.chat` returns them (no tool-call parsing offline). `chat_template` replaces the
+        model's; `continue_final_message` leaves the last message open (not with
+        add_generation_prompt). `lora` as in `generate`."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         if not conversations:
             raise ValueError("messages: at least one conversation is required")
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message: cannot be set together with add_generation_prompt")
+        template_args = dict(chat_template_kwargs or {})
+        if continue_final_message:
+            template_args["continue_final_message"] = True
+        for name, value in (("chat_template", chat_template), ("tools", None if tools is None else list(tools))):
+            if value is not None:
+                template_args[name] = value
         prompts = []
         for conversation in conversations:
-            ids = self.tokenizer.encode_chat(list(conversation), add_generation_prompt=add_generation_prompt)
+            ids = self.tokenizer.encode_chat(list(conversation), add_generation_prompt=add_generation_prompt,
+                                             **template_args)
             prompts.append({"prompt_token_ids": list(ids)})
-        return self.generate(prompts, sampling_params)
+        return self.generate(prompts, sampling_params, lora=lora)
 
     # -- helpers -------------------------------------------------------
 

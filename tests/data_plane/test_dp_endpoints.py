@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 import trillium
-from support.data_plane_server import MODEL_NAME
+from support.data_plane_server import MODEL_NAME, TOOLS_TEMPLATE
 
 
 @pytest.fixture
@@ -36,6 +36,45 @@ async def test_tokenize_detokenize_round_trip(dp_server, http):
     messages = [{"role": "user", "content": "hi"}]
     chat = (await http.post("/tokenize", json={"messages": messages})).json()
     assert chat["tokens"] == dp_server.tokenizer.encode_chat(messages)
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+async def test_tokenize_chat_fields_render_as_chat_completions_does(dp_server):
+    """vLLM's TokenizeChatRequest (vllm/entrypoints/serve/tokenize/protocol.py): tools,
+    chat_template_kwargs, continue_final_message and return_token_strs; the count is the
+    prompt a chat completion with the same conversation and tools uses."""
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    async with httpx.AsyncClient(base_url=dp_server.url("tools-llama3_json"), timeout=60) as tools_app:
+        body = {"messages": messages, "tools": [WEATHER_TOOL], "return_token_strs": True}
+        reply = (await tools_app.post("/tokenize", json=body)).json()
+        hf = dp_server.tokenizer.hf
+        text = hf.apply_chat_template(messages, tools=[WEATHER_TOOL], chat_template=TOOLS_TEMPLATE,
+                                      add_generation_prompt=True, tokenize=False)
+        assert reply["tokens"] == hf.encode(text, add_special_tokens=False)
+        assert reply["token_strs"] == hf.convert_ids_to_tokens(reply["tokens"])
+        chat = (await tools_app.post("/v1/chat/completions", json={
+            "model": MODEL_NAME, "messages": messages, "tools": [WEATHER_TOOL], "tool_choice": "none",
+            "max_tokens": 1})).json()
+        assert chat["usage"]["prompt_tokens"] == reply["count"]
+
+        continued = (await tools_app.post("/tokenize", json={
+            "messages": [*messages, {"role": "assistant", "content": "It is"}],
+            "add_generation_prompt": False, "continue_final_message": True})).json()
+        assert continued["count"] > 0 and "token_strs" not in continued
+
+        for bad, param in [
+            ({"prompt": "x", "tools": [WEATHER_TOOL]}, "tools"),
+            ({"messages": messages, "continue_final_message": True}, "continue_final_message"),
+            ({"messages": messages, "chat_template": "{{ 'x' }}"}, "chat_template"),
+            ({"messages": messages, "tools": [{"type": "web_search"}]}, "tools[0].type"),
+            ({"messages": messages, "mm_processor_kwargs": {"num_crops": 4}}, "mm_processor_kwargs"),
+        ]:
+            response = await tools_app.post("/tokenize", json=bad)
+            assert response.status_code == 400, (bad, response.text)
+            assert response.json()["error"]["param"] == param, response.text
 
 
 async def test_health_and_version(http):

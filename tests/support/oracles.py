@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -24,12 +25,24 @@ def stories260k() -> Path | None:
 
 
 def transformers_model(path: Path):
-    """transformers' model for an HF directory or a GGUF file (float32, eval)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """transformers' model for an HF directory or a GGUF file (float32, eval).
+
+    A GGUF's is built once per test session and shared (read-only: tests only run it):
+    transformers dequantizes it in Python, ~30 s for SmolLM2."""
+    from transformers import AutoModelForCausalLM
 
     path = Path(path)
     if path.suffix != ".gguf":
         return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, local_files_only=True).eval()
+    stat = path.stat()
+    return _gguf_model(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1)
+def _gguf_model(path_text: str, size: int, mtime_ns: int):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path_text)
     if importlib.util.find_spec("accelerate") is not None:
         model = AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, dtype=torch.float32, local_files_only=True

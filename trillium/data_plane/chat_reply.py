@@ -55,8 +55,9 @@ def template_arguments(req, options: ChatOptions, tools: ToolPlan) -> dict[str, 
         args["chat_template"] = req.chat_template
     if tools.tools is not None:
         args["tools"] = tools.tools
-    if req.documents is not None:
-        args["documents"] = req.documents
+    documents = getattr(req, "documents", None)  # not on /tokenize
+    if documents is not None:
+        args["documents"] = documents
     return args
 
 

@@ -236,13 +236,20 @@ class ChatCompletionRequest(SamplingRequest):
 
 
 class TokenizeRequest(_Body):
-    """POST /tokenize: either `prompt` or `messages`."""
+    """POST /tokenize: either `prompt` or `messages` (vLLM's TokenizeCompletionRequest /
+    TokenizeChatRequest, vllm/entrypoints/serve/tokenize/protocol.py)."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None  # default: True for prompt, False for messages
     add_generation_prompt: bool | None = True
+    return_token_strs: bool | None = False
+    # messages only: rendered as /v1/chat/completions renders them
+    continue_final_message: bool | None = False
+    chat_template: str | None = None  # needs --trust-request-chat-template
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None  # the template's `tools`
 
 
 class DetokenizeRequest(_Body):

@@ -118,5 +118,10 @@ class TokenizerRunner:
             len(token_ids) <= INLINE_MAX_TOKENS, self.tokenizer.decode, token_ids, skip_special_tokens
         )
 
+    async def token_strings(self, token_ids: list[int]) -> list[str]:
+        """The vocabulary's strings of the ids (vLLM's `token_strs`: convert_ids_to_tokens)."""
+        return await self._run(len(token_ids) <= INLINE_MAX_TOKENS, self.tokenizer.convert_ids_to_tokens,
+                               list(token_ids))
+
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])

@@ -4,7 +4,8 @@
 
 `path` is an HF model directory (tokenizer.json / tokenizer_config.json,
 chat template in tokenizer_config.json or chat_template.jinja) or a `.gguf`
-file (tokenizer and `tokenizer.chat_template` from its metadata). Loading
+file (tokenizer and `tokenizer.chat_template` from its metadata; converted
+once and cached on disk, gguf_tokenizer_cache.py). Loading
 goes through `transformers.AutoTokenizer` with `local_files_only=True`, so
 BOS handling, special tokens and chat templates are exactly HF's and no
 network is touched.
@@ -25,6 +26,7 @@ import tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from trillium.models.checkpoint_files import find_gguf_file, read_gguf_header
+from trillium.models.gguf_tokenizer_cache import load_gguf_tokenizer
 
 Message = dict[str, Any]
 
@@ -107,10 +109,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     """
     gguf_path = find_gguf_file(path)
     if gguf_path is not None:
-        hf = AutoTokenizer.from_pretrained(
-            str(gguf_path.parent), gguf_file=gguf_path.name, local_files_only=True
-        )
-        return Tokenizer(hf, _gguf_eos_ids(gguf_path))
+        return Tokenizer(load_gguf_tokenizer(gguf_path), _gguf_eos_ids(gguf_path))
     path = Path(path)
     hf = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     extra = _json_eos_ids(path / "config.json") + _json_eos_ids(path / "generation_config.json")
