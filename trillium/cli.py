@@ -245,13 +245,15 @@ def _chat_options(args: argparse.Namespace):
 
 
 def _cmd_run_batch(args: argparse.Namespace) -> int:
-    from trillium.cli_batch import run_batch_command
+    from trillium.cli_batch import prepare_batch, run_batch_command
 
     if args.enable_lora:
         raise SystemExit("run-batch serves the base model only: LoRA adapters are selected by name, which "
                          "needs `trillium serve --enable-lora --lora-modules`")
+    batch = prepare_batch(args)  # WHY first: a bad path exits before a Hub model downloads
     names = _served_names(args, args.model)
-    return run_batch_command(args, _serve_engine_config(args, args.model, names), names, _chat_options(args))
+    engine = _serve_engine_config(args, args.model, names)
+    return run_batch_command(args, batch, engine, names, _chat_options(args))
 
 
 def _compat_server_kwargs(args: argparse.Namespace, names: tuple[str, ...]) -> dict:

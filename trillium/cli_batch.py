@@ -53,24 +53,37 @@ def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
                         collect_detailed_traces=False)
 
 
-def run_batch_command(args: argparse.Namespace, engine_config, names: tuple[str, ...], chat) -> int:
-    """Run the file; exit 0 when every line has its output line (failed lines included), 2 when
-    the files or the model cannot be used, 1 when the engine failed (130: interrupted); the
-    lines finished before stay in the output, so the same command resumes."""
-    from trillium.actors.supervisor import ActorFailed
-    from trillium.batch.runner import BatchOptions, prepare_files, run_batch
+def prepare_batch(args: argparse.Namespace):
+    """(BatchOptions, BatchFiles) from the flags, before the model is resolved (a Hub id may download):
+    a bad path exits 2 naming it; an existing output is cut down to its successful lines (resume)."""
+    from trillium.batch.runner import BatchOptions, prepare_files
 
     options = BatchOptions(args.input_file, args.output_file, args.max_concurrency or 2 * args.max_num_seqs,
                            progress=args.progress)
     try:
-        engine_config = engine_config.resolve()
         files = prepare_files(options)
     except (ValueError, OSError) as exc:
         log.error("run-batch: %s", exc)
-        return 2
+        raise SystemExit(2) from None
     if files.resume.done_ids or files.resume.num_dropped:
         log.info("resuming %s: %d lines done (skipped), %d error or unreadable lines dropped (run again)",
                  options.output_path, len(files.resume.done_ids), files.resume.num_dropped)
+    return options, files
+
+
+def run_batch_command(args: argparse.Namespace, batch, engine_config, names: tuple[str, ...], chat) -> int:
+    """Run the file (`batch`: prepare_batch's); exit 0 when every line has its output line (failed
+    lines included), 2 when the model cannot be used, 1 when the engine failed (130: interrupted);
+    the lines finished before stay in the output, so the same command resumes."""
+    from trillium.actors.supervisor import ActorFailed
+    from trillium.batch.runner import run_batch
+
+    options, files = batch
+    try:
+        engine_config = engine_config.resolve()
+    except (ValueError, OSError) as exc:  # an unsupported model, a context that does not fit, ...
+        log.error("run-batch: cannot serve %s: %s", engine_config.model, exc)
+        return 2
     app_fields = dict(extra_model_names=names[1:], response_role=args.response_role, chat=chat)
     try:
         summary = run_batch(engine_config, options, files, app_fields)
