@@ -3,6 +3,7 @@
     trillium serve [MODEL] [...]                  the OpenAI-compatible server (MODEL: a path or Hub id;
                                                   vLLM's and SGLang's flags too, see cli_compat.py)
     trillium generate --model PATH "prompt" ...   offline generation (the real engine, in-process)
+    trillium run-batch -i IN.jsonl -o OUT.jsonl --model PATH   an OpenAI batch file (cli_batch.py)
     trillium bench throughput [...]               engine throughput vs Hugging Face / a bare decode loop
     trillium build-model --variant bench PATH     write a small deterministic test checkpoint
 """
@@ -91,6 +92,25 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, model_required: bool = 
     lora.add_argument("--max-lora-rank", type=int, default=16, help="largest adapter rank accepted")
     lora.add_argument("--max-cpu-loras", type=int, default=0,
                       help="adapters cached in host memory (LRU; default: --max-loras)")
+
+
+def _add_chat_args(parser: argparse.ArgumentParser) -> None:
+    """Chat templates, tool calling and reasoning (serve and run-batch)."""
+    chat = parser.add_argument_group("chat (templates, tool calling, reasoning; vLLM's flags)")
+    chat.add_argument("--chat-template", default=None, metavar="FILE_OR_STRING",
+                      help="the chat template to use instead of the tokenizer's: a Jinja file, or the template "
+                           "itself (a value holding '{', '}' or a newline)")
+    chat.add_argument("--trust-request-chat-template", action="store_true",
+                      help="let a request send its own `chat_template` (otherwise that is a 400)")
+    chat.add_argument("--enable-auto-tool-choice", action="store_true",
+                      help="allow tool_choice \"auto\" (the default when a request has tools): tool calls are "
+                           "parsed from the reply with --tool-call-parser, which it needs")
+    chat.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                      help="how tool calls are written by the model: hermes (Qwen2.5/Qwen3, Hermes <tool_call>), "
+                           "llama3_json (Llama 3.1/3.2 JSON), mistral ([TOOL_CALLS]), pythonic ([f(a=1)])")
+    chat.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                      help="split the model's <think>...</think> out of the reply into reasoning_content: "
+                           "deepseek_r1 or qwen3 (qwen3 honours chat_template_kwargs.enable_thinking=false)")
 
 
 def _memory_bytes(value: str) -> int:
@@ -195,15 +215,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if lora_modules and not args.enable_lora:
         raise SystemExit("--lora-modules needs --enable-lora")
     lora_paths = None if args.allowed_lora_paths is None else split_path_list(args.allowed_lora_paths)
-    from trillium.data_plane.chat_options import ChatOptions
-
-    try:
-        chat = ChatOptions.build(
-            chat_template=args.chat_template, trust_request_chat_template=args.trust_request_chat_template,
-            enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,
-            reasoning_parser=args.reasoning_parser)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
+    chat = _chat_options(args)
     server = ServerConfig(
         host=args.host, port=args.port, api_key=args.api_key or os.environ.get("TRILLIUM_API_KEY") or None,
         max_queued_requests=args.max_queued_requests, limits=request_limits(args),
@@ -217,6 +229,31 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         engine_stall_timeout_s=args.engine_stall_timeout_s,
     )
     return run_server(engine, server)
+
+
+def _chat_options(args: argparse.Namespace):
+    """The data plane's ChatOptions from the chat flags (_add_chat_args); a bad value exits."""
+    from trillium.data_plane.chat_options import ChatOptions
+
+    try:
+        return ChatOptions.build(
+            chat_template=args.chat_template, trust_request_chat_template=args.trust_request_chat_template,
+            enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,
+            reasoning_parser=args.reasoning_parser)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+
+
+def _cmd_run_batch(args: argparse.Namespace) -> int:
+    from trillium.cli_batch import prepare_batch, run_batch_command
+
+    if args.enable_lora:
+        raise SystemExit("run-batch serves the base model only: LoRA adapters are selected by name, which "
+                         "needs `trillium serve --enable-lora --lora-modules`")
+    batch = prepare_batch(args)  # WHY first: a bad path exits before a Hub model downloads
+    names = _served_names(args, args.model)
+    engine = _serve_engine_config(args, args.model, names)
+    return run_batch_command(args, batch, engine, names, _chat_options(args))
 
 
 def _compat_server_kwargs(args: argparse.Namespace, names: tuple[str, ...]) -> dict:
@@ -336,21 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="require 'Authorization: Bearer KEY' on /v1/* (also TRILLIUM_API_KEY)")
     http.add_argument("--shutdown-timeout", type=float, default=10.0,
                       help="seconds in-flight requests get to finish after SIGTERM / Ctrl-C")
-    chat = serve.add_argument_group("chat (templates, tool calling, reasoning; vLLM's flags)")
-    chat.add_argument("--chat-template", default=None, metavar="FILE_OR_STRING",
-                      help="the chat template to use instead of the tokenizer's: a Jinja file, or the template "
-                           "itself (a value holding '{', '}' or a newline)")
-    chat.add_argument("--trust-request-chat-template", action="store_true",
-                      help="let a request send its own `chat_template` (otherwise that is a 400)")
-    chat.add_argument("--enable-auto-tool-choice", action="store_true",
-                      help="allow tool_choice \"auto\" (the default when a request has tools): tool calls are "
-                           "parsed from the reply with --tool-call-parser, which it needs")
-    chat.add_argument("--tool-call-parser", default=None, metavar="NAME",
-                      help="how tool calls are written by the model: hermes (Qwen2.5/Qwen3, Hermes <tool_call>), "
-                           "llama3_json (Llama 3.1/3.2 JSON), mistral ([TOOL_CALLS]), pythonic ([f(a=1)])")
-    chat.add_argument("--reasoning-parser", default=None, metavar="NAME",
-                      help="split the model's <think>...</think> out of the reply into reasoning_content: "
-                           "deepseek_r1 or qwen3 (qwen3 honours chat_template_kwargs.enable_thinking=false)")
+    _add_chat_args(serve)
     from trillium.cli_limits import add_limit_arguments
 
     add_limit_arguments(serve)
@@ -406,6 +429,18 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.set_defaults(func=_cmd_generate)
+
+    batch = sub.add_parser(
+        "run-batch", parents=[common], help="run an OpenAI batch file (JSONL) through the in-process engine",
+        description="Run each line of an OpenAI batch input file (custom_id, method, url, body) through the "
+                    "data plane's own routes on the in-process engine and write OpenAI batch output lines "
+                    "(as `vllm run-batch`). Re-running with the same -o resumes: see --output-file.")
+    _add_engine_args(batch)
+    _add_chat_args(batch)
+    from trillium.cli_batch import add_batch_arguments
+
+    add_batch_arguments(batch)
+    batch.set_defaults(func=_cmd_run_batch)
 
     build = sub.add_parser(
         "build-model", parents=[common], help="write a small deterministic random checkpoint")
