@@ -45,7 +45,8 @@ def _error(body: dict, options: ChatOptions = ChatOptions(), model=MessagesReque
 
 def test_conversation_becomes_template_messages():
     chat = _chat({
-        "system": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief.", "cache_control": {"type": "ephemeral"}}],
+        "system": [{"type": "text", "text": "Be "},
+                   {"type": "text", "text": "brief.", "cache_control": {"type": "ephemeral"}}],
         "messages": [
             {"role": "user", "content": "Weather in Paris?"},
             {"role": "assistant", "content": [
@@ -92,6 +93,14 @@ def test_prefill_named_tool_and_thinking():
     assert counted.max_tokens is None
 
 
+def test_output_config_is_the_chat_response_format():
+    schema = {"type": "object", "properties": {"a": {"enum": ["x", "y"]}}, "required": ["a"]}
+    chat = _chat({"messages": [{"role": "user", "content": "Hi"}],
+                  "output_config": {"format": {"type": "json_schema", "schema": schema}, "effort": "low"}})
+    assert chat.response_format == {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+    assert chat.reasoning_effort == "low"
+
+
 @pytest.mark.parametrize("body, options, param", [
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, ChatOptions(),
      "messages[0].content[0].type"),
@@ -111,6 +120,9 @@ def test_prefill_named_tool_and_thinking():
      REASONING, "thinking.budget_tokens"),
     ({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "tool"}}, ChatOptions(),
      "tool_choice.name"),
+    ({"messages": [{"role": "user", "content": "x"}],
+      "output_config": {"format": {"type": "json_schema", "schema": {"type": "nonsense"}}}}, ChatOptions(),
+     "output_config.format.schema"),
 ])
 def test_bad_content_names_the_field(body, options, param):
     assert _error(body, options).param == param

@@ -138,13 +138,25 @@ def test_forced_tool_use_whole_and_streamed(tools_sdk):
     Weather.model_validate(block.input)
 
 
+def test_structured_output_format(sdk):
+    """output_config.format is the chat path's json_schema response_format: the text is one Weather."""
+    kwargs = dict(model=MODEL_NAME, max_tokens=100, messages=USER, extra_body=GREEDY,
+                  output_config={"format": {"type": "json_schema", "schema": Weather.model_json_schema()}})
+    message = sdk.messages.create(**kwargs)
+    Weather.model_validate_json(_text(message))
+    assert message.stop_reason == "end_turn"
+    with sdk.messages.stream(**kwargs) as stream:
+        assert "".join(stream.text_stream) == _text(message)
+
+
 def test_tool_round_trip_and_prefill_render_as_chat(dp_server, tools_sdk):
     """A conversation with thinking, tool_use and tool_result blocks renders the prompt its chat form does."""
     anthropic_messages = [
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": [
             {"type": "thinking", "thinking": "Ask the tool.", "signature": "opaque"},
-            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris", "unit": "celsius"}}]},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+             "input": {"city": "Paris", "unit": "celsius"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 degrees"}]},
         {"role": "assistant", "content": "In Paris it is"},
     ]
@@ -180,7 +192,8 @@ def test_thinking_blocks(dp_server, tools_sdk):
     assert block.type == "thinking" and block.thinking == reasoning[:at] and block.signature
     assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", stop)
     with tools_sdk.messages.stream(**kwargs) as stream:
-        pieces = [e.delta.thinking for e in stream if e.type == "content_block_delta" and e.delta.type == "thinking_delta"]
+        pieces = [e.delta.thinking for e in stream
+                  if e.type == "content_block_delta" and e.delta.type == "thinking_delta"]
         final = stream.get_final_message()
     assert "".join(pieces) == reasoning[:at] and final.content[0].signature
     disabled = tools_sdk.messages.create(model=MODEL_NAME, max_tokens=12, messages=USER,

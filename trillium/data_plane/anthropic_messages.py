@@ -29,6 +29,9 @@ and writes it back in Anthropic's shape, as vLLM does
                                        but the thinking is bounded by max_tokens only)
     thinking disabled                  enable_thinking false, and no thinking blocks in the reply
     thinking adaptive / absent         the template's default (a reasoning model's thinking comes back)
+    output_config.format json_schema   response_format json_schema (the chat path's grammar; it waits for
+                                       the end of the thinking)
+    output_config.effort               reasoning_effort (passed to the chat template)
 
 Reply: a `thinking` block (with an opaque `signature`), a `text` block, then
 one `tool_use` block per call; stop_reason end_turn (EOS or a stop token),
@@ -63,6 +66,7 @@ from trillium.data_plane.anthropic_protocol import (
 from trillium.data_plane.chat_options import ChatOptions
 from trillium.data_plane.errors import ApiError, bad_request
 from trillium.data_plane.protocol import ChatCompletionRequest
+from trillium.data_plane.structured_fields import from_response_format
 
 MESSAGES_PATH = "/v1/messages"
 # Anthropic's error types by HTTP status (its API reference, "Errors"); 503 is Trillium's
@@ -105,6 +109,8 @@ def chat_request(req: CountTokensRequest, options: ChatOptions) -> ChatCompletio
         fields["tools"] = [_tool(t) for t in req.tools]
     if req.tool_choice is not None:
         fields.update(_tool_choice(req.tool_choice))
+    if req.output_config is not None:
+        fields.update(_output_config(req.output_config))
     if isinstance(req, MessagesRequest):
         fields.update(max_tokens=max_tokens, stop=req.stop_sequences, temperature=req.temperature,
                       top_p=req.top_p, top_k=req.top_k, stream=bool(req.stream))
@@ -182,6 +188,21 @@ def _tool_choice(choice: ToolChoice) -> dict:
         fields = {"tool_choice": {"auto": "auto", "any": "required", "none": "none"}[choice.type]}
     if choice.disable_parallel_tool_use:
         fields["parallel_tool_calls"] = False
+    return fields
+
+
+def _output_config(config) -> dict:
+    fields: dict[str, Any] = {}
+    if config.format is not None:
+        response_format = {"type": "json_schema", "json_schema": {"name": "output", "schema": config.format.schema_}}
+        try:  # WHY here: a schema the grammar cannot take is a 400 naming the Anthropic field
+            from_response_format(response_format)
+        except ApiError as exc:
+            param = "output_config.format.schema"
+            raise bad_request(exc.message.replace("response_format.json_schema.schema", param), param) from None
+        fields["response_format"] = response_format
+    if config.effort is not None:
+        fields["reasoning_effort"] = config.effort
     return fields
 
 

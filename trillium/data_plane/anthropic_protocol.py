@@ -106,6 +106,18 @@ class ThinkingConfig(_Body):
     display: Literal["summarized"] | None = None  # "omitted" (redacted thinking) is not implemented
 
 
+class JsonOutputFormat(_Body):
+    type: Literal["json_schema"]
+    schema_: Annotated[dict[str, Any], Field(alias="schema")]
+
+
+class OutputConfig(_Body):
+    """Anthropic's structured output (`format`) and `effort` (passed to the template as reasoning_effort)."""
+
+    format: JsonOutputFormat | None = None
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+
+
 class Metadata(_Body):
     user_id: str | None = None  # informational, as OpenAI's `user`
 
@@ -119,6 +131,7 @@ class CountTokensRequest(_Body):
     tools: list[AnthropicTool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
 
 
 class MessagesRequest(CountTokensRequest):
@@ -173,5 +186,5 @@ def parse_blocks(value: Any, param: str, allowed: tuple[str, ...]) -> list[_Body
     return blocks
 
 
-__all__ = ["AnthropicMessage", "AnthropicTool", "CountTokensRequest", "MessagesRequest", "TextBlock",
+__all__ = ["AnthropicMessage", "AnthropicTool", "CountTokensRequest", "MessagesRequest", "OutputConfig", "TextBlock",
            "ThinkingBlock", "ThinkingConfig", "ToolChoice", "ToolResultBlock", "ToolUseBlock", "parse_blocks"]

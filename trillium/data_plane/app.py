@@ -7,8 +7,8 @@ Public API (stable; `trillium serve` builds on it):
         /v1/models/<name>, POST /v1/completions, /v1/chat/completions,
         SGLang's /generate, /tokenize, /detokenize, GET /health, /version, /metrics,
         /openapi.json, TRL vllm-serve's GET /health/, POST /generate/ (routes/trl.py), and
-        Anthropic's POST /v1/messages, /v1/messages/count_tokens (routes/messages.py). The app owns its tokenizer threads, admission
-        control and Prometheus registry; it never starts or stops the
+        Anthropic's POST /v1/messages, /v1/messages/count_tokens (routes/messages.py). The app
+        owns its tokenizer threads, admission control and Prometheus registry; it never starts or stops the
         engine (the caller runs `EngineClient.run` and the actors).
 
     async serve_app(app, host, port, *, shutdown_trigger=None,
