@@ -13,7 +13,8 @@ errors keep Anthropic's error types per status (vLLM copies OpenAI's).
 
 Apps (tests/data_plane/conftest.py): "default" (the checkpoint's template),
 "keyed" (--api-key), "messages" (a template that renders tools, tool calls,
-tool results and thinking; hermes tool parser, qwen3 reasoning parser).
+tool results and thinking; hermes tool parser, qwen3 reasoning parser), "tools-llama3_json"
+(tool_choice auto read by that parser).
 """
 
 from __future__ import annotations
@@ -147,6 +148,27 @@ def test_structured_output_format(sdk):
     assert message.stop_reason == "end_turn"
     with sdk.messages.stream(**kwargs) as stream:
         assert "".join(stream.text_stream) == _text(message)
+
+
+def test_auto_tool_choice_reads_the_parsers_calls(dp_server):
+    """tool_choice auto: the server's --tool-call-parser (llama3_json here) reads the reply; the reply
+    is forced into that parser's format with output_config's schema, as test_dp_tool_parsers_e2e.py
+    forces it with structured_outputs."""
+    schema = {"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
+              "properties": {"name": {"enum": ["get_weather"]}, "parameters": Weather.model_json_schema()}}
+    kwargs = dict(model=MODEL_NAME, max_tokens=100, messages=[{"role": "user", "content": "Weather in Paris?"}],
+                  tools=[WEATHER_TOOL], tool_choice={"type": "auto"}, extra_body=GREEDY,
+                  output_config={"format": {"type": "json_schema", "schema": schema}})
+    url = dp_server.url("tools-llama3_json")
+    with anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0) as client:
+        message = client.messages.create(**kwargs)
+        with client.messages.stream(**kwargs) as stream:
+            final = stream.get_final_message()
+    (block,) = message.content
+    assert block.type == "tool_use" and block.name == "get_weather" and message.stop_reason == "tool_use"
+    Weather.model_validate(block.input)
+    assert [(b.type, b.name, b.input) for b in final.content] == [("tool_use", "get_weather", block.input)]
+    assert final.stop_reason == "tool_use"
 
 
 def test_tool_round_trip_and_prefill_render_as_chat(dp_server, tools_sdk):
