@@ -268,6 +268,10 @@ def test_raw_errors_keep_anthropic_shape(dp_server):
         body = reply.json()
         assert set(body) == {"type", "error"} and body["type"] == "error" and words in body["error"]["message"]
     assert httpx.post(dp_server.url() + "/v1/chat/completions", json={}).json()["error"]["param"] == "messages"
+    counting = {"model": MODEL_NAME, "messages": USER}
+    assert httpx.post(url + "/count_tokens?beta=true", json=counting).json()["input_tokens"] > 0
+    reply = httpx.post(url + "/count_tokens?stream=1", json=counting)
+    assert reply.status_code == 400 and "stream: unknown query parameter" in reply.json()["error"]["message"]
 
 
 def test_api_key_as_x_api_key_or_bearer(dp_server, monkeypatch):

@@ -12,6 +12,7 @@ Anthropic's events (anthropic_stream.py). count_tokens renders the same
 prompt and answers `{"input_tokens": N}`, the `usage.input_tokens` the
 same request to /v1/messages reports.
 
+The query may carry `beta=true` (Anthropic's beta clients) and nothing else.
 Errors on both routes are Anthropic's shape (app.py renders them by path;
 a stream's later error is an `error` event). With --api-key both take the
 key as `x-api-key` or `Authorization: Bearer`. The response carries
@@ -40,7 +41,7 @@ from trillium.data_plane.anthropic_protocol import CountTokensRequest, MessagesR
 from trillium.data_plane.anthropic_stream import BlockEvents, sse
 from trillium.data_plane.chat_reply import ChoiceReply, ReplyFormat, constrain, reply_format, template_arguments
 from trillium.data_plane.chat_reply import template_kwargs
-from trillium.data_plane.errors import ApiError, engine_failed, internal_error, rejection_error
+from trillium.data_plane.errors import ApiError, bad_request, engine_failed, internal_error, rejection_error
 from trillium.data_plane.generation import Generation
 from trillium.data_plane.protocol import ChatCompletionRequest, parse_request
 from trillium.data_plane.rollout_fields import REQUEST_ID_HEADER, RequestIds
@@ -95,6 +96,7 @@ def blueprint(state: AppState) -> Blueprint:
 
     @bp.post("/v1/messages")
     async def create_message():
+        _check_query()
         req = parse_request(MessagesRequest, await request.get_data())
         engine = state.engine
         chat = chat_request(req, engine.chat)
@@ -122,6 +124,7 @@ def blueprint(state: AppState) -> Blueprint:
 
     @bp.post("/v1/messages/count_tokens")
     async def count_tokens():
+        _check_query()
         req = parse_request(CountTokensRequest, await request.get_data())
         chat = chat_request(req, state.engine.chat)
         state.resolve_model(req.model)
@@ -131,6 +134,14 @@ def blueprint(state: AppState) -> Blueprint:
         return json_response({"input_tokens": len(prompt_ids)})
 
     return bp
+
+
+def _check_query() -> None:
+    """`?beta=true` (the SDK's beta client, Claude Code) is accepted: a beta feature arrives as a body
+    field, refused there unless implemented. Any other query parameter is a 400 naming it."""
+    for name, value in request.args.items(multi=True):
+        if not (name == "beta" and value == "true"):
+            raise bad_request(f"{name}: unknown query parameter (only beta=true is accepted)", name)
 
 
 async def _respond(generation: Generation, message: _Message):
