@@ -370,7 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument("--host", default="127.0.0.1", help="address to bind the data plane to")
     http.add_argument("--port", type=int, default=8000, help="data plane port")
     http.add_argument("--api-key", default=None,
-                      help="require 'Authorization: Bearer KEY' on /v1/* (also TRILLIUM_API_KEY)")
+                      help="require 'Authorization: Bearer KEY' (or Anthropic's 'x-api-key: KEY') on /v1/* "
+                           "(also TRILLIUM_API_KEY)")
     http.add_argument("--shutdown-timeout", type=float, default=10.0,
                       help="seconds in-flight requests get to finish after SIGTERM / Ctrl-C")
     _add_chat_args(serve)

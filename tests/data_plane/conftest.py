@@ -2,7 +2,8 @@
 
 Apps: "default" (no key, unbounded), "keyed" (api_key "sk-test"),
 "queue1" (max_queued_requests=1), and "tools-<parser>" (a tools chat template,
---enable-auto-tool-choice with that --tool-call-parser). The model's context is 2048 tokens so a
+--enable-auto-tool-choice with that --tool-call-parser), "messages" (support/data_plane_server.py's
+MESSAGES_TEMPLATE, hermes tool calls, the qwen3 reasoning parser). The model's context is 2048 tokens so a
 request can outlast a disconnect by far (see test_dp_disconnect.py).
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from support.data_plane_server import API_KEY, TOOL_PARSER_APPS, TOOLS_TEMPLATE, ServerHarness
+from support.data_plane_server import API_KEY, MESSAGES_TEMPLATE, TOOL_PARSER_APPS, TOOLS_TEMPLATE, ServerHarness
 from trillium.data_plane.chat_options import ChatOptions
 
 
@@ -21,6 +22,8 @@ def dp_server(checkpoint):
     for parser in TOOL_PARSER_APPS:
         apps[f"tools-{parser}"] = {"chat": ChatOptions.build(
             chat_template=TOOLS_TEMPLATE, enable_auto_tool_choice=True, tool_call_parser=parser)}
+    apps["messages"] = {"chat": ChatOptions.build(chat_template=MESSAGES_TEMPLATE, enable_auto_tool_choice=True,
+                                                  tool_call_parser="hermes", reasoning_parser="qwen3")}
     harness = ServerHarness(path, apps, max_num_seqs=64).start()
     yield harness
     harness.stop()

@@ -81,3 +81,24 @@ async def test_disconnect_mid_non_stream_request_aborts(dp_server):
             start_step = dp_server.last_stats.step_id
             nursery.cancel_scope.cancel()  # the client gives up: its connection closes
         await _assert_engine_idle_soon(dp_server, http, start_step)
+
+
+async def test_disconnect_mid_anthropic_stream_aborts(dp_server):
+    """/v1/messages has no ignore_eos: its output_config schema (a string of at least 3000
+    characters) keeps the reply going past any EOS instead."""
+    schema = {"type": "string", "minLength": 3000}
+    body = {"model": "tiny-llama", "max_tokens": LONG_TOKENS, "stream": True,
+            "messages": [{"role": "user", "content": "hi"}], "output_config": {"format": {"type": "json_schema", "schema": schema}}}
+    async with httpx.AsyncClient(base_url=dp_server.url(), timeout=60) as http:
+        aborts_before = _abort_count((await http.get("/metrics")).text)
+        async with httpx.AsyncClient(base_url=dp_server.url(), timeout=60) as doomed:
+            async with doomed.stream("POST", "/v1/messages", json=body) as response:
+                assert response.status_code == 200
+                num_deltas = 0
+                async for line in response.aiter_lines():
+                    num_deltas += line == "event: content_block_delta"
+                    if num_deltas >= 3:
+                        break
+            start_step = dp_server.last_stats.step_id
+        await _assert_engine_idle_soon(dp_server, http, start_step)
+        assert _abort_count((await http.get("/metrics")).text) == aborts_before + 1

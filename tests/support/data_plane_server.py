@@ -32,6 +32,22 @@ API_KEY = "sk-test"
 # The tool-call parsers tried end to end (data_plane/test_dp_tool_parsers_e2e.py) on apps of
 # their own; hermes runs in test_dp_tools_serve.py's `trillium serve`, which covers the CLI flags.
 TOOL_PARSER_APPS = ("llama3_json", "mistral", "pythonic")
+# The "messages" app's template (tests/data_plane/test_dp_anthropic_messages.py): it renders the system
+# prompt, tools, assistant thinking and tool calls, tool results, and opens a <think> block when
+# enable_thinking is true, else writes a closed one (as Qwen3's does).
+MESSAGES_TEMPLATE = (
+    "{%- if tools %}<|system|>Tools:{% for t in tools %} {{ t.function.name }}{{ t.function.parameters | tojson }}"
+    "{% endfor %}<|end|>{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' %}<|assistant|>{% if m.reasoning_content %}<think>{{ m.reasoning_content }}"
+    "</think>{% endif %}{{ m.content or '' }}{% for c in m.tool_calls or [] %}<tool_call>{\"name\": "
+    "\"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments }}}</tool_call>{% endfor %}<|end|>"
+    "{%- elif m.role == 'tool' %}<|user|><tool_response id={{ m.tool_call_id }}>{{ m.content }}</tool_response>"
+    "<|end|>{%- else %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|assistant|>{% if enable_thinking %}<think>\n{% else %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}"
+)
 TOOLS_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
                   "{% if tools %}<|system|>{{ tools | tojson }}<|end|>{% endif %}<|assistant|>")
 

@@ -6,8 +6,9 @@ Public API (stable; `trillium serve` builds on it):
         One app per engine bundle (see `context.py`). Routes: GET /v1/models,
         /v1/models/<name>, POST /v1/completions, /v1/chat/completions,
         SGLang's /generate, /tokenize, /detokenize, GET /health, /version, /metrics,
-        /openapi.json, and TRL vllm-serve's GET /health/, POST /generate/ (routes/trl.py). The app owns its tokenizer threads, admission
-        control and Prometheus registry; it never starts or stops the
+        /openapi.json, TRL vllm-serve's GET /health/, POST /generate/ (routes/trl.py), and
+        Anthropic's POST /v1/messages, /v1/messages/count_tokens (routes/messages.py). The app
+        owns its tokenizer threads, admission control and Prometheus registry; it never starts or stops the
         engine (the caller runs `EngineClient.run` and the actors).
 
     async serve_app(app, host, port, *, shutdown_trigger=None,
@@ -20,9 +21,10 @@ Public API (stable; `trillium serve` builds on it):
         cancel the task; in-flight engine requests are aborted either way.
 
 Every error, including unknown routes and unexpected exceptions, is
-OpenAI's `{"error": {...}}` JSON. With `engine.api_key` set, `/v1/*`,
+OpenAI's `{"error": {...}}` JSON (Anthropic's `{"type": "error", "error": {...}}`
+under /v1/messages). With `engine.api_key` set, `/v1/*`,
 `/generate` (and TRL's `/generate/`), /tokenize, /detokenize and /metrics need `Authorization: Bearer
-<key>` (/metrics stays open with `limits.metrics_without_auth`, for
+<key>` or Anthropic's `x-api-key: <key>` (/metrics stays open with `limits.metrics_without_auth`, for
 scrapers); /health, /version and /openapi.json stay open. The key is checked
 before the body is read: a refused request's body is read only up to 1 MiB
 (to keep its keep-alive connection in step, as the admin plane does) and
@@ -46,6 +48,7 @@ from quart import request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from trillium.data_plane.anthropic_messages import MESSAGES_PATH, error_response
 from trillium.data_plane.connections import ConnectionLimit
 from trillium.actors.client import EngineFailed
 from trillium.data_plane.context import DataPlaneEngine
@@ -61,6 +64,7 @@ from trillium.data_plane.routes import (
     completions,
     generate,
     health,
+    messages,
     metrics,
     models,
     openapi,
@@ -78,7 +82,7 @@ _OPEN_PATHS = frozenset({"/health", "/version", "/openapi.json"})
 # WHY: a refused client's small body is read so its keep-alive connection stays in
 # step; a larger one is not read at all and the connection closes (errors.unauthorized).
 _READ_REFUSED_BODY_MAX_BYTES = 1 << 20
-_ROUTE_MODULES = (models, completions, chat, generate, tokenize, health, metrics, openapi, trl)
+_ROUTE_MODULES = (models, completions, chat, generate, tokenize, health, metrics, openapi, trl, messages)
 
 
 def create_app(engine: DataPlaneEngine) -> QuartTrio:
@@ -133,29 +137,40 @@ async def _check_api_key(api_key: str, open_paths: frozenset[str]) -> None:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode()):
         return
+    # Anthropic's clients send the key as x-api-key (the anthropic SDK, Claude Code).
+    x_api_key = request.headers.get("x-api-key")
+    if x_api_key is not None and hmac.compare_digest(x_api_key.strip().encode(), api_key.encode()):
+        return
     length = request.content_length
     if length is not None and length <= _READ_REFUSED_BODY_MAX_BYTES:
         await request.get_data()
     raise unauthorized()
 
 
-async def _api_error(error: ApiError):
+def _render(error: ApiError):
+    """The error in the shape of the API its path belongs to."""
+    if request.path == MESSAGES_PATH or request.path.startswith(MESSAGES_PATH + "/"):
+        return error_response(error)
     return error.to_response()
+
+
+async def _api_error(error: ApiError):
+    return _render(error)
 
 
 async def _http_error(error: HTTPException):
     kind = "not_found_error" if error.code == 404 else INVALID_REQUEST
     message = f"{error.name}: {request.method} {request.path}" if error.code in (404, 405) else error.description
-    return ApiError(error.code or 500, message, type=kind, code=error.code).to_response()
+    return _render(ApiError(error.code or 500, message, type=kind, code=error.code))
 
 
 async def _engine_failed(error: EngineFailed):
-    return engine_failed(str(error)).to_response()
+    return _render(engine_failed(str(error)))
 
 
 async def _unexpected_error(error: Exception):
     log.error("unhandled error in %s %s", request.method, request.path, exc_info=error)
-    return internal_error().to_response()
+    return _render(internal_error())
 
 
 async def serve_app(

@@ -50,7 +50,7 @@ class DataPlaneEngine:
     max_model_len: context length in tokens (prompt + generated).
     vocab_size: the model's vocabulary size (token ids are checked against it).
     health: `() -> (ok, detail)`; `/health` answers 200 when ok, else 503.
-    api_key: when set, `/v1/*` requires `Authorization: Bearer <api_key>`.
+    api_key: when set, `/v1/*` requires `Authorization: Bearer <api_key>` (or `x-api-key: <api_key>`).
     max_queued_requests: most engine requests (prompts x n of every HTTP
         request) in the engine and not finished; an HTTP request that would
         pass it gets 503 + Retry-After. None: unbounded (`trillium serve`
