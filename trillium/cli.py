@@ -195,6 +195,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if lora_modules and not args.enable_lora:
         raise SystemExit("--lora-modules needs --enable-lora")
     lora_paths = None if args.allowed_lora_paths is None else split_path_list(args.allowed_lora_paths)
+    if args.responses_store_size < 0:
+        raise SystemExit(f"--responses-store-size: must be >= 0, got {args.responses_store_size}")
     from trillium.data_plane.chat_options import ChatOptions
 
     try:
@@ -215,6 +217,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         **_compat_server_kwargs(args, names),
         chat=chat,
         engine_stall_timeout_s=args.engine_stall_timeout_s,
+        responses_store_size=args.responses_store_size,
     )
     return run_server(engine, server)
 
@@ -351,6 +354,10 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--reasoning-parser", default=None, metavar="NAME",
                       help="split the model's <think>...</think> out of the reply into reasoning_content: "
                            "deepseek_r1 or qwen3 (qwen3 honours chat_template_kwargs.enable_thinking=false)")
+    chat.add_argument("--responses-store-size", type=int, default=1000, metavar="N",
+                      help="how many /v1/responses responses are kept in memory for GET /v1/responses/{id}, "
+                           "previous_response_id and background runs; the least recently used one is dropped "
+                           "(its id is then a 404) (default 1000; 0: keep none, `store: true` is then a 400)")
     from trillium.cli_limits import add_limit_arguments
 
     add_limit_arguments(serve)

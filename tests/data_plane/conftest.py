@@ -1,8 +1,9 @@
 """Fixtures of the data-plane tests: one background engine serving three apps.
 
 Apps: "default" (no key, unbounded), "keyed" (api_key "sk-test"),
-"queue1" (max_queued_requests=1), and "tools-<parser>" (a tools chat template,
---enable-auto-tool-choice with that --tool-call-parser). The model's context is 2048 tokens so a
+"queue1" (max_queued_requests=1), "tools-<parser>" (a tools chat template,
+--enable-auto-tool-choice with that --tool-call-parser), "reasoning" (--reasoning-parser
+deepseek_r1) and "store2" (--responses-store-size 2; test_dp_responses.py). The model's context is 2048 tokens so a
 request can outlast a disconnect by far (see test_dp_disconnect.py).
 """
 
@@ -21,6 +22,8 @@ def dp_server(checkpoint):
     for parser in TOOL_PARSER_APPS:
         apps[f"tools-{parser}"] = {"chat": ChatOptions.build(
             chat_template=TOOLS_TEMPLATE, enable_auto_tool_choice=True, tool_call_parser=parser)}
+    apps["reasoning"] = {"chat": ChatOptions.build(reasoning_parser="deepseek_r1")}
+    apps["store2"] = {"responses_store_size": 2}
     harness = ServerHarness(path, apps, max_num_seqs=64).start()
     yield harness
     harness.stop()
