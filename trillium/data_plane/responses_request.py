@@ -63,7 +63,6 @@ class ResponsesRequest(BaseModel):
         **COMMON_OFF_VALUES,
         "truncation": ("disabled",),
         "top_logprobs": (0,),
-        "max_tool_calls": (),
         "stream_options": ({"include_obfuscation": False},),
     }
 

@@ -112,6 +112,7 @@ async def _submit(state: AppState, req: ResponsesRequest, chat: ChatCompletionRe
                             priority=chat.priority or 0, trace=trace, lora_id=state.lora_id(model),
                             cache_salt=chat.cache_salt)
     base = echo_fields(req, response_id, model, checked, store, reasoning_effort(req.reasoning))
+    base["weight_version"] = generation.weight_version  # as chat's bodies report it (routes/chat.py)
     return _Turn(generation, reply, prompt_ids, base)
 
 
@@ -157,7 +158,8 @@ async def _stream(state: AppState, turn: _Turn, store: ResponseStore | None, mes
 async def _run_background(turn: _Turn, entry: StoredResponse, scope: trio.CancelScope) -> None:
     """A background response's run in the app's nursery; never raises (the app's nursery must live)."""
     with scope:
-        entry.response = {**entry.response, "status": "in_progress"}
+        if entry.response["status"] == "queued":  # WHY the check: it may have been cancelled before it ran
+            entry.response = {**entry.response, "status": "in_progress"}
         try:
             result = await _collect(turn)
         except ApiError as exc:
@@ -172,6 +174,8 @@ async def _run_background(turn: _Turn, entry: StoredResponse, scope: trio.Cancel
         if entry.response["status"] != "cancelled":
             entry.response = result
     entry.cancel = None
+    # WHY: a run cancelled before it read its generation never entered `feed`, whose exit aborts it.
+    await turn.generation.abort_unfinished()
 
 
 def _not_found(response_id: str, param: str | None = None) -> ApiError:
