@@ -136,6 +136,15 @@ def test_named_tool_choice_whole_and_streamed(sdk):
                           "response.completed"]
 
 
+def test_required_tool_choice(sdk):
+    """vLLM's "required" grammar (vllm/tool_parsers/utils.py): at least one call of a given tool."""
+    reply = sdk.responses.create(model=MODEL_NAME, input="Weather?", tools=[TOOL], tool_choice="required",
+                                 parallel_tool_calls=False, max_output_tokens=60, temperature=0)
+    (call,) = reply.output
+    _check_call(call)
+    assert reply.status == "completed" and reply.parallel_tool_calls is False
+
+
 def test_auto_tool_choice_reads_the_parser_format(dp_server):
     """tools-llama3_json: the reply forced into that parser's format comes back as a function_call item."""
     with _client(dp_server, "tools-llama3_json") as client:

@@ -119,6 +119,9 @@ def test_background_runs_and_cancel(sdk, dp_server):
 BAD_BODIES = [
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"input": "x", "tools": [{"type": "function", "name": "f", "cache_control": {}}]}, "tools[0].cache_control"),
+    ({"input": "x", "tools": [{"type": "function"}]}, "tools[0].name"),
+    ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": "{}"}], "tool_choice": "none"},
+     "tools[0].parameters"),
     ({"input": "x", "frobnicate": 1}, "frobnicate"),
     ({"input": "x", "include": ["message.output_text.logprobs"]}, "include"),
     ({"input": "x", "truncation": "auto"}, "truncation"),

@@ -145,7 +145,7 @@ def _entry(status: str = "completed", cancel=None) -> StoredResponse:
     return StoredResponse({"status": status}, [], cancel)
 
 
-def test_store_is_bounded_lru_and_cancels_an_evicted_run():
+async def test_store_is_bounded_lru_and_cancels_an_evicted_run():
     store = ResponseStore(2)
     running = trio.CancelScope()
     store.put("a", _entry("in_progress", running))

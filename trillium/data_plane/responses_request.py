@@ -213,6 +213,8 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
             raise bad_request(f"{where}.type: only function tools are supported; built-in tool "
                               f"{json.dumps(kind)} is not", f"{where}.type")
         _check_keys(tool, _TOOL_KEYS, where)
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise bad_request(f"{where}.name: every function tool needs a name", f"{where}.name")
         converted.append({"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}})
     return converted
 
