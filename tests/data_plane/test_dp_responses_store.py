@@ -107,9 +107,12 @@ def test_background_runs_and_cancel(sdk, dp_server):
         sdk.responses.cancel(done.id)
     long = sdk.responses.create(model=MODEL_NAME, input="A long story.", max_output_tokens=1900, background=True,
                                 extra_body={"ignore_eos": True})
+    wait_until(lambda: dp_server.num_in_flight() == 1, timeout_s=30, interval_s=0.01,
+               what="the background request to reach the engine")
     cancelled = sdk.responses.cancel(long.id)
     assert cancelled.id == long.id and cancelled.status == "cancelled"
-    assert sdk.responses.retrieve(long.id).status == "cancelled"
+    after = sdk.responses.retrieve(long.id)
+    assert after.status == "cancelled" and after.usage is None and after.output == []
     wait_until(lambda: dp_server.num_in_flight() == 0, timeout_s=30, interval_s=0.02,
                what="the cancelled request to leave the engine")
     with pytest.raises(openai.NotFoundError):
