@@ -169,3 +169,11 @@ def test_bad_requests_around_the_store(dp_server):
     assert httpx.get(f"{url}/{stored['id']}", params={"stream": "false"}, timeout=30).status_code == 200
     assert httpx.post(url, json={"model": "nope", "input": "x"}, timeout=30).status_code == 404
     assert httpx.post(url, content=b"{not json", timeout=30).status_code == 400
+
+
+def test_openapi_describes_the_route(dp_server):
+    document = httpx.get(dp_server.url() + "/openapi.json", timeout=30).json()
+    body = document["paths"]["/v1/responses"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body["$ref"] == "#/components/schemas/ResponsesRequest"
+    assert {"input", "instructions", "previous_response_id"} <= set(document["components"]["schemas"][
+        "ResponsesRequest"]["properties"])
