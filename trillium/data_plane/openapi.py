@@ -1,9 +1,9 @@
 """The OpenAPI 3 document of the data plane, served at GET /openapi.json.
 
 Request schemas come from the pydantic models in `protocol.py` (and
-`responses_request.py`); responses
-are described by name and, for errors, by OpenAI's error shape. Built once
-per app: the routes do not change while it runs.
+`responses_request.py`); responses are described by name and, for errors,
+by OpenAI's error shape. Built once per app: the routes do not change while
+it runs.
 """
 
 from __future__ import annotations
