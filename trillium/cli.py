@@ -215,6 +215,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if lora_modules and not args.enable_lora:
         raise SystemExit("--lora-modules needs --enable-lora")
     lora_paths = None if args.allowed_lora_paths is None else split_path_list(args.allowed_lora_paths)
+    if args.responses_store_size < 0:
+        raise SystemExit(f"--responses-store-size: must be >= 0, got {args.responses_store_size}")
     chat = _chat_options(args)
     server = ServerConfig(
         host=args.host, port=args.port, api_key=args.api_key or os.environ.get("TRILLIUM_API_KEY") or None,
@@ -227,6 +229,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         **_compat_server_kwargs(args, names),
         chat=chat,
         engine_stall_timeout_s=args.engine_stall_timeout_s,
+        responses_store_size=args.responses_store_size,
     )
     return run_server(engine, server)
 
@@ -375,6 +378,10 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument("--shutdown-timeout", type=float, default=10.0,
                       help="seconds in-flight requests get to finish after SIGTERM / Ctrl-C")
     _add_chat_args(serve)
+    serve.add_argument("--responses-store-size", type=int, default=1000, metavar="N",
+                       help="how many /v1/responses responses are kept in memory for GET /v1/responses/{id}, "
+                            "previous_response_id and background runs; the least recently used one is dropped "
+                            "(its id is then a 404) (default 1000; 0: keep none, `store: true` is then a 400)")
     from trillium.cli_limits import add_limit_arguments
 
     add_limit_arguments(serve)

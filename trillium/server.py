@@ -102,6 +102,7 @@ class ServerConfig:
     ssl_keyfile: str | None = None
     chat: "ChatOptions | None" = None  # chat template and parsers; None: the defaults
     engine_stall_timeout_s: float = 60.0  # no pong / no step with work queued for this long: stalled (0: off)
+    responses_store_size: int = 1000  # /v1/responses kept in memory (data_plane/responses_store.py)
 
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
@@ -242,6 +243,7 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
                 max_logprobs=server_config.max_logprobs,
                 response_role=server_config.response_role,
                 log_requests=server_config.log_requests,
+                responses_store_size=server_config.responses_store_size,
                 **({"chat": server_config.chat} if server_config.chat is not None else {}),
             )
             app = create_app(engine)

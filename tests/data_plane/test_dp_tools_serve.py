@@ -79,7 +79,7 @@ def server(checkpoint, tmp_path_factory):
                         "--max-num-seqs", "8", "--kv-cache-memory", "16MiB",
                         "--chat-template", str(template), "--trust-request-chat-template",
                         "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-                        "--reasoning-parser", "qwen3").wait_healthy(timeout_s=300)
+                        "--reasoning-parser", "qwen3", "--responses-store-size", "2").wait_healthy(timeout_s=300)
     yield proc
     assert proc.stop() == 0, proc.log()
 
@@ -260,3 +260,28 @@ def test_bad_tool_requests_are_400s(sdk):
     with pytest.raises(openai.BadRequestError, match="cannot be combined"):
         sdk.chat.completions.create(model="test-model", messages=MESSAGES, tools=TOOLS, tool_choice="required",
                                     response_format={"type": "json_object"})
+
+
+def test_responses_api_with_the_served_flags(sdk):
+    """/v1/responses on `trillium serve` (the route itself: test_dp_responses*.py on the harness): function_call
+    items go through --chat-template as chat's tool_calls do (vLLM's responses/utils.py
+    construct_chat_messages_with_tool_call), reasoning.effort reaches it as reasoning_effort, and
+    --responses-store-size 2 keeps the last two responses only."""
+    call = {"id": "call_0123456789abcdef01234567", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}
+    items = [*MESSAGES, {"type": "function_call", "call_id": call["id"], "name": "get_weather",
+                         "arguments": call["function"]["arguments"]},
+             {"type": "function_call_output", "call_id": call["id"], "output": "18 degrees"}]
+    tools = [{"type": "function", **tool["function"]} for tool in TOOLS]
+    reply = sdk.responses.create(model="test-model", input=items, tools=tools, tool_choice="none",
+                                 max_output_tokens=8, temperature=0, reasoning={"effort": "low"})
+    chat = sdk.chat.completions.create(
+        model="test-model", messages=[*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]},
+                                      {"role": "tool", "tool_call_id": call["id"], "content": "18 degrees"}],
+        tools=TOOLS, tool_choice="none", max_tokens=8, temperature=0, reasoning_effort="low")
+    assert reply.output_text == (chat.choices[0].message.content or "")
+    assert reply.usage.input_tokens == chat.usage.prompt_tokens
+    later = [sdk.responses.create(model="test-model", input="hi", max_output_tokens=2).id for _ in range(2)]
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(reply.id)
+    assert [sdk.responses.retrieve(kept).id for kept in later] == later

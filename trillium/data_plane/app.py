@@ -4,7 +4,8 @@ Public API (stable; `trillium serve` builds on it):
 
     create_app(engine: DataPlaneEngine) -> QuartTrio
         One app per engine bundle (see `context.py`). Routes: GET /v1/models,
-        /v1/models/<name>, POST /v1/completions, /v1/chat/completions,
+        /v1/models/<name>, POST /v1/completions, /v1/chat/completions, /v1/responses
+        (+ GET/DELETE /v1/responses/<id>, POST .../cancel: routes/responses.py),
         SGLang's /generate, /tokenize, /detokenize, GET /health, /version, /metrics,
         /openapi.json, TRL vllm-serve's GET /health/, POST /generate/ (routes/trl.py), and
         Anthropic's POST /v1/messages, /v1/messages/count_tokens (routes/messages.py). The app
@@ -68,6 +69,7 @@ from trillium.data_plane.routes import (
     metrics,
     models,
     openapi,
+    responses,
     tokenize,
     trl,
 )
@@ -82,7 +84,8 @@ _OPEN_PATHS = frozenset({"/health", "/version", "/openapi.json"})
 # WHY: a refused client's small body is read so its keep-alive connection stays in
 # step; a larger one is not read at all and the connection closes (errors.unauthorized).
 _READ_REFUSED_BODY_MAX_BYTES = 1 << 20
-_ROUTE_MODULES = (models, completions, chat, generate, tokenize, health, metrics, openapi, trl, messages)
+_ROUTE_MODULES = (models, completions, chat, generate, tokenize, health, metrics, openapi, trl, messages,
+                  responses)
 
 
 def create_app(engine: DataPlaneEngine) -> QuartTrio:

@@ -69,6 +69,8 @@ class DataPlaneEngine:
     tracing: the api process's `observability.tracing.RequestTracing`
         (shared with the admin app's /tracing route); None: no tracing.
     chat: the chat template and parsers of the chat route (chat_options.py).
+    responses_store_size: how many /v1/responses responses the app keeps for GET and
+        previous_response_id (responses_store.py; --responses-store-size, 0: none).
     """
 
     client: "EngineClient"
@@ -93,6 +95,7 @@ class DataPlaneEngine:
     max_logprobs: int = 20
     response_role: str = "assistant"
     log_requests: bool = False
+    responses_store_size: int = 1000  # responses_store.DEFAULT_RESPONSES_STORE_SIZE
 
     @property
     def defaults(self):

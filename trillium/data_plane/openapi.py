@@ -1,8 +1,9 @@
 """The OpenAPI 3 document of the data plane, served at GET /openapi.json.
 
-Request schemas come from the pydantic models in `protocol.py`; responses
-are described by name and, for errors, by OpenAI's error shape. Built once
-per app: the routes do not change while it runs.
+Request schemas come from the pydantic models in `protocol.py` (and
+`responses_request.py`); responses are described by name and, for errors,
+by OpenAI's error shape. Built once per app: the routes do not change while
+it runs.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from trillium.data_plane.protocol import (
     REQUEST_MODELS,
     TokenizeRequest,
 )
+from trillium.data_plane.responses_request import ResponsesRequest
 
 _REF = "#/components/schemas/{model}"
 _ERROR_SCHEMA = {
@@ -61,7 +63,8 @@ def _operation(summary: str, body: type | None = None, response: str = "JSON", s
 
 
 def build_document(version: str) -> dict:
-    _, definitions = models_json_schema([(m, "validation") for m in REQUEST_MODELS], ref_template=_REF)
+    models = (*REQUEST_MODELS, ResponsesRequest)
+    _, definitions = models_json_schema([(m, "validation") for m in models], ref_template=_REF)
     schemas = dict(definitions.get("$defs", {}))
     schemas["ErrorResponse"] = _ERROR_SCHEMA
     paths = {
@@ -71,6 +74,9 @@ def build_document(version: str) -> dict:
         "/v1/chat/completions": {
             "post": _operation("Chat completion", ChatCompletionRequest, "chat completion", True)
         },
+        "/v1/responses": {"post": _operation("OpenAI Responses API (routes/responses.py; also GET / DELETE "
+                                             "/v1/responses/{id}, POST /v1/responses/{id}/cancel)",
+                                             ResponsesRequest, "response", True)},
         "/generate": {"post": _operation("SGLang's native generation (text or input_ids, sampling_params)",
                                          response="SGLang output (a list for a batch or n > 1)", streams=True)},
         "/generate/": {"post": _operation("TRL vllm-serve's generation (prompts, n, sampling fields)",
