@@ -6,7 +6,9 @@ Public API (stable; `trillium serve` builds on it):
         One app per engine bundle (see `context.py`). Routes: GET /v1/models,
         /v1/models/<name>, POST /v1/completions, /v1/chat/completions,
         SGLang's /generate, /tokenize, /detokenize, GET /health, /version, /metrics,
-        /openapi.json, and TRL vllm-serve's GET /health/, POST /generate/ (routes/trl.py). The app owns its tokenizer threads, admission
+        /openapi.json, and TRL vllm-serve's GET /health/, POST /generate/ (routes/trl.py);
+        for a pooling model /v1/embeddings, /pooling, /classify (routes/pooling.py),
+        /score, /rerank (routes/scores.py). The app owns its tokenizer threads, admission
         control and Prometheus registry; it never starts or stops the
         engine (the caller runs `EngineClient.run` and the actors).
 
@@ -64,6 +66,8 @@ from trillium.data_plane.routes import (
     metrics,
     models,
     openapi,
+    pooling,
+    scores,
     tokenize,
     trl,
 )
@@ -78,7 +82,7 @@ _OPEN_PATHS = frozenset({"/health", "/version", "/openapi.json"})
 # WHY: a refused client's small body is read so its keep-alive connection stays in
 # step; a larger one is not read at all and the connection closes (errors.unauthorized).
 _READ_REFUSED_BODY_MAX_BYTES = 1 << 20
-_ROUTE_MODULES = (models, completions, chat, generate, tokenize, health, metrics, openapi, trl)
+_ROUTE_MODULES = (models, completions, chat, generate, tokenize, health, metrics, openapi, trl, pooling, scores)
 
 
 def create_app(engine: DataPlaneEngine) -> QuartTrio:

@@ -69,6 +69,9 @@ class DataPlaneEngine:
     tracing: the api process's `observability.tracing.RequestTracing`
         (shared with the admin app's /tracing route); None: no tracing.
     chat: the chat template and parsers of the chat route (chat_options.py).
+    pooling: a pooling model's task, labels and sizes (trillium/pooling/outputs.py
+        `PoolingModel.build`); None: a generative model. Pooling routes answer 400
+        on a generative model and generation routes 400 on a pooling one.
     """
 
     client: "EngineClient"
@@ -100,6 +103,7 @@ class DataPlaneEngine:
 
         return self.sampling_defaults or NO_DEFAULTS
     chat: ChatOptions = ChatOptions()  # --chat-template, tool-call and reasoning parsers
+    pooling: Any = None  # trillium.pooling.outputs.PoolingModel (--runner pooling); None: generative
 
     @property
     def model_name(self) -> str:
