@@ -122,6 +122,7 @@ def test_embeddings_bad_input(embed_server):
            "truncate_prompt_tokens")
     _error(_post(embed_server, "/v1/embeddings", {"input": [[10**6]]}), "input")
     _error(_post(embed_server, "/v1/embeddings", {"input": [1] * 300}), "input")  # past the context
+    _error(_post(embed_server, "/v1/embeddings", {"input": ["a"] * 10_000}), "input")  # --max-prompts-per-request
     assert "pooling task" in _error(_post(embed_server, "/classify", {"input": "x"}), "model")
     assert "pooling model" in _error(_post(embed_server, "/v1/completions", {"prompt": "x", "max_tokens": 2}))
     chat = {"messages": [{"role": "user", "content": "hi"}]}

@@ -38,7 +38,9 @@ def pooling_model(state: AppState, *tasks: str) -> PoolingModel:
 
 async def tokenize_inputs(state: AppState, inputs, *, add_special_tokens: bool = True,
                           param: str = "input") -> list[list[int]]:
-    """Token ids of each text (or token-id list, checked), each fitting the context."""
+    """Token ids of each text (or token-id list, checked), each fitting the context;
+    400 past --max-prompts-per-request inputs."""
+    state.limits.check_num_prompts(len(inputs), param)
     prompts = []
     for item in inputs:
         if isinstance(item, str):

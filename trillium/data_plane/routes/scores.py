@@ -32,8 +32,9 @@ from trillium.pooling.outputs import cosine
 
 async def pair_scores(state: AppState, pairs: list[tuple[str, str]], use_activation: bool | None,
                       param: str, priority: int = 0) -> tuple[list[float], int]:
-    """(score of each pair, prompt tokens used)."""
+    """(score of each pair, prompt tokens used); 400 past --max-prompts-per-request pairs."""
     model = pooling_model(state)
+    state.limits.check_num_prompts(len(pairs), param)
     if model.task == "embed":
         texts = list(dict.fromkeys(text for pair in pairs for text in pair))
         prompts = await tokenize_inputs(state, texts, param=param)
