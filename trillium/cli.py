@@ -85,6 +85,20 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, model_required: bool = 
     group.add_argument("--executor-threads", type=int, default=None,
                        help="torch CPU threads of the executor (default: all cores)")
     add_model_source_args(parser.add_argument_group("model source and sampling defaults (vLLM's flags)"))
+    pooling = parser.add_argument_group("pooling models: embeddings, classifiers, reward models (vLLM's flags)")
+    pooling.add_argument("--runner", default="auto", choices=["auto", "generate", "pooling"],
+                         help="generate text, or pool: one vector per prompt for /v1/embeddings, /classify, "
+                              "/score, /rerank, /pooling (auto: pooling for *ForSequenceClassification and "
+                              "*Model checkpoints, generate otherwise)")
+    pooling.add_argument("--convert", default="auto", choices=["auto", "embed", "classify", "reward"],
+                         help="what a pooling model answers. embed: its (normalized) hidden state; classify: "
+                              "the score head's softmax (sigmoid for one label); reward: the score head's raw "
+                              "value. auto: classify for *ForSequenceClassification, embed otherwise")
+    pooling.add_argument("--pooler-config", default="",
+                         help='JSON, e.g. \'{"pooling_type": "MEAN", "use_activation": false}\': pooling_type '
+                              "LAST (default) | MEAN | CLS (MEAN / CLS turn prefix caching off), "
+                              "use_activation (alias normalize): normalize embeddings / softmax scores by "
+                              "default, dimensions: default Matryoshka size")
     lora = parser.add_argument_group("LoRA adapters (PEFT format)")
     lora.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters next to the base model")
     lora.add_argument("--max-loras", type=int, default=1,
@@ -143,6 +157,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         sleep_keep_prefix_cache=args.sleep_keep_prefix_cache,
         num_threads=args.executor_threads or 0, enable_lora=args.enable_lora, max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
+        runner=args.runner, convert=args.convert, pooler_config=args.pooler_config,
     )
 
 

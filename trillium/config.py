@@ -156,6 +156,12 @@ class EngineConfig:
     generation_config: str = "auto"
     override_generation_config: str = ""
     max_queue_time_s: float = 0.0  # --max-queue-time-s: waiting requests that never ran get 503 after it; 0: off
+    # Pooling models (trillium/pooling/config.py): --runner auto | generate | pooling (resolved to
+    # one of the last two), --convert auto | embed | classify | reward, --pooler-config JSON
+    # (resolved: the PoolerConfig's JSON; "" for generate).
+    runner: str = "auto"
+    convert: str = "auto"
+    pooler_config: str = ""
 
     def __attrs_post_init__(self) -> None:
         if self.enable_lora and (self.max_loras < 1 or self.max_lora_rank < 1 or self.max_cpu_loras < 0):
@@ -223,6 +229,7 @@ class EngineConfig:
         if auto_len:
             max_len = min(max_len, int(num_blocks) * self.block_size)
         name = self.served_model_name or _default_served_name(self.model)
+        runner, pooler, prefix_caching = _resolve_runner(self, model_config)
 
         def fingerprint() -> str:
             from trillium.actors.kv_tiers.disk import model_fingerprint
@@ -232,7 +239,8 @@ class EngineConfig:
         return attrs.evolve(
             self, dtype=dtype, kv_cache_dtype=kv_dtype, max_model_len=max_len, num_blocks=int(num_blocks),
             served_model_name=name, kv_tiers=self.kv_tiers.resolve(per_block, fingerprint), kv_block_bytes=per_block,
-            vocab_size=model_config.vocab_size,
+            vocab_size=model_config.vocab_size, runner=runner, pooler_config=pooler,
+            enable_prefix_caching=prefix_caching,
         )
 
     @property
@@ -242,6 +250,27 @@ class EngineConfig:
     @property
     def num_kv_tokens(self) -> int:
         return self.num_blocks * self.block_size
+
+
+def _resolve_runner(config: EngineConfig, model_config) -> tuple[str, str, bool]:
+    """(runner, pooler_config JSON, enable_prefix_caching). MEAN / CLS pooling need every prompt
+    row computed, so prefix caching is off for them (actors/executor/pooler.py)."""
+    from trillium.pooling.config import resolve_pooler
+
+    runner, pooler = resolve_pooler(config.runner, config.convert, config.pooler_config, model_config)
+    if pooler is None:
+        return runner, "", config.enable_prefix_caching
+    if config.enable_lora:
+        raise ValueError("--enable-lora: LoRA adapters on pooling models are not supported yet")
+    if pooler.pooling_type != "LAST" and config.enable_prefix_caching:
+        import logging
+
+        logging.getLogger(__name__).info("%s pooling: prefix caching is off (every prompt row is pooled)",
+                                         pooler.pooling_type)
+    keep = config.enable_prefix_caching and pooler.pooling_type == "LAST"
+    if config.kv_tiers.has_host and not keep:
+        raise ValueError(f"{pooler.pooling_type} pooling runs without prefix caching: drop --kv-host-bytes")
+    return runner, pooler.to_json(), keep
 
 
 def _check_host_tier(config: EngineConfig) -> None:

@@ -84,6 +84,9 @@ class LLM:
         if self._failure is not None:
             self.tracing.close()
             raise RuntimeError(f"engine failed to start: {self._failure}") from self._failure
+        from trillium.pooling.offline import PoolingRunner
+
+        self._pooling = PoolingRunner(self)  # embed / classify / reward / score (pooling/offline.py)
 
     # -- engine thread -------------------------------------------------
 
@@ -156,6 +159,9 @@ class LLM:
         """Generate for each prompt (text, token ids, or {"prompt_token_ids": [...]}).
 
         `lora`: a LoRARequest for every prompt, or one LoRARequest / None per prompt."""
+        if self.config.runner == "pooling":
+            raise ValueError("generate: this is a pooling model (runner='pooling'); use embed, classify, "
+                             "reward or score")
         items = self._normalize_prompts(prompts)
         params = _broadcast_params(sampling_params, len(items), self.get_default_sampling_params())
         prepared = [self._prepare(text, ids, p) for (text, ids), p in zip(items, params)]
@@ -167,6 +173,24 @@ class LLM:
             raise ValueError("lora: needs one LoRARequest (or None) per prompt")
         lora_ids = [self._lora_id(request) for request in loras]
         return self._call(self._generate_async, prepared, priorities, lora_ids)
+
+    # -- pooling models (vLLM's names; trillium/pooling/offline.py) ----------
+
+    def embed(self, prompts, *, dimensions: int | None = None, normalize: bool | None = None):
+        """One EmbeddingRequestOutput per prompt (`.outputs.embedding`); `dimensions`: Matryoshka size."""
+        return self._pooling.embed(prompts, dimensions=dimensions, normalize=normalize)
+
+    def classify(self, prompts, *, use_activation: bool | None = None):
+        """One ClassificationRequestOutput per prompt (`.outputs.probs`: softmax, or sigmoid for one label)."""
+        return self._pooling.classify(prompts, use_activation=use_activation)
+
+    def reward(self, prompts):
+        """One PoolingRequestOutput per prompt (`.outputs.data`: the classifier's raw scores)."""
+        return self._pooling.reward(prompts)
+
+    def score(self, data_1, data_2, *, use_activation: bool | None = None):
+        """One ScoringRequestOutput per (data_1, data_2) pair (`.outputs.score`)."""
+        return self._pooling.score(data_1, data_2, use_activation=use_activation)
 
     def _lora_id(self, request) -> int:
         """The engine id of `request`'s adapter, loading it on first use (ValueError if it cannot be)."""

@@ -62,6 +62,7 @@ from trillium.actors.protocol.vocabulary import EngineState
 from trillium.actors.supervisor import ActorFailed, Supervision, run_in_subprocesses
 from trillium.config import EngineConfig
 from trillium.http_cors import CorsPolicy, with_cors
+from trillium.pooling.outputs import PoolingModel
 
 if TYPE_CHECKING:
     from trillium.data_plane.chat_options import ChatOptions
@@ -244,6 +245,7 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
                 response_role=server_config.response_role,
                 log_requests=server_config.log_requests,
                 responses_store_size=server_config.responses_store_size,
+                pooling=PoolingModel.build(engine_config),
                 **({"chat": server_config.chat} if server_config.chat is not None else {}),
             )
             app = create_app(engine)

@@ -26,6 +26,7 @@ from trillium.data_plane import DataPlaneEngine, create_app, serve_app
 from trillium.data_plane.app import app_state
 from trillium.models.loader import load_model_config
 from trillium.models.tokenizer import load_tokenizer
+from trillium.pooling.outputs import PoolingModel
 
 MODEL_NAME = "tiny-llama"
 API_KEY = "sk-test"
@@ -106,7 +107,8 @@ class ServerHarness:
                     engine = DataPlaneEngine(
                         client=client, tokenizer=self.tokenizer, served_model_name=config.served_model_name,
                         max_model_len=config.max_model_len, vocab_size=vocab_size,
-                        health=lambda: (supervision.healthy, dict(supervision.alive)), **overrides,
+                        health=lambda: (supervision.healthy, dict(supervision.alive)),
+                        pooling=PoolingModel.build(config), **overrides,
                     )
                     app = create_app(engine)
                     self.apps[name] = app

@@ -7,9 +7,10 @@ Public API (stable; `trillium serve` builds on it):
         /v1/models/<name>, POST /v1/completions, /v1/chat/completions, /v1/responses
         (+ GET/DELETE /v1/responses/<id>, POST .../cancel: routes/responses.py),
         SGLang's /generate, /tokenize, /detokenize, GET /health, /version, /metrics,
-        /openapi.json, TRL vllm-serve's GET /health/, POST /generate/ (routes/trl.py), and
-        Anthropic's POST /v1/messages, /v1/messages/count_tokens (routes/messages.py). The app
-        owns its tokenizer threads, admission control and Prometheus registry; it never starts or stops the
+        /openapi.json, TRL vllm-serve's GET /health/, POST /generate/ (routes/trl.py),
+        Anthropic's POST /v1/messages, /v1/messages/count_tokens (routes/messages.py); for a pooling model /v1/embeddings, /pooling,
+        /classify (routes/pooling.py), /score, /rerank (routes/scores.py). The app owns its
+        tokenizer threads, admission control and Prometheus registry; it never starts or stops the
         engine (the caller runs `EngineClient.run` and the actors).
 
     async serve_app(app, host, port, *, shutdown_trigger=None,
@@ -69,7 +70,9 @@ from trillium.data_plane.routes import (
     metrics,
     models,
     openapi,
+    pooling,
     responses,
+    scores,
     tokenize,
     trl,
 )
@@ -85,7 +88,7 @@ _OPEN_PATHS = frozenset({"/health", "/version", "/openapi.json"})
 # step; a larger one is not read at all and the connection closes (errors.unauthorized).
 _READ_REFUSED_BODY_MAX_BYTES = 1 << 20
 _ROUTE_MODULES = (models, completions, chat, generate, tokenize, health, metrics, openapi, trl, messages,
-                  responses)
+                  responses, pooling, scores)
 
 
 def create_app(engine: DataPlaneEngine) -> QuartTrio:

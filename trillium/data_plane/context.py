@@ -71,6 +71,9 @@ class DataPlaneEngine:
     chat: the chat template and parsers of the chat route (chat_options.py).
     responses_store_size: how many /v1/responses responses the app keeps for GET and
         previous_response_id (responses_store.py; --responses-store-size, 0: none).
+    pooling: a pooling model's task, labels and sizes (trillium/pooling/outputs.py
+        `PoolingModel.build`); None: a generative model. Pooling routes answer 400
+        on a generative model and generation routes 400 on a pooling one.
     """
 
     client: "EngineClient"
@@ -103,6 +106,7 @@ class DataPlaneEngine:
 
         return self.sampling_defaults or NO_DEFAULTS
     chat: ChatOptions = ChatOptions()  # --chat-template, tool-call and reasoning parsers
+    pooling: Any = None  # trillium.pooling.outputs.PoolingModel (--runner pooling); None: generative
 
     @property
     def model_name(self) -> str:

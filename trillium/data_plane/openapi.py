@@ -10,6 +10,13 @@ from __future__ import annotations
 
 from pydantic.json_schema import models_json_schema
 
+from trillium.data_plane.pooling_protocol import (
+    ClassificationRequest,
+    EmbeddingRequest,
+    PoolingRequest,
+    RerankRequest,
+    ScoreRequest,
+)
 from trillium.data_plane.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -20,6 +27,7 @@ from trillium.data_plane.protocol import (
 from trillium.data_plane.responses_request import ResponsesRequest
 
 _REF = "#/components/schemas/{model}"
+_POOLING_MODELS = (EmbeddingRequest, PoolingRequest, ClassificationRequest, ScoreRequest, RerankRequest)
 _ERROR_SCHEMA = {
     "type": "object",
     "properties": {
@@ -63,7 +71,7 @@ def _operation(summary: str, body: type | None = None, response: str = "JSON", s
 
 
 def build_document(version: str) -> dict:
-    models = (*REQUEST_MODELS, ResponsesRequest)
+    models = (*REQUEST_MODELS, ResponsesRequest, *_POOLING_MODELS)
     _, definitions = models_json_schema([(m, "validation") for m in models], ref_template=_REF)
     schemas = dict(definitions.get("$defs", {}))
     schemas["ErrorResponse"] = _ERROR_SCHEMA
@@ -92,6 +100,15 @@ def build_document(version: str) -> dict:
         "/version": {"get": _operation("Server version")},
         "/metrics": {"get": _operation("Prometheus metrics", response="text exposition format")},
         "/openapi.json": {"get": _operation("This document")},
+        # Pooling models only (--runner pooling; routes/pooling.py, routes/scores.py).
+        "/v1/embeddings": {"post": _operation("Embeddings (pooling models)", EmbeddingRequest, "embeddings")},
+        "/pooling": {"post": _operation("Raw pooled outputs (pooling models)", PoolingRequest, "pooled outputs")},
+        "/classify": {"post": _operation("Classification scores (classifiers, reward models)",
+                                         ClassificationRequest, "class probabilities")},
+        "/score": {"post": _operation("Text-pair scores (cross-encoder or embedding cosine)", ScoreRequest,
+                                      "scores")},
+        "/rerank": {"post": _operation("Rerank documents for a query (Jina / Cohere shape)", RerankRequest,
+                                       "ranked results")},
     }
     paths["/v1/models/{model}"]["get"]["parameters"] = [
         {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}

@@ -16,7 +16,7 @@ import trio
 
 from trillium.actors.protocol.vocabulary import EngineState
 from trillium.data_plane.context import DataPlaneEngine
-from trillium.data_plane.errors import engine_not_ready, model_not_found, unavailable
+from trillium.data_plane.errors import bad_request, engine_not_ready, model_not_found, unavailable
 from trillium.data_plane.generation import RETRY_AFTER_S, Generation, InflightRequests
 from trillium.data_plane.limits import num_engine_requests
 from trillium.data_plane.metrics import DataPlaneMetrics
@@ -62,7 +62,7 @@ class AppState:
             raise model_not_found(name)
         return module.lora_id
 
-    def admit(self, params: Sequence[SamplingParams], prefix: str = "") -> Generation:
+    def admit(self, params: Sequence[SamplingParams], prefix: str = "", *, pooling: bool = False) -> Generation:
         """A new Generation for one prompt per `params`, counted as in flight; 400 when
         a params passes a cap (limits.py; `prefix`: the wire's path to its fields), 503
         when the engine is unhealthy, not serving (sleeping, paused, updating weights)
@@ -70,7 +70,11 @@ class AppState:
 
         The generation reports the weight version current at admission. Call
         right before `Generation.submit`, with no await in between, so the
-        bound is exact and no weight update can start in between."""
+        bound is exact and no weight update can start in between. `pooling`: the
+        request is a pooling one (routes/pooling.py); the two kinds are each
+        refused (400) on the other kind of model."""
+        if pooling != (self.engine.pooling is not None):
+            raise wrong_runner(pooling)
         for prompt_params in params:
             self.limits.check_params(prompt_params, prefix)
         if not self.healthy()[0]:
@@ -92,6 +96,15 @@ class AppState:
         except Exception as exc:  # WHY: a failing probe means unhealthy, not a 500
             log.warning("health probe failed: %s", exc)
             return False, f"health probe failed: {exc}"
+
+
+def wrong_runner(pooling: bool):
+    """400 for a pooling request on a generative model, or a generation request on a pooling one."""
+    if pooling:
+        return bad_request("this server runs a generative model: embeddings, scores and classification need a "
+                           "pooling model (--runner pooling)", "model")
+    return bad_request("this server runs a pooling model (--runner pooling): use /v1/embeddings, /classify, "
+                       "/score, /rerank or /pooling", "model")
 
 
 def new_id(prefix: str) -> str:

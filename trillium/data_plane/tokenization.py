@@ -53,6 +53,12 @@ class TokenizerRunner:
         self.limits.check_text(text, param)
         return await self._run(len(text) <= INLINE_MAX_CHARS, self._encode, text, add_special_tokens)
 
+    async def encode_pair(self, text: str, text_pair: str, param: str = "text_1") -> list[int]:
+        """Token ids of a text pair with the tokenizer's pair template (a cross-encoder's input)."""
+        self.limits.check_num_chars(len(text) + len(text_pair), param)
+        inline = len(text) + len(text_pair) <= INLINE_MAX_CHARS
+        return await self._run(inline, self.tokenizer.encode_pair, text, text_pair)
+
     async def encode_plain(self, text: str, param: str = "bad_words") -> list[int]:
         """Token ids of `text` alone, no special tokens (a word to ban, say)."""
         return await self.encode(text, add_special_tokens=False, param=param)

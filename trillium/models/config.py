@@ -30,6 +30,7 @@ import torch
 from trillium.models.config_families import (
     GEMMA_ARCHITECTURES,
     SLIDING,
+    POOLING_ARCHITECTURES,
     GemmaSpec,
     MoeSpec,
     gemma_rope,
@@ -37,6 +38,8 @@ from trillium.models.config_families import (
     parse_gemma,
     parse_layer_types,
     parse_moe,
+    parse_num_labels,
+    pooling_base,
 )
 from trillium.models.rope import parse_rope_config
 
@@ -51,6 +54,7 @@ SUPPORTED_ARCHITECTURES = (
     "MixtralForCausalLM",
     "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
+    *POOLING_ARCHITECTURES,
 )
 _QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM")
 _QWEN2_STYLE = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")  # q/k/v bias, no o_proj bias
@@ -116,6 +120,12 @@ class ModelConfig:
     layer_types: tuple[str, ...] | None = None  # None: every layer uses sliding_window (if any)
     moe: MoeSpec | None = None
     gemma: GemmaSpec | None = None
+    num_labels: int = 0  # *ForSequenceClassification: rows of the score head; 0: none
+
+    @property
+    def family_architecture(self) -> str:
+        """The causal-LM architecture whose flags this one shares (pooling checkpoints)."""
+        return pooling_base(self.architecture)
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of `layer`'s attention, or None for full causal."""
@@ -146,12 +156,14 @@ class ModelConfig:
     def from_hf_config(hf: dict[str, Any], generation_config: dict[str, Any] | None = None) -> "ModelConfig":
         """Parse an HF config.json dict (optionally with generation_config.json)."""
         archs = hf.get("architectures") or []
-        architecture = archs[0] if archs else _ARCH_BY_MODEL_TYPE.get(hf.get("model_type", ""), "")
-        if architecture not in SUPPORTED_ARCHITECTURES:
+        named = archs[0] if archs else _ARCH_BY_MODEL_TYPE.get(hf.get("model_type", ""), "")
+        if named not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
-                f"unsupported architecture {architecture or hf.get('model_type')!r}; "
+                f"unsupported architecture {named or hf.get('model_type')!r}; "
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
+        # Pooling checkpoints (Qwen3Model, LlamaForSequenceClassification) take their family's flags.
+        architecture = pooling_base(named)
         is_gemma = architecture in GEMMA_ARCHITECTURES
         if not is_gemma and hf.get("hidden_act", "silu") not in ("silu", "swish"):
             raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; {architecture} models use silu")
@@ -174,7 +186,7 @@ class ModelConfig:
             eos = eos + _as_id_tuple(generation_config.get("eos_token_id"))
         dtype = hf.get("dtype") or hf.get("torch_dtype") or "float32"
         return ModelConfig(
-            architecture=architecture,
+            architecture=named,
             model_type=hf.get("model_type") or _MODEL_TYPE_BY_ARCH[architecture],
             vocab_size=int(hf["vocab_size"]),
             hidden_size=hidden_size,
@@ -199,6 +211,7 @@ class ModelConfig:
             layer_types=parse_layer_types(hf, architecture, num_layers, sliding_window),
             moe=parse_moe(hf, architecture, num_layers),
             gemma=parse_gemma(hf, architecture, local_rope_theta),
+            num_labels=parse_num_labels(hf, named),
         )
 
     @staticmethod

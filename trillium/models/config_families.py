@@ -8,6 +8,10 @@ the dense Llama-family fields stay one flat, small object.
     GemmaSpec    query_pre_attn_scalar, soft-capping, local rope base, (1 + w) norms
     layer_types  per layer "full_attention" | "sliding_attention" (None: all full,
                  or all sliding when `sliding_window` is set, as Mistral)
+    pooling      *ForSequenceClassification (a `score` head, `num_labels` rows) and
+                 *Model (the bare backbone, as embedding checkpoints ship) read
+                 as their causal-LM family (`pooling_base`); `parse_num_labels`
+                 sizes the score head
 
 Names and defaults follow transformers' config classes (Qwen2MoeConfig,
 Qwen3MoeConfig, MixtralConfig, Gemma2Config, Gemma3TextConfig).
@@ -22,6 +26,27 @@ import attrs
 FULL, SLIDING = "full_attention", "sliding_attention"
 MOE_ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
 GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+# Pooling checkpoints of the dense Llama family -> the causal-LM architecture whose flags they share.
+POOLING_ARCHITECTURES = {
+    f"{family}{suffix}": f"{family}ForCausalLM"
+    for family in ("Llama", "Mistral", "Qwen2", "Qwen3")
+    for suffix in ("ForSequenceClassification", "Model")
+}
+
+
+def pooling_base(architecture: str) -> str:
+    """The causal-LM architecture a pooling one is built on (itself for any other)."""
+    return POOLING_ARCHITECTURES.get(architecture, architecture)
+
+
+def parse_num_labels(hf: dict[str, Any], architecture: str) -> int:
+    """Rows of a classifier's score head, as transformers' PretrainedConfig counts them
+    (len(id2label), else num_labels, else 2); 0 for any other architecture."""
+    if not architecture.endswith("ForSequenceClassification"):
+        return 0
+    if hf.get("id2label"):
+        return len(hf["id2label"])
+    return int(hf.get("num_labels", 2))
 
 
 @attrs.frozen

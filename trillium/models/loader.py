@@ -86,6 +86,7 @@ def load_model(
     *,
     max_positions: int | None = None,
     progress: bool = True,
+    runner: str = "generate",
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model for `path` and load its weights on `device`.
 
@@ -93,12 +94,12 @@ def load_model(
     float32 for GGUF, whose weights are dequantized); "auto" means the same.
     The returned config carries the dtype actually used. `max_positions`
     sizes the rope table (default: the config's context, scaled for
-    linear/dynamic rope).
+    linear/dynamic rope). `runner` "pooling": the pooling class (registry.py).
     """
     config, weights, total = open_checkpoint(path)
     if dtype is not None and dtype != "auto":
         config = attrs.evolve(config, dtype=dtype_name(dtype))
-    cls = model_class(config.architecture)
+    cls = model_class(config.architecture, runner)
     model = cls.empty(config, dtype=config.dtype, device=device, max_positions=max_positions)
     _fill(model, weights, total, progress, Path(path))
     model.eval()

@@ -24,6 +24,11 @@ Variants (all tiny except "bench"):
     mixtral        4 experts top-2 (block_sparse_moe / w1 w2 w3 names)
     gemma2         soft-capping, (1 + w) norms, alternating 16-token sliding layers
     gemma3         3 layers (sliding, sliding, full), local rope base, q/k norm, linear global rope
+    llama-classify LlamaForSequenceClassification, 3 labels (score head)
+    qwen3-reward   Qwen3ForSequenceClassification, 1 label (a reward model / cross-encoder)
+    mistral-classify MistralForSequenceClassification, 2 labels
+    qwen3-embed    Qwen3Model (no LM head, names without "model."), matryoshka_dimensions
+    bench-embed, bench-rerank  the bench backbone as LlamaModel / a 1-label classifier
     bench          Llama, hidden 512, 8 layers, 8/4 heads, vocab 8192 (~32M params)
 
 The families after qwen3 get their weight names and shapes from the model
@@ -48,7 +53,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 
 from trillium.models.config import ModelConfig, dtype_name, torch_dtype
 from trillium.models.synthetic_corpus import CORPUS
-from trillium.models.synthetic_variants import _VARIANTS, VARIANTS
+from trillium.models.synthetic_variants import _VARIANTS, POOLING_VARIANTS, VARIANTS
 
 SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 PAD_ID, BOS_ID, EOS_ID, END_ID = 0, 1, 2, 6
@@ -74,9 +79,10 @@ _SMALL = {
     "tie_word_embeddings": False,
 }
 # Tokenizers of these variants add no BOS (as Qwen's do); the others add <|bos|>.
-_NO_BOS_VARIANTS = ("qwen2", "qwen3", "qwen2-moe", "qwen3-moe")
+_NO_BOS_VARIANTS = ("qwen2", "qwen3", "qwen2-moe", "qwen3-moe", "qwen3-reward", "qwen3-embed")
 # Variants whose weight list comes from the model class (see the module docstring).
-_FAMILY_VARIANTS = ("mistral-sliding", "phi3", "qwen2-moe", "qwen3-moe", "mixtral", "gemma2", "gemma3")
+_FAMILY_VARIANTS = ("mistral-sliding", "phi3", "qwen2-moe", "qwen3-moe", "mixtral", "gemma2", "gemma3",
+                    *POOLING_VARIANTS)
 
 
 def hf_config_dict(variant: str, dtype: str = "float32", **overrides: Any) -> dict[str, Any]:
@@ -181,7 +187,7 @@ def _family_weight_specs(config: ModelConfig) -> list[tuple[str, tuple[int, ...]
             shape = (rows[1], *shape[1:])
         if name == "model.embed_tokens.weight":
             kind = "embed"
-        elif name == "lm_head.weight":
+        elif name in ("lm_head.weight", "score.weight"):
             kind = "head"
         elif "norm" in name:
             # Gemma's norms multiply by (1 + w): centre them on 0 instead of 1.
@@ -268,5 +274,7 @@ def build_checkpoint(
     generation = {"bos_token_id": BOS_ID, "eos_token_id": [EOS_ID, END_ID], "pad_token_id": PAD_ID}
     (path / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     weights = random_weights(config, seed, torch_dtype(dtype), family=variant in _FAMILY_VARIANTS)
+    if config.architecture.endswith("Model"):  # transformers' bare backbone: names without "model."
+        weights = {name.removeprefix("model."): tensor for name, tensor in weights.items()}
     _save_weights(path, weights, 2 if sharded else 1)
     return path

@@ -137,6 +137,69 @@ _VARIANTS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
         "rms_norm_eps": 1e-6,
     },
+    # Pooling checkpoints (trillium/models/pooling_model.py): a three-label classifier, a
+    # one-label reward model / cross-encoder, and a bare Qwen3Model backbone saved with
+    # transformers' prefix-less names (as Qwen3-Embedding ships), Matryoshka-trained per config.
+    "llama-classify": {
+        "architectures": ["LlamaForSequenceClassification"],
+        "model_type": "llama",
+        "id2label": {"0": "negative", "1": "neutral", "2": "positive"},
+        "label2id": {"negative": 0, "neutral": 1, "positive": 2},
+    },
+    "qwen3-reward": {
+        "architectures": ["Qwen3ForSequenceClassification"],
+        "model_type": "qwen3",
+        "head_dim": 32,
+        "attention_bias": False,
+        "use_sliding_window": False,
+        "rms_norm_eps": 1e-6,
+        "id2label": {"0": "LABEL_0"},
+        "label2id": {"LABEL_0": 0},
+    },
+    "mistral-classify": {
+        "architectures": ["MistralForSequenceClassification"],
+        "model_type": "mistral",
+        "num_key_value_heads": 1,
+        "sliding_window": None,
+        "id2label": {"0": "LABEL_0", "1": "LABEL_1"},
+        "label2id": {"LABEL_0": 0, "LABEL_1": 1},
+    },
+    "qwen3-embed": {
+        "architectures": ["Qwen3Model"],
+        "model_type": "qwen3",
+        "head_dim": 32,
+        "attention_bias": False,
+        "use_sliding_window": False,
+        "rms_norm_eps": 1e-6,
+        "matryoshka_dimensions": [16, 32, 64],
+    },
+    # Benchmark pooling checkpoints: the bench backbone as an embedder and as a cross-encoder.
+    "bench-embed": {
+        "architectures": ["LlamaModel"],
+        "model_type": "llama",
+        "vocab_size": 8192,
+        "hidden_size": 512,
+        "intermediate_size": 1376,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 64,
+        "max_position_embeddings": 4096,
+    },
+    "bench-rerank": {
+        "architectures": ["LlamaForSequenceClassification"],
+        "model_type": "llama",
+        "vocab_size": 8192,
+        "hidden_size": 512,
+        "intermediate_size": 1376,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 64,
+        "max_position_embeddings": 4096,
+        "id2label": {"0": "LABEL_0"},
+        "label2id": {"LABEL_0": 0},
+    },
     "bench": {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -151,3 +214,5 @@ _VARIANTS: dict[str, dict[str, Any]] = {
     },
 }
 VARIANTS = tuple(_VARIANTS)
+# No LM head: tested against transformers' *ForSequenceClassification / AutoModel instead.
+POOLING_VARIANTS = ("llama-classify", "qwen3-reward", "mistral-classify", "qwen3-embed", "bench-embed", "bench-rerank")

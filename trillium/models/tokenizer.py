@@ -63,6 +63,10 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
+    def encode_pair(self, text: str, text_pair: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a text pair with the tokenizer's pair template (a cross-encoder's input)."""
+        return list(self.hf(text, text_pair=text_pair, add_special_tokens=add_special_tokens)["input_ids"])
+
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 

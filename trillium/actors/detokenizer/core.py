@@ -462,5 +462,5 @@ class DetokenizerRegistry:
             logprobs=delta.logprobs[: len(token_ids)] if delta.logprobs else (),
             prompt_logprobs=delta.prompt_logprobs,
             num_prompt_tokens=delta.num_prompt_tokens, num_cached_tokens=delta.num_cached_tokens,
-            queue_time_s=delta.queue_time_s,
+            queue_time_s=delta.queue_time_s, pooled=delta.pooled,
         )

@@ -24,6 +24,7 @@ import torch
 
 from trillium.actors.executor.grammar import GrammarCompiler
 from trillium.actors.executor.kv_stores import KvStores
+from trillium.actors.executor.pooler import POOLED_TOKEN_ID, PoolingHead
 from trillium.actors.executor.sampler import SamplingState, compute_prompt_logprobs, sample
 from trillium.actors.protocol.execute import (
     BatchResult,
@@ -68,9 +69,12 @@ class ExecutorCore:
         # vLLM's --seed: requests without their own seed draw from the default generator.
         torch.manual_seed(config.seed)
         self.model, self.model_config = load_model(
-            config.model, dtype=config.dtype, device=config.device, max_positions=config.max_model_len
+            config.model, dtype=config.dtype, device=config.device, max_positions=config.max_model_len,
+            runner=config.runner,
         )
         self.model.eval()
+        # A pooling model answers with pooled outputs where a generator samples (executor/pooler.py).
+        self.pooler = PoolingHead.build(config, self.model)
         self.kv_cache_dtype = config.kv_cache_dtype if config.kv_cache_dtype != "auto" else config.dtype
         self.kv_caches = allocate_kv_caches(
             self.model_config, config.num_blocks, config.block_size, self.kv_cache_dtype, self.device
@@ -128,6 +132,8 @@ class ExecutorCore:
     def _apply_diffs(self, batch: ExecuteBatch) -> list[RequestState]:
         for rid in batch.finished_request_ids:
             self.requests.pop(rid, None)
+        if self.pooler is not None:
+            self.pooler.drop(batch.finished_request_ids)
         for rid in batch.preempted_request_ids:
             state = self.requests.get(rid)
             if state is not None:
@@ -191,7 +197,12 @@ class ExecutorCore:
 
         sampled = np.full(len(states), -1, dtype=np.int32)
         logprobs: dict[str, TokenLogprobs] = {}
-        if sample_rows:
+        pooled = {}
+        if self.pooler is not None:
+            self.pooler.observe(hidden, states, counts)
+            if sample_rows:
+                pooled = self._pool(hidden, sample_rows, sample_states, sample_index, sampled)
+        elif sample_rows:
             if len(sample_rows) == hidden.shape[0]:
                 last = hidden  # rows ascend and are distinct: every row, in order (pure decode)
             else:
@@ -213,6 +224,7 @@ class ExecutorCore:
             request_ids=tuple(s.request_id for s in states),
             sampled_token_ids=sampled,
             logprobs=logprobs,
+            **pooled,
             prompt_logprobs=prompt_results,
             execute_time_s=time.perf_counter() - start,
             lora_swap_ins=swap_ins,
@@ -220,6 +232,14 @@ class ExecutorCore:
             **fetched,
             **self.grammars.completions(),
         )
+
+    def _pool(self, hidden, rows, states, indices, sampled: np.ndarray) -> dict:
+        """BatchResult fields of the requests whose prompts are done: their pooled outputs."""
+        outputs = self.pooler.finish(hidden, rows, states)
+        for state, index in zip(states, indices):
+            state.token_ids.append(POOLED_TOKEN_ID)  # INVARIANT: the executor knows the scheduler's tokens
+            sampled[index] = POOLED_TOKEN_ID
+        return {"pooled_request_ids": tuple(s.request_id for s in states), "pooled": outputs}
 
     def _transfer_only(self, batch: ExecuteBatch, start: float) -> BatchResult:
         """A batch with no requests: the scheduler only waits for disk reads

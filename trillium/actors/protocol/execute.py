@@ -151,6 +151,11 @@ class BatchResult:
     grammars_ready: tuple[str, ...] = ()
     grammars_failed: dict[str, str] = attrs.field(factory=dict)
     grammars_evicted: tuple[str, ...] = ()
+    # Pooling models (executor/pooler.py): requests whose prompt finished this step and
+    # their pooled outputs, row i for pooled_request_ids[i] (float32 [N, output_size]).
+    # Their sampled_token_ids entry is a placeholder that ends them (max_tokens=1).
+    pooled_request_ids: tuple[str, ...] = ()
+    pooled: np.ndarray = attrs.field(factory=lambda: np.zeros((0, 0), np.float32))
 
 
 @attrs.frozen

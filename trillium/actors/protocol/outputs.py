@@ -49,6 +49,7 @@ class RequestDelta:
     spec: DetokenizeSpec | None = None
     queue_time_s: float | None = None  # with the first delta: scheduler arrival -> first scheduled
     group_id: str | None = None  # with the first delta of a choice of an n > 1 request (see DetokenizeSpec)
+    pooled: np.ndarray | None = None  # pooling models: the request's float32 output (BatchResult.pooled)
 
 
 @attrs.frozen
@@ -74,6 +75,7 @@ class RequestOutputDelta:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     queue_time_s: float | None = None  # with the first delta (see RequestDelta)
+    pooled: np.ndarray | None = None  # pooling models, with the finishing delta (see RequestDelta)
 
 
 @attrs.frozen

@@ -252,6 +252,7 @@ class Scheduler:
             if request is not None:
                 request.add_prompt_logprobs(chunk)
         deltas = []
+        pooled = dict(zip(result.pooled_request_ids, result.pooled)) if result.pooled_request_ids else {}
         for rid, token in zip(result.request_ids, result.sampled_token_ids.tolist()):
             request = self._requests.get(rid)
             if request is None or request.status is not RequestStatus.RUNNING:
@@ -264,7 +265,7 @@ class Scheduler:
                 continue  # a prefill chunk short of the prompt's end
             self.events.token(request.times, request.num_prompt_tokens, now_s)
             status = request.check_stop(token, self.config.max_model_len)
-            deltas.append(request.delta((token,), status, result.logprobs.get(rid)))
+            deltas.append(request.delta((token,), status, result.logprobs.get(rid), pooled.get(rid)))
             if status is not None:
                 self._finish(request, status)
         return TokenDeltas(step_id=result.step_id, deltas=tuple(deltas))

@@ -215,7 +215,7 @@ class Request:
         return out
 
     def delta(self, tokens: tuple[int, ...], status: RequestStatus | None,
-              logprobs: TokenLogprobs | None) -> RequestDelta:
+              logprobs: TokenLogprobs | None, pooled=None) -> RequestDelta:
         """The scheduler's output for this request now: its new tokens, and
         on the first delta the DetokenizeSpec, prompt logprobs and queue time."""
         first = not self.delivered
@@ -232,4 +232,5 @@ class Request:
             spec=self.detokenize_spec() if first else None,
             queue_time_s=self.times.queue_time_s() if first and self.times is not None else None,
             group_id=self.group_id if first and self.num_choices > 1 else None,
+            pooled=pooled,
         )

@@ -1,0 +1,144 @@
+"""Pooling throughput: embeddings/s and rerank pairs/s, Trillium beside transformers in one run.
+
+Run: .venv/bin/python bench/pooling.py [--num-inputs 64] [--batch-size 32] [--threads N]
+
+Checkpoints: the bench backbone (hidden 512, 8 layers, vocab 8192) built as
+`bench-embed` (LlamaModel, last-token pooling, normalized) and
+`bench-rerank` (LlamaForSequenceClassification, one label: a cross-encoder),
+into a temporary folder (trillium/models/synthetic.py; nothing downloaded).
+Inputs: windows of the built-in corpus, "short" ~16 tokens and "long" ~384
+(rerank: a query + a document of that size, one prompt per pair).
+
+Trillium: `LLM.embed` / `LLM.score` (every input one engine request through
+the scheduler: batched, chunk-prefilled, prefix-cached; a rerank's query
+prefix is shared by its pairs). transformers: the same checkpoint in float32,
+batches of --batch-size padded right with an attention mask, pooled at each
+row's last real token (embeddings) or through its classifier (whose pad-aware
+last-token pick is transformers' own). One timed pass each, after one warm-up
+call; the figures are printed, never asserted. Both sides also agree on the
+outputs (max |difference| is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trillium import LLM
+from trillium.models.synthetic import build_checkpoint
+from trillium.models.synthetic_corpus import CORPUS
+from trillium.models.tokenizer import load_tokenizer
+
+
+def windows(tokenizer, count: int, length: int, seed: int) -> list[str]:
+    words = CORPUS.split()
+    rng = np.random.default_rng(seed)
+    texts = []
+    for _ in range(count):
+        start = int(rng.integers(0, max(1, len(words) - length)))
+        chunk = (words * (1 + length // len(words)))[start : start + int(length * 0.75)]
+        texts.append(" ".join(chunk))
+    return texts
+
+
+@torch.inference_mode()
+def hf_embed(model, tokenizer, texts: list[str], batch_size: int) -> np.ndarray:
+    out = []
+    for i in range(0, len(texts), batch_size):
+        ids = [tokenizer.encode(t) for t in texts[i : i + batch_size]]
+        width = max(map(len, ids))
+        batch = torch.tensor([x + [0] * (width - len(x)) for x in ids])
+        mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
+        hidden = model(input_ids=batch, attention_mask=mask).last_hidden_state
+        last = hidden[torch.arange(len(ids)), mask.sum(1) - 1]
+        out.append(torch.nn.functional.normalize(last, dim=-1).numpy())
+    return np.concatenate(out)
+
+
+@torch.inference_mode()
+def hf_rerank(model, tokenizer, pairs: list[tuple[str, str]], batch_size: int) -> np.ndarray:
+    out = []
+    for i in range(0, len(pairs), batch_size):
+        ids = [tokenizer.encode_pair(a, b) for a, b in pairs[i : i + batch_size]]
+        width = max(map(len, ids))
+        batch = torch.tensor([x + [0] * (width - len(x)) for x in ids])
+        mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
+        out.append(torch.sigmoid(model(input_ids=batch, attention_mask=mask).logits[:, 0]).numpy())
+    return np.concatenate(out)
+
+
+def timed(fn):
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def bench_embed(path: Path, args, lengths) -> list[tuple]:
+    from transformers import AutoModel
+
+    tokenizer = load_tokenizer(path)
+    hf = AutoModel.from_pretrained(str(path), dtype=torch.float32).eval()
+    rows = []
+    with LLM(str(path), max_num_seqs=args.batch_size, max_num_batched_tokens=args.step_tokens,
+             kv_cache_memory="1GiB", device=args.device) as llm:
+        for name, length in lengths:
+            texts = windows(tokenizer, args.num_inputs, length, seed=length)
+            llm.embed(texts[:2])
+            hf_embed(hf, tokenizer, texts[:2], args.batch_size)
+            ours, ours_s = timed(lambda: np.array([o.outputs.embedding for o in llm.embed(texts)]))
+            ref, ref_s = timed(lambda: hf_embed(hf, tokenizer, texts, args.batch_size))
+            num_tokens = sum(len(tokenizer.encode(t)) for t in texts)
+            rows.append(("embed", name, num_tokens / len(texts), len(texts) / ours_s, len(texts) / ref_s,
+                         float(np.abs(ours - ref).max())))
+    return rows
+
+
+def bench_rerank(path: Path, args, lengths) -> list[tuple]:
+    from transformers import AutoModelForSequenceClassification
+
+    tokenizer = load_tokenizer(path)
+    hf = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch.float32).eval()
+    rows = []
+    with LLM(str(path), max_num_seqs=args.batch_size, max_num_batched_tokens=args.step_tokens,
+             kv_cache_memory="1GiB", device=args.device) as llm:
+        for name, length in lengths:
+            query = windows(tokenizer, 1, 12, seed=1)[0]
+            docs = windows(tokenizer, args.num_inputs, length, seed=length + 1)
+            llm.score(query, docs[:2])
+            hf_rerank(hf, tokenizer, [(query, d) for d in docs[:2]], args.batch_size)
+            ours, ours_s = timed(lambda: np.array([o.outputs.score for o in llm.score(query, docs)]))
+            ref, ref_s = timed(lambda: hf_rerank(hf, tokenizer, [(query, d) for d in docs], args.batch_size))
+            num_tokens = sum(len(tokenizer.encode_pair(query, d)) for d in docs)
+            rows.append(("rerank", name, num_tokens / len(docs), len(docs) / ours_s, len(docs) / ref_s,
+                         float(np.abs(ours - ref).max())))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-inputs", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=32, help="transformers' batch; Trillium's max-num-seqs")
+    parser.add_argument("--step-tokens", type=int, default=4096, help="Trillium's --max-num-batched-tokens")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    lengths = (("short", 16), ("long", 384))
+    with tempfile.TemporaryDirectory() as root:
+        embed_path = build_checkpoint(Path(root) / "embed", "bench-embed")
+        rerank_path = build_checkpoint(Path(root) / "rerank", "bench-rerank")
+        rows = bench_embed(embed_path, args, lengths) + bench_rerank(rerank_path, args, lengths)
+    print(f"{'task':<7} {'inputs':<6} {'tokens/input':>12} {'trillium/s':>11} {'transformers/s':>15} "
+          f"{'speed-up':>9} {'max |diff|':>11}")
+    for task, name, tokens, ours, ref, diff in rows:
+        print(f"{task:<7} {name:<6} {tokens:>12.0f} {ours:>11.1f} {ref:>15.1f} {ours / ref:>8.2f}x {diff:>11.2e}")
+
+
+if __name__ == "__main__":
+    main()

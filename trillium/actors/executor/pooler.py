@@ -1,0 +1,78 @@
+"""The executor's pooling head: pooled outputs where a generator would sample.
+
+Built by `ExecutorCore` when the engine runs a pooling model (`--runner
+pooling`; `PoolingHead.build` returns None otherwise). A pooling request is
+a prompt with max_tokens=1: when its scheduled tokens reach the end of the
+prompt (the step that would sample), `finish` answers with its pooled
+output and the placeholder token `POOLED_TOKEN_ID`, which ends the request
+through max_tokens in the scheduler: the scheduler has no pooling branch.
+
+    observe(hidden, states, counts)   every step: MEAN / CLS keep what later
+                                      chunks cannot recompute
+    finish(hidden, rows, states)      -> float32 [N, output_size]: LAST takes
+                                      the request's last row, MEAN the mean of
+                                      every prompt row, CLS the first; then the
+                                      model's `pool_head` (score head, or none)
+    drop(request_ids)                 finished / aborted requests
+
+State: per request a running float32 sum (MEAN) or the first row (CLS),
+across chunked-prefill steps. NOTE: MEAN and CLS need every prompt row
+computed here, so `EngineConfig.resolve` turns prefix caching off for them
+(a cached block's rows never reach the executor); LAST keeps it (the last
+prompt token is always computed). A recompute preemption restarts at
+position 0 and resets the state; a swapped-in request continues it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from trillium.pooling.config import PoolerConfig
+
+# The "token" a finished pooling request reports (the scheduler appends it; nobody decodes it).
+POOLED_TOKEN_ID = 0
+
+
+class PoolingHead:
+    def __init__(self, config: PoolerConfig, model) -> None:
+        self.pooling_type = config.pooling_type
+        self.model = model
+        self._sums: dict[str, torch.Tensor] = {}
+        self._first: dict[str, torch.Tensor] = {}
+
+    @staticmethod
+    def build(engine_config, model) -> "PoolingHead | None":
+        if engine_config.runner != "pooling":
+            return None
+        return PoolingHead(PoolerConfig.from_json(engine_config.pooler_config), model)
+
+    def observe(self, hidden: torch.Tensor, states, counts: list[int]) -> None:
+        if self.pooling_type == "LAST":
+            return
+        row = 0
+        for state, n in zip(states, counts):
+            begin, rid = state.num_computed_tokens, state.request_id
+            chunk = hidden[row : row + n]
+            row += n
+            if self.pooling_type == "CLS":
+                if begin == 0:
+                    self._first[rid] = chunk[0].clone()
+                continue
+            total = chunk.float().sum(dim=0)
+            self._sums[rid] = total if begin == 0 else self._sums[rid] + total
+
+    def finish(self, hidden: torch.Tensor, rows: list[int], states) -> np.ndarray:
+        if self.pooling_type == "LAST":
+            pooled = hidden.index_select(0, torch.tensor(rows, dtype=torch.int64, device=hidden.device))
+        elif self.pooling_type == "CLS":
+            pooled = torch.stack([self._first.pop(s.request_id) for s in states])
+        else:
+            means = [self._sums.pop(s.request_id) / s.num_prompt_tokens for s in states]
+            pooled = torch.stack(means).to(hidden.dtype)
+        return self.model.pool_head(pooled).cpu().numpy()
+
+    def drop(self, request_ids) -> None:
+        for rid in request_ids:
+            self._sums.pop(rid, None)
+            self._first.pop(rid, None)

@@ -1,0 +1,81 @@
+"""Run a pooling HTTP request's prompts through the engine and collect their vectors.
+
+    model = pooling_model(state, task)                    400 unless the server pools for `task`
+    ids = await tokenize_inputs(state, inputs, ...)       texts / token ids -> checked token-id prompts
+    raws = await run_pooling(state, prompts, priority)    one raw float32 output per prompt, in order
+
+Each prompt is one engine request (`trillium/pooling/offline.POOLING_PARAMS`:
+max_tokens=1), admitted like a generation (`AppState.admit(pooling=True)`:
+--max-queued-requests, 503 while not serving) and read through
+`Generation.feed`, which aborts the unfinished ones if the client leaves.
+The finishing delta of each carries its `pooled` array.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trillium.data_plane.errors import bad_request, internal_error, rejection_error
+from trillium.data_plane.sampling import check_priority, check_prompt
+from trillium.data_plane.state import AppState, new_id, wrong_runner
+from trillium.pooling.offline import POOLING_PARAMS
+from trillium.pooling.outputs import PoolingModel
+
+_RENAMES = {"prompt": "input", "prompt_token_ids": "input", "max_tokens": "input"}
+
+
+def pooling_model(state: AppState, *tasks: str) -> PoolingModel:
+    """The served pooling model; 400 on a generative server or one that pools for another task."""
+    model = state.engine.pooling
+    if model is None:
+        raise wrong_runner(True)
+    if tasks and model.task not in tasks:
+        route = {"embed": "/v1/embeddings", "classify": "/classify"}[model.task]
+        raise bad_request(f"this model's pooling task is {model.task!r} (--convert): use {route}, /pooling, "
+                          "/score or /rerank", "model")
+    return model
+
+
+async def tokenize_inputs(state: AppState, inputs, *, add_special_tokens: bool = True,
+                          param: str = "input") -> list[list[int]]:
+    """Token ids of each text (or token-id list, checked), each fitting the context;
+    400 past --max-prompts-per-request inputs."""
+    state.limits.check_num_prompts(len(inputs), param)
+    prompts = []
+    for item in inputs:
+        if isinstance(item, str):
+            ids = await state.tokenizer.encode(item, add_special_tokens=add_special_tokens, param=param)
+        else:
+            state.limits.check_num_tokens(item, state.engine.max_model_len, param)
+            ids = list(item)
+        prompts.append(ids)
+    return prompts
+
+
+async def run_pooling(state: AppState, prompts: list[list[int]], priority: int = 0) -> list[np.ndarray]:
+    """The engine's raw output of each prompt, in order."""
+    if priority:
+        check_priority(priority, state.engine.client.config.engine.scheduling_policy)
+    for ids in prompts:
+        if not ids:
+            raise bad_request("input: an input encodes to no tokens", "input")
+        check_prompt(ids, POOLING_PARAMS, vocab_size=state.engine.vocab_size,
+                     max_model_len=state.engine.max_model_len, renames=_RENAMES)
+    params = [POOLING_PARAMS] * len(prompts)
+    generation = state.admit(params, pooling=True)
+    await generation.submit(new_id("pool"), prompts, params, (), priority=priority)
+    outputs: list[np.ndarray | None] = [None] * len(prompts)
+    async with generation.feed(state.nursery) as events:
+        async for choice, delta in events:
+            if delta.pooled is not None:
+                outputs[choice.prompt_index] = delta.pooled
+            elif delta.finished:
+                if choice.rejection is not None:
+                    raise rejection_error(choice.rejection)
+                raise internal_error()
+    return outputs  # type: ignore[return-value]
+
+
+def usage(prompts: list[list[int]]) -> dict:
+    num = sum(len(p) for p in prompts)
+    return {"prompt_tokens": num, "total_tokens": num, "completion_tokens": 0, "prompt_tokens_details": None}

@@ -1,0 +1,101 @@
+"""POST /v1/embeddings, /pooling and /classify: one vector per input, vLLM's shapes.
+
+    /v1/embeddings  {"input", "encoding_format": "float" | "base64", "dimensions",
+                     "normalize" | "use_activation", "add_special_tokens"}
+                    -> {"object": "list", "data": [{"object": "embedding", "index", "embedding"}],
+                        "model", "usage"}                     (embedding models)
+    /classify       {"input", "use_activation"} -> {"data": [{"index", "label", "probs",
+                     "num_classes"}], ...}                   (classifiers, reward models)
+    /pooling        {"input", "encoding_format", "dimensions", "use_activation"}
+                    -> {"data": [{"object": "pooling", "index", "data"}], ...}   (either)
+
+Shapes from vllm/entrypoints/pooling/{embed,classify,pooling}/protocol.py
+and OpenAI's embeddings API (base64: the float32 little-endian bytes).
+`dimensions` cuts a Matryoshka embedding (400 unless the model's config.json
+says it was trained for it, as vLLM). Each input is one engine request
+(data_plane/pooling_run.py); on a generative model these routes answer 400.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import numpy as np
+from quart import Blueprint, request
+
+from trillium.data_plane.errors import bad_request
+from trillium.data_plane.pooling_protocol import (
+    ClassificationRequest,
+    EmbeddingRequest,
+    PoolingRequest,
+    pooling_inputs,
+)
+from trillium.data_plane.pooling_run import pooling_model, run_pooling, tokenize_inputs, usage
+from trillium.data_plane.protocol import parse_request
+from trillium.data_plane.state import AppState, new_id
+from trillium.data_plane.streaming import json_response
+
+
+def encode_vector(vector: np.ndarray, encoding_format: str):
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return [float(v) for v in vector]
+
+
+def _envelope(kind: str, model: str, data: list, prompts: list[list[int]]) -> dict:
+    return {"id": new_id(kind), "object": "list", "created": int(time.time()), "model": model,
+            "data": data, "usage": usage(prompts)}
+
+
+async def _embedded(state: AppState, req: EmbeddingRequest, model_name: str, tasks: tuple[str, ...]):
+    model = pooling_model(state, *tasks)
+    if model.task == "embed":
+        try:
+            model.check_dimensions(req.dimensions, model_name)
+        except ValueError as exc:
+            raise bad_request(str(exc), "dimensions") from None
+    elif req.dimensions is not None:
+        raise bad_request("dimensions: only embedding models have a size to cut", "dimensions")
+    prompts = await tokenize_inputs(state, pooling_inputs(req.input), add_special_tokens=req.add_special_tokens)
+    raws = await run_pooling(state, prompts, req.priority)
+    vectors = [model.output(raw, dimensions=req.dimensions, use_activation=req.wants_activation()) for raw in raws]
+    return prompts, vectors
+
+
+def blueprint(state: AppState) -> Blueprint:
+    bp = Blueprint("pooling", __name__)
+
+    @bp.post("/v1/embeddings")
+    async def embeddings():
+        req = parse_request(EmbeddingRequest, await request.get_data())
+        model_name = state.resolve_model(req.model)
+        prompts, vectors = await _embedded(state, req, model_name, ("embed",))
+        data = [{"object": "embedding", "index": i, "embedding": encode_vector(v, req.encoding_format)}
+                for i, v in enumerate(vectors)]
+        return json_response(_envelope("embd", model_name, data, prompts))
+
+    @bp.post("/pooling")
+    async def pooling():
+        req = parse_request(PoolingRequest, await request.get_data())
+        model_name = state.resolve_model(req.model)
+        prompts, vectors = await _embedded(state, req, model_name, ())
+        data = [{"object": "pooling", "index": i, "data": encode_vector(v, req.encoding_format)}
+                for i, v in enumerate(vectors)]
+        return json_response(_envelope("pool", model_name, data, prompts))
+
+    @bp.post("/classify")
+    async def classify():
+        req = parse_request(ClassificationRequest, await request.get_data())
+        model_name = state.resolve_model(req.model)
+        model = pooling_model(state, "classify")
+        prompts = await tokenize_inputs(state, pooling_inputs(req.input), add_special_tokens=req.add_special_tokens)
+        raws = await run_pooling(state, prompts, req.priority)
+        data = []
+        for i, raw in enumerate(raws):
+            probs = model.classification(raw, req.wants_activation())
+            data.append({"index": i, "label": model.labels[int(np.argmax(probs))],
+                         "probs": [float(p) for p in probs], "num_classes": len(probs)})
+        return json_response(_envelope("classify", model_name, data, prompts))
+
+    return bp

@@ -1,0 +1,137 @@
+"""--runner / --convert / --pooler-config: which pooling a server does, resolved once.
+
+    resolve_pooler(runner, convert, pooler_json, model_config) -> (runner, PoolerConfig | None)
+
+Semantics follow vLLM (vllm/config/pooler.py, vllm/model_executor/layers/
+pooler/seqwise/heads.py, activations.py):
+
+    runner    auto | generate | pooling. auto: pooling when the checkpoint's
+              architecture is a pooling one (*ForSequenceClassification,
+              *Model), else generate.
+    convert   auto | embed | classify | reward (pooling runner only). auto:
+              classify for a *ForSequenceClassification checkpoint, embed
+              otherwise (a *Model or a *ForCausalLM read as its backbone).
+              reward: a classify head whose default is the raw score
+              (use_activation false), as RLHF reward models are read.
+    pooler    JSON: {"pooling_type": "LAST" | "MEAN" | "CLS", "use_activation":
+              bool (embed: L2-normalize; classify: softmax, or sigmoid for one
+              label), "normalize": alias of use_activation for embed,
+              "dimensions": default Matryoshka size, "task"}. Defaults: LAST,
+              activation on (off for reward). Any other key is an error.
+              (`reward`: true is what --convert reward resolves to.)
+
+`PoolerConfig` crosses to the actors inside `EngineConfig.pooler_config` as
+its JSON (`to_json`), so every process agrees on it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+
+from trillium.models.config_families import pooling_base
+
+RUNNERS = ("auto", "generate", "pooling")
+CONVERTS = ("auto", "embed", "classify", "reward")
+POOLING_TYPES = ("LAST", "MEAN", "CLS")
+TASKS = ("embed", "classify")
+# Dense Llama-family backbones a pooling head sits on (MoE and Gemma are not wired).
+POOLING_BASES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+_ACCEPTED_KEYS = frozenset({"pooling_type", "seq_pooling_type", "use_activation", "normalize", "dimensions",
+                            "task", "activation", "softmax", "reward"})
+
+
+@attrs.frozen
+class PoolerConfig:
+    task: str  # embed | classify
+    pooling_type: str = "LAST"
+    use_activation: bool = True  # the default of requests that do not say
+    dimensions: int | None = None  # default Matryoshka size (None: the full hidden size)
+    reward: bool = False  # --convert reward: a classifier read as a raw score
+
+    def to_json(self) -> str:
+        return json.dumps(attrs.asdict(self), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "PoolerConfig":
+        return PoolerConfig(**json.loads(text))
+
+
+def is_pooling_architecture(architecture: str) -> bool:
+    return architecture.endswith(("ForSequenceClassification", "Model"))
+
+
+def _parse_json(pooler_json: str) -> dict[str, Any]:
+    if not pooler_json:
+        return {}
+    try:
+        raw = json.loads(pooler_json)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--pooler-config: not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ValueError("--pooler-config: must be a JSON object")
+    unknown = sorted(set(raw) - _ACCEPTED_KEYS)
+    if unknown:
+        raise ValueError(f"--pooler-config: unsupported key(s) {unknown}; supported: {sorted(_ACCEPTED_KEYS)}")
+    return raw
+
+
+def _task(convert: str, architecture: str, raw: dict[str, Any]) -> tuple[str, bool]:
+    classifier = architecture.endswith("ForSequenceClassification")
+    if convert == "auto":  # NOTE: a resolved config's own JSON resolves to itself ("reward" included)
+        convert = "reward" if raw.get("reward") else raw.get("task") or ("classify" if classifier else "embed")
+    if convert not in ("embed", "classify", "reward"):
+        raise ValueError(f"--pooler-config task {convert!r}: choose embed or classify")
+    if convert in ("classify", "reward") and not classifier:
+        raise ValueError(f"--convert {convert} needs a *ForSequenceClassification checkpoint (its score head); "
+                         f"{architecture} has none")
+    if convert == "embed" and classifier:
+        raise ValueError(f"--convert embed: {architecture} is a classifier; serve it with --convert classify")
+    return ("classify" if convert == "reward" else convert), convert == "reward"
+
+
+def _bool(raw: dict[str, Any], *keys: str) -> bool | None:
+    for key in keys:
+        value = raw.get(key)
+        if value is not None:
+            if not isinstance(value, bool):
+                raise ValueError(f"--pooler-config {key}: must be true or false")
+            return value
+    return None
+
+
+def resolve_pooler(runner: str, convert: str, pooler_json: str, model_config) -> tuple[str, PoolerConfig | None]:
+    """The resolved runner ("generate" | "pooling") and, for pooling, its PoolerConfig; ValueError naming the flag."""
+    if runner not in RUNNERS:
+        raise ValueError(f"--runner {runner!r}: choose from {', '.join(RUNNERS)}")
+    if convert not in CONVERTS:
+        raise ValueError(f"--convert {convert!r}: choose from {', '.join(CONVERTS)}")
+    architecture = model_config.architecture
+    if runner == "auto":
+        runner = "pooling" if is_pooling_architecture(architecture) else "generate"
+    if runner == "generate":
+        if is_pooling_architecture(architecture):
+            raise ValueError(f"{architecture} has no LM head: serve it with --runner pooling")
+        if convert != "auto" or pooler_json:
+            raise ValueError("--convert and --pooler-config need --runner pooling")
+        return "generate", None
+    if pooling_base(architecture) not in POOLING_BASES:
+        raise ValueError(f"--runner pooling: {architecture} is not supported; pooling heads sit on "
+                         f"{', '.join(POOLING_BASES)} backbones")
+    raw = _parse_json(pooler_json)
+    task, reward = _task(convert, architecture, raw)
+    pooling_type = raw.get("pooling_type") or raw.get("seq_pooling_type") or "LAST"
+    if pooling_type not in POOLING_TYPES:
+        raise ValueError(f"--pooler-config pooling_type {pooling_type!r}: choose from {', '.join(POOLING_TYPES)}")
+    use_activation = _bool(raw, "use_activation", "normalize", "activation", "softmax")
+    dimensions = raw.get("dimensions")
+    if dimensions is not None:
+        if task != "embed" or not isinstance(dimensions, int) or not 0 < dimensions <= model_config.hidden_size:
+            raise ValueError(f"--pooler-config dimensions: an embedding size in [1, {model_config.hidden_size}]")
+    return "pooling", PoolerConfig(
+        task=task, pooling_type=pooling_type,
+        use_activation=(not reward) if use_activation is None else use_activation,
+        dimensions=dimensions, reward=reward,
+    )
