@@ -133,6 +133,7 @@ async def _data_plane_app(engine_config, client, supervision, app_fields: dict[s
     from trillium.generation_defaults import load_sampling_defaults
     from trillium.models.loader import load_model_config
     from trillium.models.tokenizer import load_tokenizer
+    from trillium.pooling.outputs import PoolingModel
 
     app_fields = dict(app_fields)
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, engine_config.tokenizer_path)
@@ -143,7 +144,8 @@ async def _data_plane_app(engine_config, client, supervision, app_fields: dict[s
         served_model_name=(engine_config.served_model_name, *app_fields.pop("extra_model_names", ())),
         max_model_len=engine_config.max_model_len, vocab_size=load_model_config(engine_config.model).vocab_size,
         health=lambda: (supervision.healthy, dict(supervision.alive)),
-        limits=RequestLimits(max_connections=0), sampling_defaults=defaults, **app_fields,
+        limits=RequestLimits(max_connections=0), sampling_defaults=defaults,
+        pooling=PoolingModel.build(engine_config), **app_fields,
     )
     return create_app(engine)
 
