@@ -14,6 +14,7 @@ import os
 
 from transformers import AutoTokenizer
 
+from trillium.local_cache import cache_dir
 from trillium.models import gguf_tokenizer_cache as cache
 
 
@@ -32,10 +33,10 @@ def test_key_follows_the_file(tmp_path):
 
 def test_cache_dir_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("TRILLIUM_CACHE_DIR", str(tmp_path / "a"))
-    assert cache.cache_dir() == tmp_path / "a"
+    assert cache_dir() == tmp_path / "a"
     monkeypatch.delenv("TRILLIUM_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert cache.cache_dir() == tmp_path / "xdg" / "trillium"
+    assert cache_dir() == tmp_path / "xdg" / "trillium"
 
 
 def test_entry_is_written_whole_and_reads_back(checkpoint, tmp_path):

@@ -22,10 +22,11 @@ def tokenizers_pair():
 
     from trillium.models.tokenizer import load_tokenizer
 
+    from trillium.local_cache import cache_dir
     from trillium.models import gguf_tokenizer_cache
 
     load_tokenizer(GGUF_PATH)  # converts (or finds the entry another test's load wrote)
-    entry = gguf_tokenizer_cache.cache_dir() / "gguf-tokenizers" / gguf_tokenizer_cache.entry_key(GGUF_PATH)
+    entry = cache_dir() / "gguf-tokenizers" / gguf_tokenizer_cache.entry_key(GGUF_PATH)
     assert (entry / "trillium-complete").exists()
     ours = load_tokenizer(GGUF_PATH)  # from the cache: it must be transformers' own conversion
     hf = AutoTokenizer.from_pretrained(str(GGUF_PATH.parent), gguf_file=GGUF_PATH.name, local_files_only=True)

@@ -12,7 +12,7 @@ tokenizer_config.json: JSON, never pickle) under
 `<key>`: a hash of the file's resolved path, size and mtime and the
 transformers version, so an edited file or an upgraded converter makes a new
 entry. Later loads read the entry (a fraction of a second). The cache dir is
-$TRILLIUM_CACHE_DIR, else $XDG_CACHE_HOME/trillium, else ~/.cache/trillium.
+trillium/local_cache.py's.
 
 An entry is written to a temp dir beside it and renamed into place, so a
 reader never sees half of one and two processes converting at once both
@@ -32,17 +32,11 @@ from pathlib import Path
 import transformers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from trillium.local_cache import cache_dir
+
 log = logging.getLogger(__name__)
 
 _COMPLETE = "trillium-complete"  # written last: an entry without it is ignored
-
-
-def cache_dir() -> Path:
-    explicit = os.environ.get("TRILLIUM_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "trillium"
 
 
 def entry_key(gguf_path: Path) -> str:
