@@ -64,7 +64,8 @@ _EXPERT_STACK = {"gate_proj": "ffn_gate_exps", "w1": "ffn_gate_exps", "up_proj":
 _GEMMA_NORMS = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
                 "post_feedforward_layernorm": "post_ffw_norm"}  # fmt: skip
 _ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-         "gemma2": "gemma2", "gemma3_text": "gemma3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "mixtral": "llama"}  # fmt: skip
+         "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "mixtral": "llama",
+         "gemma2": "gemma2", "gemma3_text": "gemma3"}  # fmt: skip
 _HF_TO_GGUF_TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 
