@@ -109,6 +109,15 @@ def test_gguf_gemma_layout_follows_llama_cpp():
     assert types[:2] == (SLIDING, FULL) and spec.query_pre_attn_scalar == 256
     spec, types = gguf_gemma({}.get, "Gemma2ForCausalLM", 26, 144, 256)
     assert types is None
+    # Keys llama.cpp ignores for these architectures are refused when they disagree, accepted when they agree.
+    agree = {"attention.sliding_window": 16, "attention.sliding_window_pattern": [True] * 5 + [False],
+             "rope.freq_base_swa": 10000.0}.get  # fmt: skip
+    assert gguf_gemma(agree, "Gemma3ForCausalLM", 6, 16, 16)[1] == (SLIDING,) * 5 + (FULL,)
+    with pytest.raises(ValueError, match="sliding_window_pattern"):
+        gguf_gemma({"attention.sliding_window": 16, "attention.sliding_window_pattern": 3}.get,
+                   "Gemma3ForCausalLM", 6, 16, 16)  # fmt: skip
+    with pytest.raises(ValueError, match="freq_base_swa"):
+        gguf_gemma({"attention.sliding_window": 16, "rope.freq_base_swa": 5e5}.get, "Gemma3ForCausalLM", 6, 16, 16)
 
 
 def test_multimodal_projector_gguf_is_refused():

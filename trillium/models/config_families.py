@@ -144,7 +144,30 @@ def gguf_gemma(
     if not get("attention.sliding_window"):
         return spec, None
     pattern = fixed["pattern"]
-    return spec, tuple(FULL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers))
+    types = tuple(FULL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers))
+    _check_gguf_gemma_fixed(get, architecture, types, fixed["local_rope_theta"])
+    return spec, types
+
+
+def _check_gguf_gemma_fixed(get: Any, architecture: str, types: tuple[str, ...], local: float | None) -> None:
+    """Refuse a file whose own layer pattern / local rope base disagrees with what llama.cpp fixes.
+
+    WHY: llama.cpp ignores these gguf-py keys for gemma2 / gemma3, so such a file
+    means one thing there and another to a reader that honours them; neither is guessed.
+    """
+    stored = get("attention.sliding_window_pattern")
+    if isinstance(stored, (list, tuple)):
+        stored_types = tuple(SLIDING if swa else FULL for swa in stored)
+    elif stored is not None:
+        n = int(stored)
+        stored_types = tuple(FULL if (i + 1) % n == 0 else SLIDING for i in range(len(types)))
+    if stored is not None and stored_types != types:
+        raise ValueError(f"GGUF {architecture}: attention.sliding_window_pattern {stored} differs from llama.cpp's "
+                         f"fixed layer pattern {types}; not supported")  # fmt: skip
+    base = get("rope.freq_base_swa")
+    if base is not None and float(base) != (local if local is not None else float(get("rope.freq_base", 10000.0))):
+        raise ValueError(f"GGUF {architecture}: rope.freq_base_swa {base} differs from llama.cpp's fixed "
+                         f"sliding-layer rope base; not supported")  # fmt: skip
 
 
 def gemma_rope(hf: dict[str, Any], architecture: str) -> tuple[dict[str, Any], float | None]:
