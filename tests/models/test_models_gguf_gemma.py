@@ -1,7 +1,7 @@
 """Gemma 2 / Gemma 3 GGUF files, written as llama.cpp writes them, load to the HF checkpoint's model.
 
 What llama.cpp does (ggml-org/llama.cpp convert_hf_to_gguf.py / conversion/gemma.py
-`Gemma2Model`, `Gemma3Model`; src/llama-model.cpp `load_hparams`): norm weights
+`Gemma2Model`, `Gemma3Model`; src/llama-model.cpp hparams for LLM_ARCH_GEMMA2/3): norm weights
 stored + 1; Gemma 2 without `lm_head` (always tied) and without a rope base;
 `attn_logit_softcapping` / `final_logit_softcapping` / `attention.sliding_window`
 as metadata; Gemma 3 with the full layers' rope base and linear scaling only.
