@@ -11,6 +11,16 @@ the router as `ffn_gate_inp`, Qwen2-MoE's shared expert as `*_shexp` with its
 gate squeezed to [H] (the names gguf-py's MODEL_TENSORS lists for those
 architectures; the stacking and squeeze as transformers' GGUF loader undoes them,
 modeling_gguf_pytorch_utils.py `Qwen2MoeTensorProcessor`).
+
+Gemma 2 / Gemma 3 as llama.cpp's Gemma2Model / Gemma3Model (convert_hf_to_gguf.py,
+conversion/gemma.py): every `*norm.weight` stored + 1; the post-attention,
+pre- and post-feedforward norms as `post_attention_norm`, `ffn_norm`,
+`post_ffw_norm`; Gemma 2 drops `lm_head` (llama.cpp always ties it) and
+writes no rope base; soft-capping and the sliding window as metadata; Gemma 3
+writes the full-attention layers' rope base and scaling only (llama.cpp fixes
+the sliding layers' base, 10000, and the 5:1 layer pattern). NOTE: the
+converter also trims `token_embd` to the tokenizer's size; the synthetic
+tokenizers fill the vocabulary, so there is nothing to trim.
 """
 
 from __future__ import annotations
@@ -20,7 +30,7 @@ import re
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter
+from gguf import GGUFWriter, RopeScalingType
 from safetensors.numpy import load_file
 
 from trillium.models.config import ModelConfig
@@ -51,8 +61,11 @@ _HF_TO_GGUF_BLOCK.update({
 _EXPERT = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight$")
 _EXPERT_STACK = {"gate_proj": "ffn_gate_exps", "w1": "ffn_gate_exps", "up_proj": "ffn_up_exps", "w3": "ffn_up_exps",
                  "down_proj": "ffn_down_exps", "w2": "ffn_down_exps"}  # fmt: skip
+_GEMMA_NORMS = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+                "post_feedforward_layernorm": "post_ffw_norm"}  # fmt: skip
 _ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-         "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "mixtral": "llama"}  # fmt: skip
+         "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "mixtral": "llama",
+         "gemma2": "gemma2", "gemma3_text": "gemma3"}  # fmt: skip
 _HF_TO_GGUF_TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 
@@ -60,12 +73,25 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _gguf_name(hf: str) -> str:
+def _gguf_name(hf: str, arch: str) -> str:
     module, _, kind = hf.rpartition(".")
     if module in _HF_TO_GGUF_TOP:
         return f"{_HF_TO_GGUF_TOP[module]}.{kind}"
     _, _, layer, rest = module.split(".", 3)
+    if arch.startswith("gemma") and rest in _GEMMA_NORMS:
+        return f"blk.{layer}.{_GEMMA_NORMS[rest]}.{kind}"
     return f"blk.{layer}.{_HF_TO_GGUF_BLOCK[rest]}.{kind}"
+
+
+def _gemma_metadata(writer: GGUFWriter, config: ModelConfig) -> None:
+    gemma = config.gemma
+    if gemma.attn_logit_softcapping is not None:
+        writer.add_attn_logit_softcapping(gemma.attn_logit_softcapping)
+    if gemma.final_logit_softcapping is not None:
+        writer.add_final_logit_softcapping(gemma.final_logit_softcapping)
+    if config.rope_scaling and config.rope_scaling["rope_type"] == "linear":
+        writer.add_rope_scaling_type(RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(config.rope_scaling["factor"])
 
 
 def _llama3_rope_factors(config: ModelConfig) -> np.ndarray:
@@ -124,7 +150,8 @@ def write_gguf(hf_dir: Path, out: Path) -> Path:
     writer.add_key_length(config.head_dim)
     writer.add_value_length(config.head_dim)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(config.rope_theta)
+    if arch != "gemma2":
+        writer.add_rope_freq_base(config.rope_theta)
     writer.add_vocab_size(config.vocab_size)
     writer.add_bos_token_id(config.bos_token_id)
     writer.add_eos_token_id(config.eos_token_ids[0])
@@ -133,6 +160,10 @@ def write_gguf(hf_dir: Path, out: Path) -> Path:
     if config.sliding_window:
         writer.add_sliding_window(config.sliding_window)
     weights = load_file(str(hf_dir / "model.safetensors"))
+    if config.gemma is not None:
+        _gemma_metadata(writer, config)
+    if arch == "gemma2":
+        weights.pop("lm_head.weight", None)
     if config.moe is not None:
         weights = _stack_experts(writer, config, weights)
     for name, w in weights.items():
@@ -143,7 +174,9 @@ def write_gguf(hf_dir: Path, out: Path) -> Path:
             w = _permute(w, config.num_heads)
         elif arch == "llama" and ".k_proj." in name:
             w = _permute(w, config.num_kv_heads)
-        writer.add_tensor(_gguf_name(name), w)
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
+            w = w + np.float32(1.0)
+        writer.add_tensor(_gguf_name(name, arch), w)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -34,6 +34,7 @@ from trillium.models.config_families import (
     GemmaSpec,
     MoeSpec,
     gemma_rope,
+    gguf_gemma,
     gguf_moe,
     parse_gemma,
     parse_layer_types,
@@ -229,6 +230,11 @@ class ModelConfig:
     ) -> "ModelConfig":
         """Parse GGUF key/values (`gguf_checkpoint.read_metadata`) and tensor names."""
         arch = metadata["general.architecture"]
+        if arch == "clip":
+            raise ValueError(
+                "this GGUF is a multimodal projector (llama.cpp mmproj, architecture 'clip'); Trillium serves "
+                "text only: load the model's text GGUF (e.g. the gemma3 file) without the mmproj"
+            )
         if arch not in _ARCH_BY_GGUF:
             raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {sorted(_ARCH_BY_GGUF)}")
         architecture = _ARCH_BY_GGUF[arch]
@@ -258,6 +264,7 @@ class ModelConfig:
         has_bias = "blk.0.attn_q.bias" in tensor_names or "blk.0.attn_qkv.bias" in tensor_names
         num_layers = int(get("block_count"))
         window = get("attention.sliding_window")
+        gemma, layer_types = gguf_gemma(get, architecture, num_layers, hidden_size // num_heads, head_dim)
         return ModelConfig(
             architecture=architecture,
             model_type=_MODEL_TYPE_BY_ARCH[architecture],
@@ -282,7 +289,9 @@ class ModelConfig:
             # NOTE: GGUF weights are dequantized to float32; callers may ask for less.
             dtype="float32",
             sliding_window=int(window) if window else None,
+            layer_types=layer_types,
             moe=gguf_moe(get, architecture, num_layers),
+            gemma=gemma,
         )
 
 
@@ -315,6 +324,8 @@ _ARCH_BY_GGUF = {
     "qwen2moe": "Qwen2MoeForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",  # llama.cpp writes Gemma 3's text weights only (vision: a separate mmproj)
 }
 _MODEL_TYPE_BY_ARCH = {
     "LlamaForCausalLM": "llama",

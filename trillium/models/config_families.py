@@ -115,6 +115,61 @@ def gguf_moe(get: Any, architecture: str, num_layers: int) -> MoeSpec | None:
     )
 
 
+# llama.cpp fixes these per architecture instead of writing them (llama-model.cpp load_hparams):
+# every `pattern`-th layer is full attention, the others slide; Gemma 3's sliding
+# layers rotate with base 10000 and no scaling; the 27B sizes (by block count)
+# scale attention by hidden / heads instead of head_dim.
+_GGUF_GEMMA = {"Gemma2ForCausalLM": {"pattern": 2, "local_rope_theta": None, "27b_layers": 46},
+               "Gemma3ForCausalLM": {"pattern": 6, "local_rope_theta": 10000.0, "27b_layers": 62}}  # fmt: skip
+
+
+def gguf_gemma(
+    get: Any, architecture: str, num_layers: int, hidden_over_heads: int, head_dim: int
+) -> tuple[GemmaSpec | None, tuple[str, ...] | None]:
+    """(GemmaSpec, layer_types) from llama.cpp `gemma2` / `gemma3` metadata (`get(key)` reads `{arch}.key`).
+
+    Soft-capping is `attn_logit_softcapping` / `final_logit_softcapping` (absent: none);
+    query_pre_attn_scalar is not stored, so it is derived as llama.cpp derives it.
+    """
+    if architecture not in GEMMA_ARCHITECTURES:
+        return None, None
+    fixed = _GGUF_GEMMA[architecture]
+    scalar = hidden_over_heads if num_layers == fixed["27b_layers"] else head_dim
+    spec = GemmaSpec(
+        query_pre_attn_scalar=float(scalar),
+        attn_logit_softcapping=_optional_float(get("attn_logit_softcapping")),
+        final_logit_softcapping=_optional_float(get("final_logit_softcapping")),
+        local_rope_theta=fixed["local_rope_theta"],
+    )
+    if not get("attention.sliding_window"):
+        return spec, None
+    pattern = fixed["pattern"]
+    types = tuple(FULL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers))
+    _check_gguf_gemma_fixed(get, architecture, types, fixed["local_rope_theta"])
+    return spec, types
+
+
+def _check_gguf_gemma_fixed(get: Any, architecture: str, types: tuple[str, ...], local: float | None) -> None:
+    """Refuse a file whose own layer pattern / local rope base disagrees with what llama.cpp fixes.
+
+    WHY: llama.cpp ignores these gguf-py keys for gemma2 / gemma3, so such a file
+    means one thing there and another to a reader that honours them; neither is guessed.
+    """
+    stored = get("attention.sliding_window_pattern")
+    if isinstance(stored, (list, tuple)):
+        stored_types = tuple(SLIDING if swa else FULL for swa in stored)
+    elif stored is not None:
+        n = int(stored)
+        stored_types = tuple(FULL if (i + 1) % n == 0 else SLIDING for i in range(len(types)))
+    if stored is not None and stored_types != types:
+        raise ValueError(f"GGUF {architecture}: attention.sliding_window_pattern {stored} differs from llama.cpp's "
+                         f"fixed layer pattern {types}; not supported")  # fmt: skip
+    base = get("rope.freq_base_swa")
+    if base is not None and float(base) != (local if local is not None else float(get("rope.freq_base", 10000.0))):
+        raise ValueError(f"GGUF {architecture}: rope.freq_base_swa {base} differs from llama.cpp's fixed "
+                         f"sliding-layer rope base; not supported")  # fmt: skip
+
+
 def gemma_rope(hf: dict[str, Any], architecture: str) -> tuple[dict[str, Any], float | None]:
     """(the dict `parse_rope_config` reads for the global layers, local rope base or None).
 

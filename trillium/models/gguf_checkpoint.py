@@ -18,6 +18,12 @@ the shared expert's gate `ffn_gate_inp_shexp` [H] as [1, H] (as transformers'
 `Qwen2MoeTensorProcessor`). Phi-3's `attn_qkv` and `ffn_up` are already the
 fused qkv_proj / gate_up_proj.
 
+Gemma 2 / Gemma 3 (`gemma2`, `gemma3`): llama.cpp's converter stores every
+`*norm.weight` plus 1 (its RMSNorm multiplies by the stored weight, HF's by
+1 + weight); 1 is subtracted back, as transformers' `Gemma2TensorProcessor`.
+Their four norms are `attn_norm`, `post_attention_norm`, `ffn_norm` (the
+*pre*-feedforward norm there) and `post_ffw_norm`.
+
 Where transformers ignores `rope_freqs.weight` (Llama 3.1 style per-frequency
 rope divisors), this module reads it into `rope_scaling`, as llama.cpp
 applies it.
@@ -35,7 +41,7 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from trillium.models.config import ModelConfig
-from trillium.models.config_families import MOE_ARCHITECTURES
+from trillium.models.config_families import GEMMA_ARCHITECTURES, MOE_ARCHITECTURES
 
 # Large tokenizer arrays the model config never needs.
 _SKIPPED_FIELDS = ("tokenizer.ggml.merges", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
@@ -70,6 +76,13 @@ _EXPERT_NAMES = {
     "mixtral": {"ffn_gate_exps": "block_sparse_moe.experts.{}.w1", "ffn_up_exps": "block_sparse_moe.experts.{}.w3",
                 "ffn_down_exps": "block_sparse_moe.experts.{}.w2"},
 }  # fmt: skip
+# Gemma's norm names where they differ from the Llama family's (gguf-py TensorNameMap, MODEL_ARCH.GEMMA2/3).
+_GEMMA_BLOCK_NAMES = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_NORM_SHIFTED_ARCHS = ("gemma2", "gemma3")  # converter wrote norm weights + 1
 _ROPE_FREQS = "rope_freqs.weight"
 # Architectures whose converter permuted Q/K rows (llama.cpp convert_hf_to_gguf `LlamaModel`).
 _PERMUTED_ARCHS = ("llama", "mistral")
@@ -113,6 +126,8 @@ def hf_name(gguf_name: str, architecture: str = "LlamaForCausalLM") -> str | Non
     parts = base.split(".")
     if len(parts) == 3 and parts[0] == "blk":
         block = _BLOCK_NAMES.get(parts[2])
+        if architecture in GEMMA_ARCHITECTURES:
+            block = _GEMMA_BLOCK_NAMES.get(parts[2], block)
         if parts[2] == "ffn_up" and architecture == "Phi3ForCausalLM":
             block = "mlp.gate_up_proj"  # llama.cpp keeps Phi-3's fused gate/up under ffn_up
         if parts[2] == "ffn_gate_inp" and architecture == "MixtralForCausalLM":
@@ -148,6 +163,7 @@ def iter_weights(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple[str,
     """(HF name, float tensor) for every weight in the file, dequantized and un-permuted."""
     arch = reader.fields["general.architecture"].contents()
     permuted = arch in _PERMUTED_ARCHS
+    norm_shifted = arch in _NORM_SHIFTED_ARCHS
     for tensor in reader.tensors:
         name = hf_name(tensor.name, config.architecture)
         if name is None:
@@ -163,6 +179,9 @@ def iter_weights(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple[str,
             weights = unpermute_rows(weights, config.num_heads)
         elif permuted and ".attn_k." in tensor.name:
             weights = unpermute_rows(weights, config.num_kv_heads)
+        if norm_shifted and tensor.name.endswith("norm.weight"):
+            # NOTE: for stored values in [0.5, 2] (Sterbenz) a - 1 is exact, so GemmaRMSNorm's 1 + w is a again.
+            weights = weights - np.float32(1.0)
         if not weights.flags.writeable:  # float tensors come back as views of the read-only map
             weights = weights.copy()
         yield name, torch.from_numpy(np.ascontiguousarray(weights))
