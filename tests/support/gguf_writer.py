@@ -3,6 +3,8 @@
 Float32 tensors (exact), llama.cpp names, Q/K rows permuted for the llama
 architecture, and for llama3 rope scaling a `rope_freqs.weight` tensor
 (convert_hf_to_gguf.py LlamaModel.generate_extra_tensors) instead of metadata.
+With `quantize`, chosen 2-D weights are stored as llama.cpp blocks (Q8_0, Q4_1, ...)
+through gguf-py's own quantizers.
 
 Families: the dense Llama ones, Phi-3 (`attn_qkv`, fused gate/up as `ffn_up`)
 and the MoE ones: qwen2moe / qwen3moe, and Mixtral as `llama` with
@@ -28,9 +30,12 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
-from gguf import GGUFWriter, RopeScalingType
+
+from gguf import GGMLQuantizationType, GGUFWriter, RopeScalingType
+from gguf import quants as gguf_quants
 from safetensors.numpy import load_file
 
 from trillium.models.config import ModelConfig
@@ -136,7 +141,8 @@ def _stack_experts(writer: GGUFWriter, config: ModelConfig, weights: dict[str, n
     return rest
 
 
-def write_gguf(hf_dir: Path, out: Path) -> Path:
+def write_gguf(hf_dir: Path, out: Path, quantize: Callable[[str], GGMLQuantizationType | None] | None = None) -> Path:
+    """`quantize(gguf name)`: the type to store a 2-D weight in (gguf.quants.quantize: Q8_0, Q4_0, Q4_1, ...)."""
     config = ModelConfig.from_hf_dir(hf_dir)
     arch = _ARCH[config.model_type]
     writer = GGUFWriter(str(out), arch)
@@ -176,7 +182,11 @@ def write_gguf(hf_dir: Path, out: Path) -> Path:
             w = _permute(w, config.num_kv_heads)
         if arch.startswith("gemma") and name.endswith("norm.weight"):
             w = w + np.float32(1.0)
-        writer.add_tensor(_gguf_name(name, arch), w)
+        qtype = quantize(_gguf_name(name, arch)) if quantize is not None and w.ndim == 2 else None
+        if qtype is None:
+            writer.add_tensor(_gguf_name(name, arch), w)
+        else:
+            writer.add_tensor(_gguf_name(name, arch), gguf_quants.quantize(w, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

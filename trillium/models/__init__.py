@@ -8,7 +8,8 @@
     gemma.py             GemmaForCausalLM: Gemma 2, Gemma 3 (text)
     registry.py          architecture -> model class
     loader.py            load_model(path, dtype, device), reload_weights: HF safetensors dir or .gguf
-    gguf_checkpoint.py   GGUF config and dequantized, HF-named tensors
+    gguf_checkpoint.py   GGUF config and dequantized (or still packed), HF-named tensors
+    packed_linear.py     GgufLinear: projections kept in GGUF Q8_0/Q4_0/Q4_1 blocks
     checkpoint_files.py  file discovery and GGUF header reading (no torch)
     tokenizer.py         load_tokenizer(path): transformers tokenizer + chat template
     synthetic.py         build_checkpoint(path, variant): small deterministic checkpoints

@@ -24,6 +24,12 @@ Gemma 2 / Gemma 3 (`gemma2`, `gemma3`): llama.cpp's converter stores every
 Their four norms are `attn_norm`, `post_attention_norm`, `ffn_norm` (the
 *pre*-feedforward norm there) and `post_ffw_norm`.
 
+With `packed_types` (ggml type ids, e.g. Q8_0 / Q4_0 / Q4_1), `iter_weights`
+yields 2-D weights of those types as `PackedTensor`s (the raw blocks, rows
+un-permuted, nothing dequantized) for `packed_linear.install_packed`; a
+tied `token_embd` is then yielded twice: dequantized as the embedding and
+packed as `lm_head.weight`.
+
 Where transformers ignores `rope_freqs.weight` (Llama 3.1 style per-frequency
 rope divisors), this module reads it into `rope_scaling`, as llama.cpp
 applies it.
@@ -37,7 +43,7 @@ from typing import Any, Iterator
 import attrs
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from trillium.models.config import ModelConfig
@@ -84,8 +90,26 @@ _GEMMA_BLOCK_NAMES = {
 }
 _NORM_SHIFTED_ARCHS = ("gemma2", "gemma3")  # converter wrote norm weights + 1
 _ROPE_FREQS = "rope_freqs.weight"
+_FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 # Architectures whose converter permuted Q/K rows (llama.cpp convert_hf_to_gguf `LlamaModel`).
 _PERMUTED_ARCHS = ("llama", "mistral")
+
+
+@attrs.frozen(eq=False)
+class PackedTensor:
+    """One GGUF weight [rows, K], still in llama.cpp blocks (one row of blocks per output row)."""
+
+    blocks: torch.Tensor  # uint8 [rows, K / 32 * block bytes]
+    ggml_type: int
+    shape: tuple[int, int]
+
+    @property
+    def format_name(self) -> str:
+        return GGMLQuantizationType(self.ggml_type).name
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 [rows, K], exactly as the float path (gguf.quants.dequantize)."""
+        return torch.from_numpy(np.ascontiguousarray(dequantize(self.blocks.numpy(), self.ggml_type)))
 
 
 def open_gguf(path: str | Path) -> GGUFReader:
@@ -159,8 +183,17 @@ def num_weight_tensors(reader: GGUFReader) -> int:
     return sum(int(t.shape[-1]) if _is_stacked(t.name) else 1 for t in reader.tensors if t.name != _ROPE_FREQS)
 
 
-def iter_weights(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, float tensor) for every weight in the file, dequantized and un-permuted."""
+def iter_weights(
+    reader: GGUFReader,
+    config: ModelConfig,
+    packed_types: frozenset[int] = frozenset(),
+    dequantized: dict[str, str] | None = None,
+) -> Iterator[tuple[str, torch.Tensor | PackedTensor]]:
+    """(HF name, float tensor) for every weight in the file, dequantized and un-permuted;
+    2-D weights whose type is in `packed_types` come as `PackedTensor` instead.
+
+    With packing on, `dequantized` collects the quantized weights that still come as floats, and why.
+    """
     arch = reader.fields["general.architecture"].contents()
     permuted = arch in _PERMUTED_ARCHS
     norm_shifted = arch in _NORM_SHIFTED_ARCHS
@@ -168,6 +201,17 @@ def iter_weights(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple[str,
         name = hf_name(tensor.name, config.architecture)
         if name is None:
             continue
+        kind = GGMLQuantizationType(int(tensor.tensor_type))
+        packable = kind in packed_types and len(tensor.shape) == 2 and not _is_stacked(tensor.name)
+        if packable:
+            packed = _packed(tensor, config, permuted)
+            if tensor.name != "token_embd.weight":
+                yield name, packed
+                continue
+            if config.tie_word_embeddings:
+                yield "lm_head.weight", packed
+        if packed_types and dequantized is not None and kind not in _FLOAT_TYPES:
+            dequantized[name] = f"{kind.name} {'embedding lookup' if packable else 'no packed kernel'}"
         weights = dequantize(tensor.data, tensor.tensor_type)
         if _is_stacked(tensor.name):
             for expert in range(weights.shape[0]):
@@ -175,13 +219,25 @@ def iter_weights(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple[str,
             continue
         if tensor.name.endswith("ffn_gate_inp_shexp.weight") and weights.ndim == 1:
             weights = weights[None, :]
-        if permuted and ".attn_q." in tensor.name:
-            weights = unpermute_rows(weights, config.num_heads)
-        elif permuted and ".attn_k." in tensor.name:
-            weights = unpermute_rows(weights, config.num_kv_heads)
+        weights = _unpermute(tensor.name, weights, config, permuted)
         if norm_shifted and tensor.name.endswith("norm.weight"):
             # NOTE: for stored values in [0.5, 2] (Sterbenz) a - 1 is exact, so GemmaRMSNorm's 1 + w is a again.
             weights = weights - np.float32(1.0)
         if not weights.flags.writeable:  # float tensors come back as views of the read-only map
             weights = weights.copy()
         yield name, torch.from_numpy(np.ascontiguousarray(weights))
+
+
+def _unpermute(gguf_name: str, rows: np.ndarray, config: ModelConfig, permuted: bool) -> np.ndarray:
+    if permuted and ".attn_q." in gguf_name:
+        return unpermute_rows(rows, config.num_heads)
+    if permuted and ".attn_k." in gguf_name:
+        return unpermute_rows(rows, config.num_kv_heads)
+    return rows
+
+
+def _packed(tensor: Any, config: ModelConfig, permuted: bool) -> PackedTensor:
+    """The tensor's blocks [rows, row bytes] as a torch copy (rows un-permuted like the floats)."""
+    blocks = _unpermute(tensor.name, np.asarray(tensor.data), config, permuted)
+    cols, rows = (int(n) for n in tensor.shape)  # GGUF lists dims innermost first
+    return PackedTensor(torch.from_numpy(np.array(blocks, dtype=np.uint8)), int(tensor.tensor_type), (rows, cols))

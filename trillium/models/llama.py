@@ -282,7 +282,8 @@ class LlamaForCausalLM(nn.Module):
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
-        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        # NOTE: a tied head kept packed (packed_linear.py) is still the float embedding here.
+        return self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
 
     def forward(
         self,
@@ -319,6 +320,8 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, vocab] float32 (the matmul runs in the model dtype, as HF)."""
+        if self.lm_head is not None:  # its own, or a packed copy of the tied embedding
+            return self.lm_head(hidden).float()
         return linear(hidden, self.lm_head_weight).float()
 
     # ---- weights -------------------------------------------------------------
@@ -359,6 +362,7 @@ class LlamaForCausalLM(nn.Module):
                 continue
             param_name, rows = target
             if param_name not in params:
+                _refuse_packed(self, name, param_name)
                 raise KeyError(f"checkpoint weight {name!r} has no place in {self.config.architecture}")
             dst = params[param_name].data
             if rows is not None:
@@ -399,6 +403,14 @@ class LlamaForCausalLM(nn.Module):
         return allocate_kv_caches(
             self.config, num_blocks, block_size, dtype or self.dtype, device or self.device
         )
+
+
+def _refuse_packed(model: nn.Module, name: str, param_name: str) -> None:
+    """A float tensor for a projection kept in GGUF blocks (packed_linear.py) is a clear error."""
+    module = dict(model.named_modules()).get(param_name.rpartition(".")[0])
+    if module is not None and hasattr(module, "ggml_type"):
+        raise ValueError(f"{name}: this projection is kept packed ({module.format_name}); float weight updates "
+                         "need a server started with --gguf-dequantize")
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):

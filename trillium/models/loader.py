@@ -11,6 +11,12 @@ Weights stream tensor by tensor into a model built without initialization
 (`.empty` of the architecture's class, `registry.py`), through
 `model.load_weights`, which also fuses q/k/v, gate/up and stacks experts. Only safetensors and GGUF are read: never pickle, so a
 `pytorch_model.bin`-only directory is refused.
+
+GGUF Q8_0 / Q4_0 / Q4_1 weights stay packed (`packed_linear.py`: the
+projections multiply the blocks) when the model runs float32 on the CPU
+and the packed kernel built; `gguf_dequantize=True` (`--gguf-dequantize`)
+or any other dtype/device dequantizes every weight to float, as before.
+The log says which weights were kept packed and which were dequantized.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
+from trillium.kernels import gguf_cpu
 from trillium.models import gguf_checkpoint
 from trillium.models.checkpoint_files import find_gguf_file, safetensors_files
 from trillium.models.config import ModelConfig, dtype_name
@@ -54,23 +61,42 @@ def _fill(
     total: int,
     progress: bool,
     source: Path,
+    dequantized: dict[str, str] | None = None,
 ) -> None:
+    from trillium.models.packed_linear import install_packed
+
     loaded: set[str] = set()
+    packed: dict[str, gguf_checkpoint.PackedTensor] = {}
     bar = tqdm(weights, total=total, desc="Loading weights", unit="tensor", disable=not progress)
     for name, tensor in bar:
+        if isinstance(tensor, gguf_checkpoint.PackedTensor):
+            packed[name] = tensor  # after the floats: a packed projection takes over its (loaded) bias
+            continue
         loaded |= model.load_weights([(name, tensor)])
+    if packed:
+        used, report = install_packed(model, packed)
+        report.dequantized.update(dequantized or {})
+        loaded |= used
+        log.info("%s: %s", source.name, report.summary())
     missing = [n for n in model.checkpoint_weight_names() if n not in loaded]
     if missing:
         raise ValueError(f"{source}: checkpoint lacks {len(missing)} weights, e.g. {missing[:4]}")
 
 
-def open_checkpoint(path: str | Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]], int]:
-    """(config, lazy iterator of (HF name, tensor), number of tensors) for a checkpoint path."""
+def open_checkpoint(
+    path: str | Path, packed_types: frozenset[int] = frozenset(), dequantized: dict[str, str] | None = None
+) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]], int]:
+    """(config, lazy iterator of (HF name, tensor), number of tensors) for a checkpoint path.
+
+    `packed_types`: GGUF types yielded as `PackedTensor` blocks instead of floats
+    (`dequantized` then collects the quantized weights that were not, and why).
+    """
     gguf_path = find_gguf_file(path)
     if gguf_path is not None:
         reader = gguf_checkpoint.open_gguf(gguf_path)
         config = gguf_checkpoint.read_config(reader)
-        return config, gguf_checkpoint.iter_weights(reader, config), gguf_checkpoint.num_weight_tensors(reader)
+        weights = gguf_checkpoint.iter_weights(reader, config, packed_types, dequantized)
+        return config, weights, gguf_checkpoint.num_weight_tensors(reader)
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} is neither an HF model directory nor a .gguf file")
@@ -87,6 +113,7 @@ def load_model(
     max_positions: int | None = None,
     progress: bool = True,
     runner: str = "generate",
+    gguf_dequantize: bool = False,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model for `path` and load its weights on `device`.
 
@@ -95,15 +122,36 @@ def load_model(
     The returned config carries the dtype actually used. `max_positions`
     sizes the rope table (default: the config's context, scaled for
     linear/dynamic rope). `runner` "pooling": the pooling class (registry.py).
+    `gguf_dequantize`: dequantize every GGUF weight (no packed projections).
     """
-    config, weights, total = open_checkpoint(path)
+    wanted = dtype_name(dtype) if dtype is not None and dtype != "auto" else "float32"  # GGUF's own: float32
+    packed_types = _packed_types(path, wanted, torch.device(device), gguf_dequantize)
+    dequantized: dict[str, str] = {}
+    config, weights, total = open_checkpoint(path, packed_types, dequantized)
     if dtype is not None and dtype != "auto":
         config = attrs.evolve(config, dtype=dtype_name(dtype))
     cls = model_class(config.architecture, runner)
     model = cls.empty(config, dtype=config.dtype, device=device, max_positions=max_positions)
-    _fill(model, weights, total, progress, Path(path))
+    _fill(model, weights, total, progress, Path(path), dequantized)
     model.eval()
     return model, config
+
+
+def _packed_types(path: str | Path, dtype: str, device: torch.device, dequantize: bool) -> frozenset[int]:
+    """The GGUF types to keep packed for this load (none: every weight dequantized, with the reason logged)."""
+    if find_gguf_file(path) is None:
+        return frozenset()
+    why = None
+    if dequantize:
+        why = "--gguf-dequantize"
+    elif device.type != "cpu" or dtype != "float32":
+        why = f"packed kernels run float32 on the CPU, not {dtype} on {device}"
+    elif not gguf_cpu.available():
+        why = f"no packed kernel: {gguf_cpu.unavailable_reason()}"
+    if why is not None:
+        log.info("GGUF weights dequantized to %s (%s)", dtype, why)
+        return frozenset()
+    return frozenset(gguf_cpu.BLOCK_BYTES)
 
 
 def reload_weights(model: LlamaForCausalLM, path: str | Path, *, progress: bool = True) -> None:
@@ -112,7 +160,10 @@ def reload_weights(model: LlamaForCausalLM, path: str | Path, *, progress: bool 
     For `update_weights_from_disk` and waking from sleep level 2. NOTE: not
     atomic: callers must not run forward passes while this runs.
     """
-    config, weights, total = open_checkpoint(path)
+    from trillium.models.packed_linear import GgufLinear
+
+    is_packed = any(isinstance(m, GgufLinear) for m in model.modules())
+    config, weights, total = open_checkpoint(path, frozenset(gguf_cpu.BLOCK_BYTES) if is_packed else frozenset())
     ours = model.config
     if (config.architecture, config.num_layers, config.hidden_size) != (
         ours.architecture,

@@ -71,6 +71,7 @@ class ExecutorCore:
         self.model, self.model_config = load_model(
             config.model, dtype=config.dtype, device=config.device, max_positions=config.max_model_len,
             runner=config.runner,
+            gguf_dequantize=config.gguf_dequantize,
         )
         self.model.eval()
         # A pooling model answers with pooled outputs where a generator samples (executor/pooler.py).

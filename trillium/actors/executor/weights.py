@@ -120,6 +120,7 @@ class WeightValidator:
         with torch.device("meta"):
             self._twin = type(model)(model.config, dtype=model.dtype, max_positions=model.max_positions)
         self.required = frozenset(model.checkpoint_weight_names())
+        self._live = model  # NOTE: read for its packed GGUF projections only (models/packed_linear.py)
         # WHY the twin's: its shapes are the model's even while the live weights sleep without storage.
         self.num_elements = sum(p.numel() for p in self._twin.parameters())
 
@@ -148,6 +149,7 @@ class WeightValidator:
         for name, tensor in named:
             if not tensor.dtype.is_floating_point:
                 raise ControlError(400, f"{name}: dtype {tensor.dtype} is not a floating dtype")
+        _refuse_packed(self._live, named)
         try:
             loaded = self._twin.load_weights(named)
         except KeyError as exc:
@@ -159,6 +161,18 @@ class WeightValidator:
             if missing:
                 raise ControlError(400, f"checkpoint lacks {len(missing)} weights, e.g. {missing[:4]}")
         return loaded
+
+
+def _refuse_packed(model, named: NamedTensors) -> None:
+    """A float tensor for a projection kept in GGUF blocks is a 400 (it would leave the blocks stale)."""
+    from trillium.models.packed_linear import GgufLinear, packed_format_of
+
+    if not any(isinstance(m, GgufLinear) for m in model.modules()):
+        return
+    for name, _ in named:
+        if (fmt := packed_format_of(model, name)) is not None:
+            raise ControlError(400, f"{name}: this server keeps that projection packed ({fmt}, GGUF); weight "
+                                    "updates need a server started with --gguf-dequantize")
 
 
 def apply(model, named: NamedTensors) -> set[str]:

