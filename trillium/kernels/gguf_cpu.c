@@ -11,10 +11,12 @@
  *   Q4_1 block (20 B): fp16 d | fp16 m | uint8 qs[16]    w[j] = d * (qs[j] & 15) + m,    w[j+16] = d * (qs[j] >> 4) + m
  *
  * WHY exact: each block is widened to the float32 values gguf.quants.dequantize
- * produces (Q4_1's d * q + m may be one fused multiply-add: within an ulp), in
- * registers, and multiplied there; nothing is requantized and the
+ * produces (bit for bit: d * q is exact in float32, so Q4_1's fused d * q + m
+ * rounds once, as numpy's), in registers, and multiplied there; nothing is requantized and the
  * activations stay float32, so the result is the dequantize-then-matmul result up
  * to float32 summation order. Only the weights' bytes cross the memory bus.
+ *
+ * AVX-512 and AVX2+FMA paths (intrinsics, picked by -march=native), else plain loops.
  *
  * Layout of the work: output channels are split across threads; each thread walks
  * its rows once per tile of TILE_M activation rows, keeping a 32-lane accumulator
@@ -24,13 +26,18 @@
 #include <stdint.h>
 #include <string.h>
 #include <omp.h>
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
 enum { TYPE_Q4_0 = 2, TYPE_Q4_1 = 3, TYPE_Q8_0 = 8 };
 #define QK 32
+/* Activation rows per pass over the weights: their accumulators stay in registers. */
+#if defined(__AVX512F__) || !defined(__AVX2__)
 #define TILE_M 8
+#else
+#define TILE_M 4
+#endif
 
 static inline float half_to_float(uint16_t h) {
 #if defined(__F16C__)
@@ -89,15 +96,92 @@ static inline __attribute__((always_inline)) void decode_block(int type, const u
     }
 }
 
+#if defined(__AVX512F__)
+/* 16 float lanes: a block is 2 vectors. */
+#define LANES 16
+typedef __m512 vf;
+static inline vf vzero(void) { return _mm512_setzero_ps(); }
+static inline vf vload(const float *p) { return _mm512_loadu_ps(p); }
+static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline float vsum(vf a) { return _mm512_reduce_add_ps(a); }
+static inline __attribute__((always_inline)) void decode_vec(int type, const uint8_t *blk, vf *w) {
+    const __m512 d = _mm512_set1_ps(half_to_float(read_u16(blk)));
+    if (type == TYPE_Q8_0) {
+        w[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)))), d);
+        w[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))), d);
+        return;
+    }
+    const int off = type == TYPE_Q4_0 ? 2 : 4;
+    /* Q4_0: (q - 8) * d as q * d - 8d; Q4_1: q * d + m. q * d is exact (4 x 11 bits), so one rounding, as numpy. */
+    const __m512 c = type == TYPE_Q4_0 ? _mm512_set1_ps(-8.0f * half_to_float(read_u16(blk)))
+                                       : _mm512_set1_ps(half_to_float(read_u16(blk + 2)));
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + off)));
+    w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15))), d, c);
+    w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), d, c);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+/* 8 float lanes: a block is 4 vectors. */
+#define LANES 8
+typedef __m256 vf;
+static inline vf vzero(void) { return _mm256_setzero_ps(); }
+static inline vf vload(const float *p) { return _mm256_loadu_ps(p); }
+static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline float vsum(vf a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+static inline __m256 widen8(__m128i bytes8, int is_signed) {
+    return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(bytes8) : _mm256_cvtepu8_epi32(bytes8));
+}
+static inline __attribute__((always_inline)) void decode_vec(int type, const uint8_t *blk, vf *w) {
+    const __m256 d = _mm256_set1_ps(half_to_float(read_u16(blk)));
+    if (type == TYPE_Q8_0) {
+        for (int i = 0; i < 4; i++) w[i] = _mm256_mul_ps(widen8(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * i)), 1), d);
+        return;
+    }
+    const int off = type == TYPE_Q4_0 ? 2 : 4;
+    const __m256 c = type == TYPE_Q4_0 ? _mm256_set1_ps(-8.0f * half_to_float(read_u16(blk)))
+                                       : _mm256_set1_ps(half_to_float(read_u16(blk + 2)));
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + off)), mask = _mm_set1_epi8(15);
+    const __m128i lo = _mm_and_si128(raw, mask), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+    w[0] = _mm256_fmadd_ps(widen8(lo, 0), d, c);
+    w[1] = _mm256_fmadd_ps(widen8(_mm_srli_si128(lo, 8), 0), d, c);
+    w[2] = _mm256_fmadd_ps(widen8(hi, 0), d, c);
+    w[3] = _mm256_fmadd_ps(widen8(_mm_srli_si128(hi, 8), 0), d, c);
+}
+#endif
+
 /* One output channel for rows [0, rows) of x (rows <= TILE_M): out[r * ldo] = x[r] . w_row.
  * Always inlined, so each (type, rows) call site below compiles to its own loop nest. */
 static inline __attribute__((always_inline)) void dot_rows(int type, const uint8_t *row, long nblocks,
                                                            const float *x, long ldx, long rows, float *out,
                                                            long ldo) {
+    const long bb = block_bytes(type);
+#ifdef LANES
+    enum { NV = QK / LANES };
+    vf acc[TILE_M][NV], w[NV];
+    for (long r = 0; r < rows; r++)
+        for (int v = 0; v < NV; v++) acc[r][v] = vzero();
+    for (long b = 0; b < nblocks; b++) {
+        decode_vec(type, row + b * bb, w);
+        for (long r = 0; r < rows; r++) {
+            const float *xb = x + r * ldx + b * QK;
+            for (int v = 0; v < NV; v++) acc[r][v] = vfma(vload(xb + v * LANES), w[v], acc[r][v]);
+        }
+    }
+    for (long r = 0; r < rows; r++) {
+        vf s = acc[r][0];
+        for (int v = 1; v < NV; v++) s = vadd(s, acc[r][v]);
+        out[r * ldo] = vsum(s);
+    }
+#else
     float acc[TILE_M][QK];
     float w[QK];
     memset(acc, 0, (size_t)rows * sizeof(acc[0]));
-    const long bb = block_bytes(type);
     for (long b = 0; b < nblocks; b++) {
         decode_block(type, row + b * bb, w);
         for (long r = 0; r < rows; r++) {
@@ -111,6 +195,7 @@ static inline __attribute__((always_inline)) void dot_rows(int type, const uint8
         for (int j = 0; j < QK; j++) s += acc[r][j];
         out[r * ldo] = s;
     }
+#endif
 }
 
 /* out[M, N] = x[M, K] @ W^T with W [N, K] in GGUF blocks (K % 32 == 0). Returns 0, or -1 for a bad type. */
