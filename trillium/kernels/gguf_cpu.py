@@ -14,7 +14,7 @@ bfloat16 activations (their float32 path is the scalar fallback loop), and
 neither takes group-wise int8 scales (Q8_0); bfloat16 activations or
 per-channel requantization would change the model's numbers. The C kernel
 has no torch headers, so it compiles in about a second with the system
-compiler, into ~/.cache/trillium/kernels/ keyed by the source, the flags and
+compiler, into `local_cache.cache_dir()`/kernels/ (~/.cache/trillium) keyed by the source, the flags and
 the CPU's feature flags; nothing is downloaded. Where no compiler is found,
 `available()` is False and the loader dequantizes instead (and says so).
 
@@ -63,7 +63,9 @@ def _library_path(compiler: str) -> Path:
     key = hashlib.sha256()
     for part in (_SOURCE.read_bytes(), " ".join(_FLAGS).encode(), compiler.encode(), _cpu_flags().encode()):
         key.update(part)
-    return Path.home() / ".cache" / "trillium" / "kernels" / f"gguf_cpu-{key.hexdigest()[:16]}.so"
+    from trillium.local_cache import cache_dir
+
+    return cache_dir() / "kernels" / f"gguf_cpu-{key.hexdigest()[:16]}.so"
 
 
 def _build() -> ctypes.CDLL:
