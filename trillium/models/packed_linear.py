@@ -23,9 +23,9 @@ larger batches (prefill) dequantize the blocks once into a temporary float32
 matrix and run oneDNN, whose float GEMM wins once the weight read is shared
 by many rows (bench/quant_matmul.py measures both).
 
-NOTE: live weight updates of a packed projection go through `install_packed`
-too (`reload_weights`, as a wake from sleep level 2 runs it: a GGUF of the
-same formats is copied into the blocks). Float tensors for a packed
+NOTE: `reload_weights` refills a packed projection through `install_packed`
+(a GGUF of the same formats is copied into the blocks). The executor's live
+updates carry float tensors, and float tensors for a packed
 projection -- or for the embedding a packed head was copied from -- are
 refused before anything is copied (`packed_format_of`, used by the executor's
 weight validator), since they would leave the blocks stale.
