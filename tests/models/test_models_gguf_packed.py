@@ -97,7 +97,7 @@ def test_float_updates_refused_and_reload_refills_blocks(quantized):
     assert validator.check([("model.layers.1.self_attn.q_proj.weight", torch.zeros(64, 64))])  # float there
     before = qkv.blocks.clone()
     qkv.blocks.zero_()
-    reload_weights(model, path, progress=False)  # update_weights_from_disk / wake from sleep level 2
+    reload_weights(model, path, progress=False)  # a GGUF of the same formats refills the blocks
     assert torch.equal(qkv.blocks, before) and model.get_submodule("model.layers.0.self_attn.qkv_proj") is qkv
 
 
