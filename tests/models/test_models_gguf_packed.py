@@ -61,10 +61,11 @@ def quantized(checkpoint, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("variant", ["llama-tied", "qwen2", "llama"])
+@pytest.mark.parametrize("variant", ["llama-tied", "qwen2", "llama", "gemma2"])
 def test_packed_matches_dequantized(quantized, variant, caplog):
     """Tied head (a packed copy of the Q8_0 embedding), qkv bias (qwen2), permuted Q/K rows and an
-    untied Q8_0 head (llama); layer 1's mixed-format qkv is dequantized and the log says so."""
+    untied Q8_0 head (llama), Gemma 2's soft-capped logits over the packed head; layer 1's
+    mixed-format qkv is dequantized and the log says so."""
     path = quantized(variant)
     with caplog.at_level("INFO", logger="trillium.models.loader"):
         packed, config = load_model(path, progress=False)
