@@ -7,7 +7,7 @@
  *
  *   row n: [block 0][block 1] ... [block K/32 - 1]      every block covers 32 inputs
  *   Q8_0 block (34 B): fp16 d | int8 q[32]               w[j] = d * q[j]
- *   Q4_0 block (18 B): fp16 d | uint8 qs[16]             w[j] = d * ((qs[j] & 15) - 8),  w[j+16] = d * ((qs[j] >> 4) - 8)
+ *   Q4_0 block (18 B): fp16 d | uint8 qs[16]             w[j] = d * ((qs[j] & 15) - 8), w[j+16] = d * ((qs[j] >> 4) - 8)
  *   Q4_1 block (20 B): fp16 d | fp16 m | uint8 qs[16]    w[j] = d * (qs[j] & 15) + m,    w[j+16] = d * (qs[j] >> 4) + m
  *
  * WHY exact: each block is widened to the float32 values gguf.quants.dequantize
@@ -140,7 +140,8 @@ static inline __m256 widen8(__m128i bytes8, int is_signed) {
 static inline __attribute__((always_inline)) void decode_vec(int type, const uint8_t *blk, vf *w) {
     const __m256 d = _mm256_set1_ps(half_to_float(read_u16(blk)));
     if (type == TYPE_Q8_0) {
-        for (int i = 0; i < 4; i++) w[i] = _mm256_mul_ps(widen8(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * i)), 1), d);
+        for (int i = 0; i < 4; i++)
+            w[i] = _mm256_mul_ps(widen8(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * i)), 1), d);
         return;
     }
     const int off = type == TYPE_Q4_0 ? 2 : 4;
