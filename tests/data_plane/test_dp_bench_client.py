@@ -15,7 +15,7 @@ import json
 import numpy as np
 import pytest
 
-from support.data_plane_server import MODEL_NAME
+from support.data_plane_server import API_KEY, MODEL_NAME
 from trillium.benchmarks import compare
 from trillium.benchmarks.openai_client import RequestTiming, percentile, summarize
 from trillium.benchmarks.serving import main as serving_main
@@ -81,6 +81,15 @@ def test_an_error_answer_exits_1_with_its_status(dp_server, capsys):
     assert serving_main(["--base-url", dp_server.url(), "--model", "no-such-model", *TINY]) == 1
     err = capsys.readouterr().err
     assert "answered HTTP 404" in err and "Traceback" not in err
+
+
+def test_api_key_from_openai_api_key(dp_server, capsys, monkeypatch):
+    """vllm/benchmarks/lib/endpoint_request_func.py sends OPENAI_API_KEY as the bearer token."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert serving_main(["--base-url", dp_server.url("keyed"), *TINY]) == 1
+    assert "answered HTTP 401" in capsys.readouterr().err
+    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+    assert serving_main(["--base-url", dp_server.url("keyed"), *TINY]) == 0
 
 
 def test_bad_flags_are_usage_errors(capsys):

@@ -19,8 +19,9 @@ each, so a shared machine's drift hits all alike); a server's row is its
 round with the median tok/s. Prints one table with a row per server
 (req/s, output tok/s, TTFT and ITL mean/p50/p99); `--save-result` writes
 every round as JSON, `--plot FILE.png` a throughput/latency chart
-(needs matplotlib). A server that is down or answers an error: a message
-and exit code 1.
+(needs matplotlib). OPENAI_API_KEY, when set, is sent as the bearer token
+(as vLLM's client does). A server that is down or answers an error: a
+message and exit code 1.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--num-warmups", type=int, default=1,
                    help="unrecorded warm-up requests per server before the rounds (default 1)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per round before giving up")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request before giving up (default 600)")
     p.add_argument("--save-result", nargs="?", const="", default=None, metavar="FILE.json",
                    help="write every round's numbers as JSON (to FILE.json, --result-filename, "
                         "or trillium-bench-serving-<time>.json)")

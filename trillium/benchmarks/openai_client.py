@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import random
 import statistics
 import time
@@ -120,6 +121,12 @@ async def _one(session, url: str, model: str, prompt, max_tokens: int) -> Reques
     return timing
 
 
+def _headers() -> dict[str, str]:
+    """Authorization from OPENAI_API_KEY when set (as vLLM's benchmark client does), for keyed servers."""
+    key = os.environ.get("OPENAI_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def _connection_error(base_url: str, e: Exception) -> BenchError:
     return BenchError(f"cannot reach {base_url}: {e.__class__.__name__}: {e} (is the server running?)")
 
@@ -129,7 +136,8 @@ async def first_model_id(base_url: str, timeout_s: float = 30.0) -> str:
     import aiohttp
 
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                         headers=_headers()) as session:
             async with session.get(base_url + "/v1/models") as response:
                 if response.status >= 400:
                     text = (await response.text())[:300]
@@ -137,6 +145,8 @@ async def first_model_id(base_url: str, timeout_s: float = 30.0) -> str:
                 listing = await response.json(content_type=None)
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
         raise _connection_error(base_url, e) from e
+    except ValueError as e:
+        raise BenchError(f"{base_url}/v1/models did not answer JSON: {e}") from e
     models = listing.get("data") if isinstance(listing, dict) else None
     if not models or not isinstance(models[0], dict) or "id" not in models[0]:
         raise BenchError(f"{base_url}/v1/models lists no model; pass --model")
@@ -166,7 +176,7 @@ async def run_workload(base_url: str, endpoint: str, model: str, reqs, *, reques
     connector = aiohttp.TCPConnector(limit=(max_concurrency or len(reqs)) + 4)
     tasks: list[asyncio.Task] = []
     try:
-        async with aiohttp.ClientSession(connector=connector,
+        async with aiohttp.ClientSession(connector=connector, headers=_headers(),
                                          timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
             start = time.perf_counter()
             for prompt, max_tokens in reqs:
