@@ -152,6 +152,10 @@ def _prompt_encoder(args: argparse.Namespace):
 async def _bench_all(args: argparse.Namespace) -> list[dict]:
     vocab, encode = _prompt_encoder(args)
     servers = []
+    urls = [url for _, url in _servers(args)]
+    for url in sorted({u for u in urls if urls.count(u) > 1}):
+        print(f"warning: {url} is listed more than once: its later rows are served from its prefix cache",
+              file=sys.stderr)
     for label, url in _servers(args):
         servers.append({"label": label, "base_url": url,
                         "model": args.model or await first_model_id(url), "rounds": []})
