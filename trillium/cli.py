@@ -5,6 +5,8 @@
     trillium generate --model PATH "prompt" ...   offline generation (the real engine, in-process)
     trillium run-batch -i IN.jsonl -o OUT.jsonl --model PATH   an OpenAI batch file (cli_batch.py)
     trillium bench throughput [...]               engine throughput vs Hugging Face / a bare decode loop
+    trillium bench serving [--base-url URL ...]   streaming HTTP load; with --base-url: any running
+                                                  OpenAI-compatible servers, a row each (benchmarks/compare.py)
     trillium build-model --variant bench PATH     write a small deterministic test checkpoint
 """
 

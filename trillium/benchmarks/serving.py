@@ -135,9 +135,23 @@ def _wait_healthy(base_url: str, process: subprocess.Popen, timeout_s: float = 3
     raise TimeoutError("server did not become healthy")
 
 
+def _remote(argv: list[str]) -> bool:
+    return any(a.split("=", 1)[0] in ("--base-url", "--label") for a in argv)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if _remote(argv):
+        # WHY a module of its own: against running servers (Trillium, llama-server, vLLM)
+        # there is no offline engine to compare with and no server to start.
+        from trillium.benchmarks.compare import main as run_compare
+
+        return run_compare(argv)
     parser = argparse.ArgumentParser(prog="trillium bench serving", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="With --base-url URL (or --label NAME=URL) it drives servers that "
+                                            "are already running instead: see "
+                                            "`trillium bench serving --base-url URL --help`.")
     parser.add_argument("--model-dir", default=None, help="benchmark model dir (default: built in a temp dir)")
     parser.add_argument("--rate", type=float, default=2.0, help="requests/s of the fixed-rate run")
     parser.add_argument("--num-requests", type=int, default=64)
