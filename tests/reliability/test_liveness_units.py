@@ -83,6 +83,18 @@ def test_a_hung_step_with_every_ping_answered_is_the_executor():
     assert stall is not None and stall.actor == "executor" and "step did not come back" in stall.reason
 
 
+def test_progress_from_before_the_watch_began_is_not_a_stall():
+    # The scheduler reported stats at t=3 while the executor loaded; the watch began at t=10
+    # and the first requests came in then: the step clock starts at 10, not 3.
+    detector = StallDetector(ENGINE_ACTORS, TIMEOUT_S)
+    detector.watching_from(10.0)
+    assert check(detector, 10.5, {}, progress=3.0, queued=2, running=0) is None
+    assert check(detector, 14.9, {}, progress=3.0, queued=2, running=0) is None
+    assert check(detector, 15.5, {}, progress=3.0, queued=2, running=0).actor == "scheduler"
+    unwatched = StallDetector(ENGINE_ACTORS, TIMEOUT_S)
+    assert check(unwatched, 10.5, {}, progress=3.0, queued=2, running=0) is not None
+
+
 def test_no_work_or_not_stepping_is_not_a_stall():
     detector = StallDetector(ENGINE_ACTORS, TIMEOUT_S)
     assert check(detector, 100.0, {}, progress=0.0, queued=0) is None

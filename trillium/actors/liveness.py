@@ -88,6 +88,7 @@ class StallDetector:
         self.stall_timeout_s = stall_timeout_s
         self._first_unanswered: dict[str, float | None] = {actor: None for actor in actors}
         self._progress_s = -math.inf  # last progress, or when work became due
+        self._watching_since_s = -math.inf  # progress before this is start-up, not a stall
         self._latched: tuple[float, Stall] | None = None  # (onset, stall): latched until progress
         self.stall: Stall | None = None
         self.num_stalls: dict[str, int] = {actor: 0 for actor in actors}
@@ -95,6 +96,14 @@ class StallDetector:
     @property
     def actors(self) -> tuple[str, ...]:
         return tuple(self._first_unanswered)
+
+    def watching_from(self, now: float) -> None:
+        """The watch begins at `now`: earlier progress times count as `now`.
+
+        WHY: the actors start together, and the scheduler reports its first stats
+        while the executor is still loading; the step clock must not have run
+        since then when the first request comes in."""
+        self._watching_since_s = now
 
     def pinged(self, now: float, last_pong_s: Mapping[str, float]) -> None:
         """A ping went to every actor at `now`."""
@@ -141,7 +150,7 @@ class StallDetector:
         if not num_queued or not steppable:
             self._progress_s = now  # nothing is due: the clock starts when work is
             return None
-        self._progress_s = max(self._progress_s, last_progress_s)
+        self._progress_s = max(self._progress_s, last_progress_s, self._watching_since_s)
         idle_s = now - self._progress_s
         if idle_s <= self.stall_timeout_s:
             return None
@@ -161,6 +170,7 @@ async def watch_engine(client, detector: StallDetector, connect: Callable[[str],
     While `active()` is false (an actor died: the supervisor's failure path owns the
     streams, and the survivors go quiet as they stop) nothing is judged."""
     outboxes = {actor: connect(actor) for actor in detector.actors}
+    detector.watching_from(trio.current_time())
     token = 0
     try:
         while True:
