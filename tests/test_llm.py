@@ -84,6 +84,13 @@ def test_stop_strings_and_text(checkpoint):
         cut = llm.generate(
             ["Once upon a time"], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[stop])
         )[0].outputs[0]
+        # thinking_token_budget offline: the delimiters come from the tokenizer's <think> / </think>.
+        tok = llm.get_tokenizer()
+        start, end = tok.encode("<think>", add_special_tokens=False), tok.encode("</think>", add_special_tokens=False)
+        prompt = tok.encode("Once upon a time") + start
+        budgeted = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(
+            temperature=0, max_tokens=24, ignore_eos=True, thinking_token_budget=3))[0].outputs[0]
+        assert list(budgeted.token_ids[3:3 + len(end)]) == end
     assert cut.finish_reason == "stop" and cut.stop_reason == stop
     assert cut.text == text[: text.index(stop)]
 

@@ -14,6 +14,7 @@ import logging
 import threading
 from collections.abc import Sequence
 
+import attrs
 import trio
 
 from trillium.actors.client import EngineClient
@@ -277,6 +278,12 @@ class LLM:
         return items
 
     def _prepare(self, text, ids: list[int], params: SamplingParams):
+        if params.thinking_token_budget is not None and not (params.think_start_token_ids
+                                                             or params.think_end_token_ids):
+            # As the server's --reasoning-parser does: the thinking is <think> ... </think>.
+            params = attrs.evolve(
+                params, think_start_token_ids=tuple(self.tokenizer.encode("<think>", add_special_tokens=False)),
+                think_end_token_ids=tuple(self.tokenizer.encode("</think>", add_special_tokens=False)))
         params = check_request(
             ids, params, vocab_size=self.model_vocab_size, max_model_len=self.config.max_model_len
         )

@@ -55,6 +55,14 @@ class SamplingParams:
     # A grammar the output must follow (trillium/structured_outputs.py): JSON
     # schema, regex, choice, EBNF, any JSON object or a structural tag.
     structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's thinking_token_budget: at most this many tokens inside the
+    # thinking, then its end is forced (executor/logits_processors.py
+    # ThinkingBudget). The delimiters are token sequences the api fills from
+    # the reasoning parser's `<think>` / `</think>` (trillium.LLM from the
+    # tokenizer's own tokens of those names).
+    thinking_token_budget: int | None = None
+    think_start_token_ids: tuple[int, ...] = ()
+    think_end_token_ids: tuple[int, ...] = ()
 
     def __attrs_post_init__(self) -> None:
         # WHY: callers pass lists (JSON, vLLM habits); store tuples so the
@@ -71,6 +79,9 @@ class SamplingParams:
             )
         if self.allowed_token_ids is not None and not isinstance(self.allowed_token_ids, tuple):
             object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
+        for name in ("think_start_token_ids", "think_end_token_ids"):
+            if not isinstance(getattr(self, name), tuple):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         words = self.bad_words_token_ids
         if not (isinstance(words, tuple) and all(isinstance(w, tuple) for w in words)):
             object.__setattr__(self, "bad_words_token_ids", tuple(tuple(w) for w in words))
@@ -120,12 +131,21 @@ class SamplingParams:
         if any(not word for word in self.bad_words_token_ids):
             bad("bad_words", "every entry must tokenize to at least one token")
         validate_structured_outputs(self.structured_outputs)  # ValueError naming the field
+        if self.thinking_token_budget is not None:
+            budget = self.thinking_token_budget
+            if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+                bad("thinking_token_budget", f"must be a non-negative integer, got {budget!r}")
+            if not self.think_start_token_ids or not self.think_end_token_ids:
+                bad("thinking_token_budget", "needs the model's start and end of thinking as tokens "
+                    "(think_start_token_ids / think_end_token_ids; the server fills them with --reasoning-parser)")
         if vocab_size is not None:
             for tid in self.stop_token_ids:
                 if not (0 <= tid < vocab_size):
                     bad("stop_token_ids", f"token id {tid} outside the vocabulary [0, {vocab_size})")
             for name, ids in (("allowed_token_ids", self.allowed_token_ids or ()),
-                              ("bad_words", [t for word in self.bad_words_token_ids for t in word])):
+                              ("bad_words", [t for word in self.bad_words_token_ids for t in word]),
+                              ("think_start_token_ids", self.think_start_token_ids),
+                              ("think_end_token_ids", self.think_end_token_ids)):
                 for tid in ids:
                     if not (0 <= tid < vocab_size):
                         bad(name, f"token id {tid} outside the vocabulary [0, {vocab_size})")

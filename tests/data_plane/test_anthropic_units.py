@@ -85,6 +85,7 @@ def test_prefill_named_tool_and_thinking():
     assert chat.continue_final_message and chat.add_generation_prompt is False
     assert chat.tool_choice == {"type": "function", "function": {"name": "get_weather"}}
     assert chat.chat_template_kwargs == {"enable_thinking": True}
+    assert chat.thinking_token_budget == 1024  # enforced as vLLM's thinking_token_budget
     disabled = _chat({"messages": [{"role": "user", "content": "Hi"}], "thinking": {"type": "disabled"}})
     assert disabled.chat_template_kwargs == {"enable_thinking": False} and disabled.include_reasoning is False
     adaptive = _chat({"messages": [{"role": "user", "content": "Hi"}], "thinking": {"type": "adaptive"}})

@@ -290,3 +290,25 @@ def test_api_key_as_x_api_key_or_bearer(dp_server, monkeypatch):
     reply = httpx.post(url + "/v1/chat/completions", headers={"x-api-key": API_KEY},
                        json={"model": MODEL_NAME, "messages": USER, "max_tokens": 2})
     assert reply.status_code == 200, reply.text
+
+
+def test_thinking_budget_ends_the_thinking(dp_server, tools_sdk):
+    """vLLM's thinking_token_budget on the chat route (ThinkingTokenBudgetLogitsProcessor,
+    vllm/v1/sample/logits_processor/builtin.py; Anthropic's budget_tokens becomes it,
+    test_anthropic_units.py): the template opens <think>, the model would think for all of max_tokens; with a budget it thinks
+    that many tokens, `</think>` is forced, and the answer follows."""
+    body = dict(messages=USER, max_tokens=24, chat_template_kwargs={"enable_thinking": True}, logprobs=True,
+                **GREEDY)
+    free = _chat(dp_server, "messages", **body)["choices"][0]
+    budgeted = _chat(dp_server, "messages", thinking_token_budget=5, **body)["choices"][0]
+    assert free["message"]["content"] is None  # all thinking without a budget
+    free_tokens = [t["token"] for t in free["logprobs"]["content"]]
+    tokens = [t["token"] for t in budgeted["logprobs"]["content"]]
+    # The template's "<think>\n" spent one thinking token already (vLLM counts the prompt's thinking too).
+    assert tokens[:4] == free_tokens[:4] and tokens[4] != free_tokens[4]
+    assert "".join(tokens[4:]).startswith("</think>")
+    assert budgeted["message"]["reasoning"] == "".join(tokens[:4])
+    assert budgeted["message"]["content"]  # the answer after the forced </think>
+    no_parser = httpx.post(dp_server.url() + "/v1/chat/completions",
+                           json={"model": MODEL_NAME, "thinking_token_budget": 5, **body}, timeout=60)
+    assert no_parser.status_code == 400 and "--reasoning-parser" in no_parser.json()["error"]["message"]

@@ -26,7 +26,7 @@ and writes it back in Anthropic's shape, as vLLM does
       temperature, top_p, top_k
     thinking enabled                   chat_template_kwargs.enable_thinking true (needs --reasoning-parser;
                                        budget_tokens checked as Anthropic does, >= 1024 and < max_tokens,
-                                       but the thinking is bounded by max_tokens only)
+                                       is the chat request's thinking_token_budget)
     thinking disabled                  enable_thinking false, and no thinking blocks in the reply
     thinking adaptive / absent         the template's default (a reasoning model's thinking comes back)
     output_config.format json_schema   response_format json_schema (the chat path's grammar; it waits for
@@ -225,7 +225,7 @@ def _thinking_fields(thinking: ThinkingConfig | None, options: ChatOptions, max_
     if max_tokens is not None and budget >= max_tokens:
         raise bad_request(f"thinking.budget_tokens: must be less than max_tokens ({max_tokens})",
                           "thinking.budget_tokens")
-    return {"chat_template_kwargs": {"enable_thinking": True}}
+    return {"chat_template_kwargs": {"enable_thinking": True}, "thinking_token_budget": budget}
 
 
 def content_blocks(message: dict) -> list[dict]:

@@ -26,7 +26,8 @@ import attrs
 
 from trillium.data_plane.chat_options import ChatOptions
 from trillium.data_plane.errors import bad_request
-from trillium.data_plane.reasoning import END, ReasoningParser, ReasoningStream, prompt_ends_reasoning, reasoning_parser
+from trillium.data_plane.reasoning import (END, START, ReasoningParser, ReasoningStream, prompt_ends_reasoning,
+                                          reasoning_parser)
 from trillium.data_plane.tool_choice import ToolPlan
 from trillium.data_plane.tool_stream import ToolCallStream, message_fields
 from trillium.sampling_params import SamplingParams
@@ -77,8 +78,15 @@ def reply_format(req, options: ChatOptions, tools: ToolPlan, prompt_text: str) -
 
 async def constrain(params: SamplingParams, reply: ReplyFormat,
                     encode: Callable[[str], Awaitable[list[int]]]) -> SamplingParams:
-    """The tool grammar (required / named) on `params`; any constraint waits for the end of thinking."""
+    """The tool grammar (required / named) on `params`; any constraint waits for the end of thinking;
+    a thinking budget gets the parser's delimiters as tokens."""
     changes: dict[str, Any] = {}
+    if params.thinking_token_budget is not None:
+        if not reply.reports_reasoning:
+            raise bad_request("thinking_token_budget: needs a reasoning model served with --reasoning-parser "
+                              "(the server must know where the thinking ends)", "thinking_token_budget")
+        changes["think_start_token_ids"] = tuple(await encode(START))
+        changes["think_end_token_ids"] = tuple(await encode(END))
     if reply.tools.parser is not None and reply.tools.parser.keeps_special_tokens:
         changes["skip_special_tokens"] = False
     constraint = params.structured_outputs

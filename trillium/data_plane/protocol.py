@@ -233,6 +233,8 @@ class ChatCompletionRequest(SamplingRequest):
     chat_template: str | None = None  # needs --trust-request-chat-template
     documents: list[dict[str, Any]] | None = None  # the template's `documents` (RAG)
     include_reasoning: bool | None = True  # with --reasoning-parser: false drops the thinking
+    # vLLM's: at most this many thinking tokens, then `</think>` is forced (needs --reasoning-parser)
+    thinking_token_budget: Annotated[int, Field(ge=0)] | None = None
 
 
 class TokenizeRequest(_Body):

@@ -121,6 +121,7 @@ def chat_params(req: ChatCompletionRequest, defaults: SamplingDefaults = NO_DEFA
         max_tokens=max_tokens if max_tokens is None else defaults.max_tokens(max_tokens),
         logprobs=(req.top_logprobs or 0) if req.logprobs else None,
         prompt_logprobs=req.prompt_logprobs,
+        thinking_token_budget=req.thinking_token_budget,
     )
 
 

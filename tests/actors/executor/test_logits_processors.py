@@ -1,11 +1,14 @@
-"""Unit tests of the per-request logits processors (allowed_token_ids, bad_words).
+"""Unit tests of the per-request logits processors (allowed_token_ids, bad_words, thinking_token_budget).
 
 The semantics mirror vLLM v1: vllm/v1/sample/ops/bad_words.py
 (`_apply_bad_words_single_batch`: a sequence's last token is banned when the
 generated tokens end with the rest of it; one-token words always; the prompt
 is not looked at) and vllm/v1/sample/sampler.py (`Sampler.forward`: allowed
 ids, then bad words, then logit bias and penalties; logprobs are the raw
-ones, before any of them).
+ones, before any of them), and vllm/v1/sample/logits_processor/builtin.py
+(`ThinkingTokenBudgetLogitsProcessor`: the thinking opened last, in the
+prompt or the output, gets `thinking_token_budget` tokens, then its end
+sequence is forced token by token).
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import math
 import pytest
 import torch
 
-from trillium.actors.executor.logits_processors import AllowedTokenIds, BadWords, build_logits_processors
+from trillium.actors.executor.logits_processors import (AllowedTokenIds, BadWords, ThinkingBudget,
+                                                        build_logits_processors)
 from trillium.actors.executor.sampler import SamplingState, append_tokens, sample
 from trillium.sampling_params import SamplingParams
 
@@ -115,7 +119,64 @@ def test_logprobs_stay_raw_under_constraints():
     (dict(allowed_token_ids=(1, V)), "allowed_token_ids"),
     (dict(bad_words_token_ids=((),)), "bad_words"),
     (dict(bad_words_token_ids=((1, -1),)), "bad_words"),
+    (dict(thinking_token_budget=-1, think_start_token_ids=(3,), think_end_token_ids=(4,)), "thinking_token_budget"),
+    (dict(thinking_token_budget=2), "thinking_token_budget"),  # no delimiters
+    (dict(thinking_token_budget=2, think_start_token_ids=(3,), think_end_token_ids=(V,)), "think_end_token_ids"),
 ])
 def test_validate_names_the_bad_constraint(params, name):
     with pytest.raises(ValueError, match=name):
         SamplingParams(**params).validate(V)
+
+
+START, END = (20,), (21, 22)  # a two-token end sequence, as </think> may be
+
+
+def forced_run(budget, prompt, outputs):
+    """The forced token before each next output token, feeding `outputs` one by one."""
+    processor = ThinkingBudget(budget, START, END, prompt)
+    return [processor.forced_token(list(outputs[:i])) for i in range(len(outputs) + 1)]
+
+
+def test_thinking_opened_in_the_output_gets_its_budget_then_the_end_is_forced():
+    # 5 9 | <think> a b c </think(21) 22> then free
+    run = forced_run(3, (5, 9), [1, 20, 11, 12, 13, 21, 22, 14])
+    assert run == [None, None, None, None, None, 21, 22, None, None]
+
+
+def test_thinking_opened_by_the_prompt_counts_from_the_prompt():
+    # The template wrote "<think> x" already: one thinking token is spent.
+    assert forced_run(2, (5, 20, 9), [11, 21, 22, 13]) == [None, 21, 22, None, None]
+    assert forced_run(0, (5, 20), [21, 22, 3]) == [21, 22, None, None]
+
+
+def test_thinking_closed_before_the_budget_is_never_forced():
+    assert forced_run(4, (5,), [20, 11, 21, 22, 13, 14, 15, 16]) == [None] * 9
+    # A prompt that closed its thinking (enable_thinking false): nothing to bound.
+    assert forced_run(0, (20, 21, 22), [7, 8]) == [None] * 3
+
+
+def test_a_forced_end_can_finish_a_half_written_one():
+    # The model wrote 21 on its own as its last budgeted token: the forcing writes the end anew.
+    assert forced_run(2, (20,), [11, 21, 21, 22, 9]) == [None, None, 21, 22, None, None]
+
+
+def test_rolled_back_tokens_are_read_again():
+    processor = ThinkingBudget(2, START, END, (20,))
+    assert processor.forced_token([11, 12]) == 21
+    assert processor.forced_token([11]) is None  # fewer tokens than it read: reread from the start
+    assert processor.forced_token([11, 12, 21]) == 22
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_sampler_writes_the_budget_then_the_end_sequence(temperature):
+    # Logits that never favour the end: only the budget ends the thinking.
+    states = [state(prompt=(5, 20), temperature=temperature, seed=i, thinking_token_budget=4,
+                    think_start_token_ids=START, think_end_token_ids=END) for i in range(3)]
+    g = torch.Generator().manual_seed(3)
+    for _ in range(10):
+        logits = torch.randn(len(states), V, generator=g)
+        logits[:, [2, 21, 22]] -= 50.0
+        append_tokens(states, sample(logits, states).token_ids)
+    for s in states:
+        assert s.output_token_ids[4:6] == [21, 22]
+        assert 21 not in s.output_token_ids[:4] and 21 not in s.output_token_ids[6:]

@@ -10,10 +10,15 @@ place, before logit_bias, min_tokens and the penalties, as vLLM v1's
     AllowedTokenIds   every id outside the set -> -inf       (a [V] mask, on the device)
     BadWords          for each banned sequence w1..wk: when the last k-1
                       generated tokens are w1..wk-1, wk -> -inf
+    ThinkingBudget    vLLM's thinking_token_budget: after that many tokens
+                      inside <think>..., every id but the next token of the
+                      end-of-thinking sequence -> -inf, until it is written
 
 State: `AllowedTokenIds` owns its mask; `BadWords` only its sequences (it
-reads the generated tokens the sampler passes in). No processor depends on
-other rows, so a request's tokens never depend on its batch.
+reads the generated tokens the sampler passes in); `ThinkingBudget` where the
+open thinking began, kept up to date from the tokens it is shown. No
+processor depends on other rows, so a request's tokens never depend on its
+batch.
 
 NOTE: bad words are matched against generated tokens only, never the
 prompt (vLLM's `apply_bad_words` passes the output token ids), so a banned
@@ -74,8 +79,83 @@ class BadWords:
             logits[torch.as_tensor(banned, dtype=torch.long).to(logits.device)] = float("-inf")
 
 
+def _ends_with(prompt: Sequence[int], output: Sequence[int], end: int, pattern: tuple[int, ...]) -> bool:
+    """prompt + output[:end] ends with `pattern` (without building the concatenation)."""
+    k = len(pattern)
+    for i in range(k):
+        pos = end - k + i  # index in output; negative reaches back into the prompt
+        token = output[pos] if pos >= 0 else (prompt[len(prompt) + pos] if -pos <= len(prompt) else None)
+        if token != pattern[i]:
+            return False
+    return True
+
+
+class ThinkingBudget:
+    """vLLM's `thinking_token_budget` (its ThinkingTokenBudgetLogitsProcessor,
+    vllm/v1/sample/logits_processor/builtin.py): at most `budget` tokens after
+    the last unclosed start-of-thinking sequence, then the end-of-thinking
+    sequence is forced one token at a time; a start in the prompt (templates
+    that open `<think>` for the model) counts the prompt's thinking tokens too.
+
+    State is a function of the tokens shown: `_scanned` tokens have been read,
+    `_think_from` is where the open thinking's content starts (an index into
+    prompt + output; None when not thinking). Shown fewer tokens than it has
+    read (a sequence rolled back), it reads them again from the start.
+    """
+
+    def __init__(self, budget: int, start_ids: Sequence[int], end_ids: Sequence[int],
+                 prompt_token_ids: Sequence[int]) -> None:
+        self.budget = budget
+        self.start = tuple(int(t) for t in start_ids)
+        self.end = tuple(int(t) for t in end_ids)
+        self.prompt = list(prompt_token_ids)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._scanned = 0
+        self._think_from = self._open_thinking_in_prompt()
+
+    def _open_thinking_in_prompt(self) -> int | None:
+        think_from = None
+        for end in range(1, len(self.prompt) + 1):
+            think_from = self._advance(think_from, (), end - len(self.prompt))
+        return think_from
+
+    def _advance(self, think_from: int | None, output: Sequence[int], end: int) -> int | None:
+        """The state after the token ending at output index `end` (exclusive)."""
+        if think_from is None:
+            if _ends_with(self.prompt, output, end, self.start):
+                return len(self.prompt) + end
+            return None
+        if _ends_with(self.prompt, output, end, self.end):
+            return None
+        return think_from
+
+    def forced_token(self, output_token_ids: Sequence[int]) -> int | None:
+        """The token the next position must be, or None when sampling is free."""
+        if len(output_token_ids) < self._scanned:
+            self._reset()
+        for end in range(self._scanned + 1, len(output_token_ids) + 1):
+            self._think_from = self._advance(self._think_from, output_token_ids, end)
+        self._scanned = len(output_token_ids)
+        if self._think_from is None:
+            return None
+        written = len(self.prompt) + len(output_token_ids) - self._think_from
+        if written < self.budget:
+            return None
+        # The budget is spent: the end sequence is written after `budget`
+        # thinking tokens; the forced tokens so far are its first ones.
+        return self.end[min(written - self.budget, len(self.end) - 1)]
+
+    def apply(self, logits: torch.Tensor, output_token_ids: Sequence[int]) -> None:
+        forced = self.forced_token(output_token_ids)
+        if forced is not None:
+            logits.fill_(float("-inf"))
+            logits[forced] = 0.0
+
+
 def build_logits_processors(
-    params: SamplingParams, vocab_size: int, device: torch.device
+    params: SamplingParams, vocab_size: int, device: torch.device, prompt_token_ids: Sequence[int] = ()
 ) -> tuple[LogitsProcessor, ...]:
     """The processors `params` asks for, in the order the sampler applies them."""
     processors: list[LogitsProcessor] = []
@@ -83,7 +163,10 @@ def build_logits_processors(
         processors.append(AllowedTokenIds(params.allowed_token_ids, vocab_size, device))
     if params.bad_words_token_ids:
         processors.append(BadWords(params.bad_words_token_ids))
+    if params.thinking_token_budget is not None:
+        processors.append(ThinkingBudget(params.thinking_token_budget, params.think_start_token_ids,
+                                         params.think_end_token_ids, prompt_token_ids))
     return tuple(processors)
 
 
-__all__ = ["AllowedTokenIds", "BadWords", "LogitsProcessor", "build_logits_processors"]
+__all__ = ["AllowedTokenIds", "BadWords", "LogitsProcessor", "ThinkingBudget", "build_logits_processors"]

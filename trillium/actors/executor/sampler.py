@@ -88,7 +88,8 @@ class SamplingState:
             self.generator = torch.Generator(device=self.device)
             self.generator.manual_seed(params.seed + sample_index)
         self.output_token_ids: list[int] = []
-        self.processors: tuple[LogitsProcessor, ...] = build_logits_processors(params, vocab_size, self.device)
+        self.processors: tuple[LogitsProcessor, ...] = build_logits_processors(
+            params, vocab_size, self.device, prompt_token_ids)
         # WHY: vLLM masks `all_stop_token_ids`, which holds the model's EOS even
         # when ignore_eos is set, so min_tokens masks EOS either way.
         stop_ids = set(params.stop_token_ids) | {int(t) for t in eos_token_ids}
