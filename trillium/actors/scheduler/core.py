@@ -69,7 +69,7 @@ class Scheduler:
         if pool is None:
             pool = BlockPool(
                 config.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching,
-                lower_tier=kv_tiers.lower_tier,
+                lower_tier=kv_tiers.lower_tier, sliding_window=config.sliding_window,
             )
         if pool.block_size != config.block_size:
             raise ValueError(f"pool block_size {pool.block_size} != config block_size {config.block_size}")
@@ -124,11 +124,13 @@ class Scheduler:
             raise ValueError(f"request {msg.request_id}: LoRA adapter id {msg.lora_id} is not loaded")
         request = Request(msg, arrival_seq, self.config.max_model_len)
         request.times = self.events.times(msg.arrival_time)
-        num_blocks = self.pool.blocks_needed(request.max_kv_tokens)
-        if num_blocks > self.pool.num_blocks:
+        # WHY the bound, not every token: with a sliding window the blocks behind it are
+        # freed as it runs, so a request longer than the cache still fits (block_pool.py).
+        num_blocks = self.pool.max_blocks_for(request.max_kv_tokens, self.config.max_chunk_tokens)
+        if num_blocks > self.pool.num_usable_blocks:
             raise ValueError(
                 f"request {msg.request_id}: up to {request.max_kv_tokens} tokens need "
-                f"{num_blocks} KV blocks, the cache has {self.pool.num_blocks}"
+                f"{num_blocks} KV blocks at once, the cache has {self.pool.num_usable_blocks}"
             )
         return request
 
