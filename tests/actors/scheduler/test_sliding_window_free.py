@@ -30,15 +30,16 @@ from trillium.actors.scheduler.core import Scheduler
 W, BS = 8, 4  # the query at p reads keys p - 7 .. p: at most ceil(7 / 4) + 1 = 3 blocks while decoding
 
 
-class SwapHarness(Harness):
-    """The harness over a host tier with --preemption-mode swap (as test_swap_preemption.py)."""
+class HostHarness(Harness):
+    """The harness over a host KV tier, swap preemption by default (as test_swap_preemption.py)."""
 
-    def __init__(self, **config) -> None:
+    def __init__(self, preemption_mode: str = "swap", **config) -> None:
         super().__init__(**config)
         self.tier = HostTier(64, block_bytes=8)
-        config = attrs.evolve(self.sched.config, preemption_mode="swap")
+        config = attrs.evolve(self.sched.config, preemption_mode=preemption_mode)
         self.sched = Scheduler(config, kv_tiers=KvTierManager(self.tier, config.block_size))
         self.ex = TieredFakeExecutor(config.num_blocks, config.block_size, 64)
+        self.ex.sliding_window = config.sliding_window
 
 
 def live_blocks(h: Harness, rid: str) -> list[int]:
@@ -76,8 +77,7 @@ def test_preemption_under_a_tight_cache_with_freeing(mode):
     """Three long requests, 9 usable blocks: they cannot all hold their window; preempted ones
     recompute (or swap only their window's blocks out and back) and still produce their tokens."""
     config = dict(num_blocks=10, block_size=BS, max_model_len=200, max_num_batched_tokens=8, sliding_window=W)
-    h = SwapHarness(**config) if mode == "swap" else Harness(**config)
-    h.ex.sliding_window = W
+    h = HostHarness(**config) if mode == "swap" else Harness(**config)
     msgs = [h.add(rid, range(10 * i + 1, 10 * i + 15), max_tokens=60, ignore_eos=True) for i, rid in enumerate("abc")]
     h.run()
     for msg in msgs:
@@ -106,6 +106,32 @@ def test_prefix_hit_past_the_window_takes_only_the_window():
     h.run()
     check(h, first, 200)
     check(h, second, 200)
+
+
+@pytest.mark.parametrize("host_tier", [False, True])
+def test_prefix_hit_needs_only_the_window_once_the_head_is_evicted(host_tier):
+    """The blocks behind the window are freed first, so under pressure they are evicted first:
+    the leading chain breaks at block 0, yet the cached run that fills the window before the
+    prompt's end is a hit (vLLM's find_longest_cache_hit searches from the right). With a host
+    tier a longer filler evicts every device block to it, and only the 2 blocks inside the
+    window are loaded back."""
+    config = dict(num_blocks=16, block_size=BS, max_model_len=200, max_num_batched_tokens=8, sliding_window=W)
+    h = HostHarness(preemption_mode="recompute", **config) if host_tier else Harness(**config)
+    prompt = list(range(1, 41))
+    first = h.add("a", prompt, max_tokens=2, ignore_eos=True)
+    h.run()
+    filler = h.add("f", range(100, 170 if host_tier else 130), max_tokens=2, ignore_eos=True)
+    h.run()
+    again = h.add("b", prompt + [7, 8], max_tokens=4, ignore_eos=True)
+    request = h.sched.get_request("b")
+    assert h.sched.pool.match_prefix(request.block_hashes) == 0  # block 0 is gone from the device
+    h.step()
+    assert request.num_cached_tokens == 40  # 40 - 8 + 1 = 33: blocks 8 and 9 are all it reads
+    assert h.sched.pool.block_ids("b")[:8] == (NULL_BLOCK,) * 8
+    assert len(h.batches[-1].kv.load_block_ids) == (2 if host_tier else 0)
+    h.run()
+    for msg in (first, filler, again):
+        check(h, msg, 200)
 
 
 def test_pool_accounting_with_a_window():

@@ -49,30 +49,11 @@ every cached block at once (a sleep that keeps the prefix cache).
 Cost: allocation and freeing are O(blocks touched); the free queue is an
 OrderedDict (a C doubly linked list: O(1) pop-front, append, remove).
 
-Sliding window (`sliding_window` W > 0: every attention layer of the model
-sees only its last W keys, Mistral-style): a query at position p reads keys
-p - W + 1 .. p, so once a request has computed c tokens the blocks wholly
-before position c - W + 1 are never read again. `allocate_slots` gives them
-back to the free queue first (vLLM v1's SlidingWindowManager,
-vllm/v1/core/single_type_kv_cache_manager.py `remove_skipped_blocks`) and
-puts NULL_BLOCK in their place, so the table keeps its positions::
+Sliding window (`sliding_window` W > 0, a model whose every layer sees its
+last W keys only): the blocks behind a request's window go back to the free
+queue as it advances, NULL_BLOCK in their place (kv_tiers/sliding_window.py).
 
-    W = 6, block_size = 4, c = 13 computed: keys 8..13 are still read
-    request A  ->  [ NULL ][ NULL ][ block 9 ][ block 4 ]
-                   freed (cached: still a prefix hit until evicted, as vLLM)
-
-NULL_BLOCK is block 0, reserved for the pool's life when a window is set
-(vLLM's `null_block`): zeroed, never handed out, written or cached, so a
-kernel that reads it reads finite zeros it masks (the attention kernels
-never gather positions behind the window: kernels/reference.py). A freed
-block keeps its hash and KV until handed out, as every freed block does, so
-it may serve later prefix hits; a request's freed positions are never
-registered or freed twice. New requests (prefix hits, swap-ins) get NULL_BLOCK
-for the positions already behind their window: those hit blocks are not
-taken, those lower-tier slots not loaded. Per request the pool then holds
-about ceil((W - 1 + chunk) / block_size) + 1 blocks (`max_blocks_for`).
-
-NOTE on size (~480 lines): the pool, its prefix index and its lower-tier
+NOTE on size (~490 lines): the pool, its prefix index and its lower-tier
 hooks share the block table and the free queue (the layout above).
 """
 
@@ -83,9 +64,11 @@ from array import array
 from collections import OrderedDict
 from typing import NamedTuple, NewType, Protocol, Sequence
 
+from trillium.actors.kv_tiers.sliding_window import SlidingWindow
+
 BlockId = NewType("BlockId", int)
 BlockHash = NewType("BlockHash", bytes)
-# The placeholder of a position behind the sliding window (module doc): reserved when a window is set.
+# The placeholder of a position behind the sliding window (sliding_window.py): reserved when a window is set.
 NULL_BLOCK = BlockId(0)
 
 
@@ -233,6 +216,7 @@ class BlockPool:
         # INVARIANT: a block is in _free iff its ref count is 0.
         self._free: OrderedDict[BlockId, None] = OrderedDict((BlockId(b), None) for b in range(num_blocks))
         self.sliding_window = sliding_window
+        self._window = SlidingWindow(sliding_window, block_size)
         if sliding_window:  # NULL_BLOCK: held for good (ref 1), never in the free queue
             del self._free[NULL_BLOCK]
             self._ref_cnt[NULL_BLOCK] = 1
@@ -280,21 +264,13 @@ class BlockPool:
         return -(-num_tokens // self.block_size)
 
     def num_skipped_blocks(self, num_computed_tokens: int) -> int:
-        """Leading blocks wholly behind the window of the next token after
-        `num_computed_tokens` computed ones (0 without a window): the query at
-        position c reads keys c - W + 1 .. c only."""
-        if not self.sliding_window:
-            return 0
-        return max(0, num_computed_tokens - self.sliding_window + 1) // self.block_size
+        """Leading blocks behind the window of the next token (0 without one)."""
+        return self._window.num_skipped_blocks(num_computed_tokens)
 
     def max_blocks_for(self, num_tokens: int, max_chunk_tokens: int) -> int:
-        """Most blocks a request of up to `num_tokens` KV tokens holds at once
-        when no step schedules it more than `max_chunk_tokens`: all of them,
-        or with a window the span W - 1 + chunk of one step (+1 for alignment)."""
-        full = self.blocks_needed(num_tokens)
-        if not self.sliding_window:
-            return full
-        return min(full, self.blocks_needed(self.sliding_window - 1 + max_chunk_tokens) + 1)
+        """Most blocks a request of up to `num_tokens` KV tokens holds at once,
+        scheduled at most `max_chunk_tokens` a step."""
+        return self._window.max_blocks(num_tokens, max_chunk_tokens)
 
     # -- prefix cache ---------------------------------------------------
 
@@ -318,17 +294,15 @@ class BlockPool:
         position produces logits, so only blocks that end at or before
         num_tokens - 1 are looked up (a fully cached prompt backs off by one
         block). Past the device's hits the walk goes on in the lower tier.
-        Pure lookup: nothing is taken until `allocate_slots`.
+        Pure lookup: nothing is taken until `allocate_slots`. With a window
+        the leading blocks may be NULL_BLOCK (sliding_window.py `find_hit`).
         """
         if not request.reads_prefix_cache:
             return NO_HIT
         max_blocks = (request.num_tokens - 1) // self.block_size
-        found: list[BlockId] = []
-        for block_hash in request.block_hashes[:max_blocks]:
-            block_id = self._index.lookup(block_hash)
-            if block_id is None:
-                break
-            found.append(block_id)
+        # With a window: the rightmost run of cached blocks that fills it, NULL before it (vLLM).
+        first, found = self._window.find_hit(self._index.lookup, request.block_hashes, max_blocks)
+        found = [NULL_BLOCK] * first + found
         slots: tuple[int, ...] = ()
         if self._lower is not None and len(found) < max_blocks:
             rest = request.block_hashes[len(found) : max_blocks]
@@ -448,7 +422,7 @@ class BlockPool:
             self._req_num_cached_blocks[rid] = num_hits + len(slots)
             if request.reads_prefix_cache:
                 self._index.record_query(request.num_tokens, prefix_hit.num_computed_tokens)
-                self.num_hit_blocks += num_hits
+                self.num_hit_blocks += len(hits)
         else:
             held.extend(added)
         return added
