@@ -17,7 +17,9 @@ import random
 
 from support.oracles import hf_greedy, transformers_model
 from trillium import LLM, SamplingParams
-from trillium.config import EngineConfig
+from trillium.config import EngineConfig, uniform_sliding_window
+from trillium.models.config import ModelConfig
+from trillium.models.synthetic import hf_config_dict
 
 MAX_NEW = 60
 # 2 layers x (K + V) x 4 tokens x 2 KV heads x 16 dims x 4 bytes = 2 KiB a block: 12 blocks, one the NULL_BLOCK.
@@ -42,6 +44,11 @@ def test_long_generations_on_a_cache_smaller_than_one_request(checkpoint):
 
 def test_only_models_windowed_in_every_layer_free_blocks(checkpoint):
     """Gemma 2 (alternating global and windowed layers): one block table serves every layer, so
-    nothing is freed (README: per-layer-group tables are not done); Phi-3 windows every layer."""
+    nothing is freed (README: per-layer-group tables are not done); Phi-3 windows every layer;
+    Qwen2 with `use_sliding_window` every layer from `max_window_layers` on."""
     assert EngineConfig(model=str(checkpoint("gemma2")), **ENGINE).resolve().kv_sliding_window == 0
     assert EngineConfig(model=str(checkpoint("phi3")), **ENGINE).resolve().kv_sliding_window == 32
+    # Qwen2's window starts at layer max_window_layers (transformers): all-windowed only from 0.
+    for first, expected in ((1, 0), (0, 16)):
+        hf = hf_config_dict("qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=first)
+        assert uniform_sliding_window(ModelConfig.from_hf_config(hf)) == expected

@@ -240,7 +240,7 @@ class EngineConfig:
                 f"--kv-cache-memory {self.kv_cache_memory} holds {num_blocks} blocks "
                 f"({per_block} bytes each); need at least 2"
             )
-        window = _uniform_window(model_config)
+        window = uniform_sliding_window(model_config)
         if auto_len and not window:  # WHY not windowed: its blocks behind the window are freed
             max_len = min(max_len, int(num_blocks) * self.block_size)
         name = self.served_model_name or _default_served_name(self.model)
@@ -267,7 +267,7 @@ class EngineConfig:
         return self.num_blocks * self.block_size
 
 
-def _uniform_window(model_config) -> int:
+def uniform_sliding_window(model_config) -> int:
     """The sliding window of every attention layer, when they all share one; else 0. Hybrid
     models (Gemma 2/3: some layers global) keep every block: one block table serves all layers."""
     windows = {model_config.layer_window(i) for i in range(model_config.num_layers)}
