@@ -32,6 +32,7 @@ protocol/execute.py `ExecuteBatch`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from trillium.actors.kv_tiers.block_pool import BlockId, BlockPool
@@ -51,10 +52,17 @@ from trillium.actors.scheduler.queue_timeout import NO_QUEUE_TIMEOUT, QueueTimeo
 from trillium.actors.scheduler.request import Request, RequestStatus
 from trillium.actors.scheduler.step_plan import StepPlan
 
+log = logging.getLogger(__name__)
+
 
 def build_scheduler(engine) -> "Scheduler":
     """The scheduler for an `EngineConfig` (resolved: num_blocks and max_model_len set)."""
-    return Scheduler(SchedulerConfig.from_engine(engine), kv_tiers=build_kv_tiers(engine))
+    scheduler = Scheduler(SchedulerConfig.from_engine(engine), kv_tiers=build_kv_tiers(engine))
+    if engine.kv_sliding_window:
+        log.info("every layer has a %d-token sliding window: the KV blocks behind it are freed, a request holds "
+                 "at most %d blocks", engine.kv_sliding_window,
+                 scheduler.pool.max_blocks_for(engine.max_model_len, scheduler.config.max_chunk_tokens))
+    return scheduler
 
 
 class Scheduler:
