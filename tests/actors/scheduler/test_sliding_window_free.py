@@ -15,6 +15,8 @@ needed, or a lost swap copy fails an assertion or changes the tokens
 
 from __future__ import annotations
 
+import random
+
 import attrs
 import pytest
 
@@ -132,6 +134,29 @@ def test_prefix_hit_needs_only_the_window_once_the_head_is_evicted(host_tier):
     h.run()
     for msg in (first, filler, again):
         check(h, msg, 200)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_load_with_shared_prefixes(mode, seed):
+    """Requests sharing prefixes arrive while others run on a small cache: prefix hits past the
+    window, freeing, preemption and (swap) host copies all interleave; every output is exact."""
+    rng = random.Random(seed)
+    config = dict(num_blocks=14, block_size=BS, max_model_len=120, max_num_batched_tokens=12, sliding_window=W)
+    h = HostHarness(preemption_mode=mode, **config)
+    prefixes = [[rng.randrange(1, 50) for _ in range(rng.randint(10, 40))] for _ in range(2)]
+    msgs = []
+    for i in range(10):
+        prompt = rng.choice(prefixes) + [rng.randrange(1, 50) for _ in range(rng.randint(1, 9))]
+        msgs.append(h.add(f"r{i}", prompt, max_tokens=rng.randint(5, 40), ignore_eos=True))
+        for _ in range(rng.randint(0, 6)):
+            h.step()
+    h.run()
+    for msg in msgs:
+        check(h, msg, 120)
+    assert h.sched._num_preempted_total > 0 and h.sched.pool.num_free_blocks == 13
+    assert h.sched.pool.prefix_cache_hit_tokens > 0 and sum(len(b.kv.load_block_ids) for b in h.batches) > 0
+    assert (h.sched._preemption.num_swapped_in_total > 0) == (mode == "swap")
 
 
 def test_pool_accounting_with_a_window():
