@@ -306,11 +306,11 @@ def _windowed_decode_chunk(
     sits at position start_b * block_size + j; rows with fewer blocks repeat
     their last one (its keys masked).
     """
+    starts = [max(0, n - window) // block_size for n in lens]
+    width = max(-(-n // block_size) - s for n, s in zip(lens, starts))  # host lists: no device sync
     ends = torch.tensor(lens, device=device)[:, None]
-    first = torch.clamp(ends - window, min=0) // block_size  # [Bc, 1]
-    num_blocks = -(-ends // block_size)
-    width = int((num_blocks - first).max())
-    index = torch.minimum(first + torch.arange(width, device=device)[None, :], num_blocks - 1)
+    first = torch.tensor(starts, device=device)[:, None]
+    index = torch.minimum(first + torch.arange(width, device=device)[None, :], -(-ends // block_size) - 1)
     positions = first * block_size + torch.arange(width * block_size, device=device)[None, :]
     valid = (positions < ends) & (positions >= ends - window)  # the query sits at ends - 1
     return _DecodeChunk(rows, table.gather(1, index.to(torch.int64)).contiguous(), width * block_size,
