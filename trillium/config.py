@@ -134,6 +134,9 @@ class EngineConfig:
     # tier before the KV cache is freed, and hit again after the wake. Needs the host tier.
     sleep_keep_prefix_cache: bool = False
     kv_block_bytes: int = 0  # resolved: one KV block across all layers
+    # resolved: the sliding window every attention layer of the model shares (Mistral-style), whose
+    # KV blocks behind it the scheduler frees (kv_tiers/block_pool.py); 0: full attention or hybrid.
+    kv_sliding_window: int = 0
     vocab_size: int = 0  # resolved from the model (the scheduler checks token ids against it); 0: unknown
     scheduling_policy: str = "fcfs"  # fcfs | priority
     seed: int = 0
@@ -237,7 +240,8 @@ class EngineConfig:
                 f"--kv-cache-memory {self.kv_cache_memory} holds {num_blocks} blocks "
                 f"({per_block} bytes each); need at least 2"
             )
-        if auto_len:
+        window = uniform_sliding_window(model_config)
+        if auto_len and not window:  # WHY not windowed: its blocks behind the window are freed
             max_len = min(max_len, int(num_blocks) * self.block_size)
         name = self.served_model_name or _default_served_name(self.model)
         runner, pooler, prefix_caching = _resolve_runner(self, model_config)
@@ -251,7 +255,7 @@ class EngineConfig:
             self, dtype=dtype, kv_cache_dtype=kv_dtype, max_model_len=max_len, num_blocks=int(num_blocks),
             served_model_name=name, kv_tiers=self.kv_tiers.resolve(per_block, fingerprint), kv_block_bytes=per_block,
             vocab_size=model_config.vocab_size, runner=runner, pooler_config=pooler,
-            enable_prefix_caching=prefix_caching,
+            enable_prefix_caching=prefix_caching, kv_sliding_window=window,
         )
 
     @property
@@ -261,6 +265,15 @@ class EngineConfig:
     @property
     def num_kv_tokens(self) -> int:
         return self.num_blocks * self.block_size
+
+
+def uniform_sliding_window(model_config) -> int:
+    """The sliding window of every attention layer, when they all share one; else 0. Hybrid
+    models (Gemma 2/3: some layers global) keep every block: one block table serves all layers."""
+    windows = {model_config.layer_window(i) for i in range(model_config.num_layers)}
+    if len(windows) != 1:
+        return 0
+    return windows.pop() or 0
 
 
 def _resolve_runner(config: EngineConfig, model_config) -> tuple[str, str, bool]:

@@ -40,3 +40,26 @@ def test_full_and_windowed_layers_share_a_step():
                                    atol=2e-5, rtol=1e-5)  # fmt: skip
     windowed = kernels.paged_attention(*args, sliding_window=6)
     assert not torch.allclose(windowed, kernels.paged_attention(*args))
+
+
+@pytest.mark.parametrize("window", [4, 9, 16])
+@pytest.mark.parametrize("softcap", [None, 3.0])
+def test_window_never_gathers_blocks_behind_it(window, softcap):
+    """The scheduler frees the blocks behind a sliding window (kv_tiers/block_pool.py, as vLLM's
+    SlidingWindowManager, vllm-project/vllm vllm/v1/core/single_type_kv_cache_manager.py
+    `remove_skipped_blocks`): NaN in them, or in the NULL_BLOCK a table may point to, changes nothing."""
+    batch = make_paged_batch(QUERY_LENS, SEQ_LENS, num_heads=4, num_kv_heads=2, head_dim=16, block_size=4, seed=3)
+    table = batch.meta.block_tables
+    for b, (qlen, slen) in enumerate(zip(QUERY_LENS, SEQ_LENS)):
+        first_visible = max(0, slen - qlen - window + 1)  # the first query's first key
+        for i in range(first_visible // 4):
+            batch.k_cache[table[b, i]] = float("nan")
+            batch.v_cache[table[b, i]] = float("nan")
+            table[b, i] = 0  # NULL_BLOCK, poisoned too
+    batch.k_cache[0] = float("nan")
+    batch.v_cache[0] = float("nan")
+    assert torch.isnan(batch.k_cache).any()
+    out = reference.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, batch.scale,
+                                    sliding_window=window, softcap=softcap)  # fmt: skip
+    expected = dense_causal_attention(batch, sliding_window=window, softcap=softcap)
+    torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-5)

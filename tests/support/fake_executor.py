@@ -50,11 +50,18 @@ class SimState:
 
 
 class FakeExecutor:
-    def __init__(self, num_blocks: int, block_size: int, token_fn=None) -> None:
+    def __init__(self, num_blocks: int, block_size: int, token_fn=None, sliding_window: int = 0) -> None:
         self.block_size = block_size
+        # > 0: attention reads keys p - W + 1 .. p only, and the table's blocks behind
+        # that are someone else's (freed by the scheduler) or NULL_BLOCK: never read or owned.
+        self.sliding_window = sliding_window
         self.kv: list[tuple[int, int] | None] = [None] * (num_blocks * block_size)
         self.states: dict[str, SimState] = {}
         self.token_fn = token_fn or (lambda state, h: model_token(h, state.lora_id))
+
+    def _first_read(self, computed: int) -> int:
+        """The first position the next query (at `computed`) reads."""
+        return max(0, computed - self.sliding_window + 1) if self.sliding_window else 0
 
     def _slot(self, state: SimState, pos: int) -> int:
         return state.blocks[pos // self.block_size] * self.block_size + pos % self.block_size
@@ -89,7 +96,7 @@ class FakeExecutor:
         counts = batch.num_scheduled_tokens.tolist()
         owners: dict[int, set[str]] = {}
         for state in self.states.values():
-            for b in state.blocks:
+            for b in state.blocks[self._first_read(state.computed) // self.block_size :]:
                 owners.setdefault(b, set()).add(state.rid)
         for state, num in zip(order, counts):  # writes first, as write_kv_cache does
             assert num > 0 and state.computed + num <= len(state.tokens)
@@ -101,7 +108,7 @@ class FakeExecutor:
         sampled = []
         for state, num in zip(order, counts):
             end = state.computed + num
-            for pos in range(end):  # attention reads the whole context
+            for pos in range(self._first_read(state.computed), end):  # attention reads the whole context (window)
                 assert self.kv[self._slot(state, pos)] == state.fingerprint(pos), (state.rid, pos)
             state.computed = end
             if end == len(state.tokens):

@@ -41,7 +41,7 @@ class Harness:
         config.setdefault("max_loras", 2)
         self.sched = Scheduler(SchedulerConfig(**config))
         self.sched.lora_ids.update({1, 2, 3})  # as if the executor had loaded them
-        self.ex = FakeExecutor(config["num_blocks"], config["block_size"], token_fn)
+        self.ex = FakeExecutor(config["num_blocks"], config["block_size"], token_fn, config.get("sliding_window", 0))
         self.batches = []
         self.deltas: dict[str, list] = {}
 

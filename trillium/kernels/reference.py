@@ -201,8 +201,8 @@ class _PrefillSeq:
     """One sequence with q_len > 1, attended by its own SDPA call."""
 
     rows: slice
-    table: torch.Tensor  # [num_blocks] block ids
-    seq_len: int
+    table: torch.Tensor  # [num_blocks] block ids (with a window: from the first block it reads)
+    seq_len: int  # keys gathered from `table` and attended (masked)
     mask: torch.Tensor | None  # [q_len, seq_len] bool (True: attend); None: plain causal (no context)
 
 
@@ -244,21 +244,27 @@ def _build_plan(meta: AttentionMetadata, k_cache: torch.Tensor, dtype: torch.dty
         for seqs in (_decode_chunks(decode_idx, meta, k_cache, dtype) if decode_idx else [])
     )
     prefill = []
+    block_size = k_cache.shape[1]
     for b, qlen in enumerate(qlens):
         if qlen > 1:
             slen = slens[b]
-            nblk = -(-slen // k_cache.shape[1])
+            nblk = -(-slen // block_size)
             # Query i (position ctx+i) sees keys j <= ctx+i. With no context
             # that is plain (top-left) causal, which SDPA can do without a mask.
             # NOTE: kept boolean (a quarter of the bytes of an additive float32
             # mask); converting it per layer is noise next to prefill attention.
             ctx = slen - qlen
             mask = None if ctx == 0 else torch.ones(qlen, slen, dtype=torch.bool, device=device).tril(ctx)
+            first = 0
             if _windowed(slen, window):
                 # Sliding window (HF `sliding_window_overlay`): query at p sees keys j with p - window < j <= p.
                 base = torch.ones(qlen, slen, dtype=torch.bool, device=device)
                 mask = base.tril(ctx) & base.triu(ctx - window + 1)
-            prefill.append(_PrefillSeq(slice(starts[b], starts[b + 1]), meta.block_tables[b, :nblk], slen, mask))
+                # Blocks wholly behind the first query's window are not gathered (they may be freed).
+                first = max(0, ctx - window + 1) // block_size
+                mask = mask[:, first * block_size :]
+            prefill.append(_PrefillSeq(slice(starts[b], starts[b + 1]), meta.block_tables[b, first:nblk],
+                                       slen - first * block_size, mask))
     in_order = len(decode_idx) == len(qlens) and decode_idx == list(range(len(qlens)))
     return _Plan(chunks, tuple(prefill), in_order)
 
@@ -277,15 +283,38 @@ def _decode_chunk_plan(
     else:
         rows = torch.tensor([starts[b] for b in seqs], device=device)
         table = meta.block_tables.index_select(0, torch.tensor(seqs, device=device))[:, :max_blocks]
+    if _windowed(max_len, window):
+        return _windowed_decode_chunk(rows, table, lens, block_size, window, device, dtype)
     mask = None
-    if min(lens) != max_len or _windowed(max_len, window):
+    if min(lens) != max_len:
         keys = torch.arange(max_len, device=device)[None, :]
         ends = torch.tensor(lens, device=device)[:, None]
-        valid = keys < ends
-        if window is not None:
-            valid &= keys >= ends - window  # the query sits at ends - 1
-        mask = _additive(valid, dtype)[:, None, None, :]
+        mask = _additive(keys < ends, dtype)[:, None, None, :]
     return _DecodeChunk(rows, table.contiguous(), max_len, mask)
+
+
+def _windowed_decode_chunk(
+    rows: slice | torch.Tensor, table: torch.Tensor, lens: list[int], block_size: int, window: int,
+    device: torch.device, dtype: torch.dtype,
+) -> _DecodeChunk:  # fmt: skip
+    """Decode rows under a sliding window: each row gathers only the blocks
+    from the one holding its first visible key (position len - window) on.
+
+    WHY: blocks behind the window may be freed (the scheduler's NULL_BLOCK or
+    a block another request now owns, kv_tiers/block_pool.py) and are never
+    read; it also bounds the gather to ~window keys. Row b's gathered key j
+    sits at position start_b * block_size + j; rows with fewer blocks repeat
+    their last one (its keys masked).
+    """
+    starts = [max(0, n - window) // block_size for n in lens]
+    width = max(-(-n // block_size) - s for n, s in zip(lens, starts))  # host lists: no device sync
+    ends = torch.tensor(lens, device=device)[:, None]
+    first = torch.tensor(starts, device=device)[:, None]
+    index = torch.minimum(first + torch.arange(width, device=device)[None, :], -(-ends // block_size) - 1)
+    positions = first * block_size + torch.arange(width * block_size, device=device)[None, :]
+    valid = (positions < ends) & (positions >= ends - window)  # the query sits at ends - 1
+    return _DecodeChunk(rows, table.gather(1, index.to(torch.int64)).contiguous(), width * block_size,
+                        _additive(valid, dtype)[:, None, None, :])
 
 
 def _additive(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

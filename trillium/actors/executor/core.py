@@ -143,6 +143,8 @@ class ExecutorCore:
         cached = batch.cached
         offsets = cached.new_block_offsets
         new_blocks = cached.new_block_ids
+        # NOTE: with a sliding window the scheduler frees a running request's blocks behind it
+        # without saying so; their ids stay here, unread and unwritten (kv_tiers/sliding_window.py).
         for i, rid in enumerate(cached.request_ids):
             state = self.requests[rid]
             lo, hi = int(offsets[i]), int(offsets[i + 1])

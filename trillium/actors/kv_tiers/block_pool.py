@@ -49,7 +49,11 @@ every cached block at once (a sleep that keeps the prefix cache).
 Cost: allocation and freeing are O(blocks touched); the free queue is an
 OrderedDict (a C doubly linked list: O(1) pop-front, append, remove).
 
-NOTE on size (~420 lines): the pool, its prefix index and its lower-tier
+Sliding window (`sliding_window` W > 0, a model whose every layer sees its
+last W keys only): the blocks behind a request's window go back to the free
+queue as it advances, NULL_BLOCK in their place (kv_tiers/sliding_window.py).
+
+NOTE on size (~490 lines): the pool, its prefix index and its lower-tier
 hooks share the block table and the free queue (the layout above).
 """
 
@@ -60,8 +64,12 @@ from array import array
 from collections import OrderedDict
 from typing import NamedTuple, NewType, Protocol, Sequence
 
+from trillium.actors.kv_tiers.sliding_window import SlidingWindow
+
 BlockId = NewType("BlockId", int)
 BlockHash = NewType("BlockHash", bytes)
+# The placeholder of a position behind the sliding window (sliding_window.py): reserved when a window is set.
+NULL_BLOCK = BlockId(0)
 
 
 def salt_root(cache_salt: str | None) -> BlockHash | None:
@@ -189,9 +197,11 @@ class BlockPool:
     """Fixed set of `num_blocks` KV blocks of `block_size` tokens each."""
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True,
-                 lower_tier: LowerTier | None = None) -> None:
+                 lower_tier: LowerTier | None = None, sliding_window: int = 0) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        if sliding_window < 0 or (sliding_window and num_blocks < 2):
+            raise ValueError(f"sliding_window {sliding_window} needs a window >= 0 and >= 2 blocks (one is NULL_BLOCK)")
         if lower_tier is not None and not enable_prefix_caching:
             raise ValueError("a lower KV tier is keyed by block hashes: it needs prefix caching")
         self.num_blocks = num_blocks
@@ -205,6 +215,13 @@ class BlockPool:
         self._hash: list[BlockHash | None] = [None] * num_blocks
         # INVARIANT: a block is in _free iff its ref count is 0.
         self._free: OrderedDict[BlockId, None] = OrderedDict((BlockId(b), None) for b in range(num_blocks))
+        self.sliding_window = sliding_window
+        self._window = SlidingWindow(sliding_window, block_size)
+        if sliding_window:  # NULL_BLOCK: held for good (ref 1), never in the free queue
+            del self._free[NULL_BLOCK]
+            self._ref_cnt[NULL_BLOCK] = 1
+        # Blocks requests can hold: all but NULL_BLOCK when it is reserved.
+        self.num_usable_blocks = num_blocks - (1 if sliding_window else 0)
         self._req_blocks: dict[str, list[BlockId]] = {}
         self._req_num_cached_blocks: dict[str, int] = {}
 
@@ -217,7 +234,7 @@ class BlockPool:
     @property
     def usage(self) -> float:
         """Fraction of blocks held by requests (free cached blocks count as free)."""
-        return 1.0 - len(self._free) / self.num_blocks
+        return 1.0 - len(self._free) / self.num_usable_blocks
 
     @property
     def num_cached_blocks(self) -> int:
@@ -246,6 +263,15 @@ class BlockPool:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def num_skipped_blocks(self, num_computed_tokens: int) -> int:
+        """Leading blocks behind the window of the next token (0 without one)."""
+        return self._window.num_skipped_blocks(num_computed_tokens)
+
+    def max_blocks_for(self, num_tokens: int, max_chunk_tokens: int) -> int:
+        """Most blocks a request of up to `num_tokens` KV tokens holds at once,
+        scheduled at most `max_chunk_tokens` a step."""
+        return self._window.max_blocks(num_tokens, max_chunk_tokens)
+
     # -- prefix cache ---------------------------------------------------
 
     def update_block_hashes(self, request: PoolRequest) -> None:
@@ -268,17 +294,15 @@ class BlockPool:
         position produces logits, so only blocks that end at or before
         num_tokens - 1 are looked up (a fully cached prompt backs off by one
         block). Past the device's hits the walk goes on in the lower tier.
-        Pure lookup: nothing is taken until `allocate_slots`.
+        Pure lookup: nothing is taken until `allocate_slots`. With a window
+        the leading blocks may be NULL_BLOCK (sliding_window.py `find_hit`).
         """
         if not request.reads_prefix_cache:
             return NO_HIT
         max_blocks = (request.num_tokens - 1) // self.block_size
-        found: list[BlockId] = []
-        for block_hash in request.block_hashes[:max_blocks]:
-            block_id = self._index.lookup(block_hash)
-            if block_id is None:
-                break
-            found.append(block_id)
+        # With a window: the rightmost run of cached blocks that fills it, NULL before it (vLLM).
+        first, found = self._window.find_hit(self._index.lookup, request.block_hashes, max_blocks)
+        found = [NULL_BLOCK] * first + found
         slots: tuple[int, ...] = ()
         if self._lower is not None and len(found) < max_blocks:
             rest = request.block_hashes[len(found) : max_blocks]
@@ -307,6 +331,8 @@ class BlockPool:
         num_new = 0
         for i in range(done, upto):
             block_id = blocks[i]
+            if self.sliding_window and block_id == NULL_BLOCK:
+                continue  # behind the window before it was registered: its KV is gone
             # WHY: a duplicate of an already-cached block (two requests computed
             # the same prefix at once) stays unregistered and is reused first.
             if self._hash[block_id] is None and self._index.insert(request.block_hashes[i], block_id):
@@ -357,59 +383,93 @@ class BlockPool:
         computed; its lower-tier hits get fresh blocks, registered in the
         cache and queued as loads. Returns the block ids appended to the
         request's table (hit blocks, loaded ones, then fresh ones), or None,
-        changing nothing, if the free queue is too short.
+        changing nothing else, if the free queue is too short. With a window,
+        a running request's blocks behind it are freed first (module doc) and
+        a new request's positions behind it are NULL_BLOCK.
         """
         rid = request.request_id
         held = self._req_blocks.get(rid)
         is_new = held is None
-        num_tokens = request.num_computed_tokens + prefix_hit.num_computed_tokens + num_new_tokens
-        num_loaded = len(prefix_hit.lower_slots)
-        num_held = (0 if held is None else len(held)) + len(prefix_hit.block_ids) + num_loaded
-        num_fresh = max(0, self.blocks_needed(num_tokens) - num_held)
+        if not is_new:
+            self.remove_skipped_blocks(request)
+        num_computed = request.num_computed_tokens + prefix_hit.num_computed_tokens
+        num_tokens = num_computed + num_new_tokens
+        # Positions behind the window on arrival (always 0 for a running request: freed above).
+        skip = self.num_skipped_blocks(num_computed) if is_new else 0
+        num_hits, slots = len(prefix_hit.block_ids), prefix_hit.lower_slots
+        hits = prefix_hit.block_ids[skip:]
+        kept_slots = slots[max(0, skip - num_hits):]
+        num_held = (0 if held is None else len(held)) + num_hits + len(slots)
+        num_positions = max(0, self.blocks_needed(num_tokens) - num_held)  # fresh positions
+        num_null = max(0, skip - num_held)  # fresh positions behind the window (a swap-in)
+        num_fresh = num_positions - num_null
         # Hit blocks with ref 0 sit in the free queue: taking them shrinks it.
-        num_revived = sum(1 for b in prefix_hit.block_ids if self._ref_cnt[b] == 0)
-        if num_fresh + num_revived + num_loaded > len(self._free):
+        num_revived = sum(1 for b in hits if self._ref_cnt[b] == 0)
+        if num_fresh + num_revived + len(kept_slots) > len(self._free):
             return None
-        for block_id in prefix_hit.block_ids:
+        for block_id in hits:
             if self._ref_cnt[block_id] == 0:
                 del self._free[block_id]
             self._ref_cnt[block_id] += 1
-        added = list(prefix_hit.block_ids)
-        if num_loaded:
-            added.extend(self._load_from_lower(request, prefix_hit))
+        added = [NULL_BLOCK] * (num_hits - len(hits)) + list(hits)
+        if slots:
+            added.extend([NULL_BLOCK] * (len(slots) - len(kept_slots)))
+            added.extend(self._load_from_lower(request, kept_slots, num_hits + len(slots) - len(kept_slots)))
+        added.extend([NULL_BLOCK] * num_null)
         added.extend(self._pop_free() for _ in range(num_fresh))
         if is_new:
-            num_cached = len(prefix_hit.block_ids) + num_loaded
             self._req_blocks[rid] = added.copy()
-            self._req_num_cached_blocks[rid] = num_cached
+            self._req_num_cached_blocks[rid] = num_hits + len(slots)
             if request.reads_prefix_cache:
                 self._index.record_query(request.num_tokens, prefix_hit.num_computed_tokens)
-                self.num_hit_blocks += len(prefix_hit.block_ids)
+                self.num_hit_blocks += len(hits)
         else:
             held.extend(added)
         return added
+
+    def remove_skipped_blocks(self, request: PoolRequest) -> int:
+        """Free the running request's blocks wholly behind its window (by its
+        num_computed_tokens), NULL_BLOCK in their place; returns how many.
+        No-op without a window. Cost: O(blocks freed) (stops at the first NULL)."""
+        blocks = self._req_blocks.get(request.request_id)
+        if not self.sliding_window or not blocks:
+            return 0
+        released = []
+        # INVARIANT: positions behind the window are freed in order, so the
+        # NULLs form a prefix of the table: walking back from the window stops at one.
+        for i in range(min(self.num_skipped_blocks(request.num_computed_tokens), len(blocks)) - 1, -1, -1):
+            if blocks[i] == NULL_BLOCK:
+                break
+            released.append(blocks[i])
+            blocks[i] = NULL_BLOCK
+        self._release(released)  # last index first, as `free` (tail first)
+        return len(released)
 
     def free(self, request: PoolRequest) -> None:
         """Drop the request's hold on its blocks (tail first, see module doc)."""
         blocks = self._req_blocks.pop(request.request_id, None)
         self._req_num_cached_blocks.pop(request.request_id, None)
-        for block_id in reversed(blocks or ()):
+        self._release(reversed(blocks or ()))
+
+    def _release(self, block_ids) -> None:
+        for block_id in block_ids:
+            if self.sliding_window and block_id == NULL_BLOCK:
+                continue
             self._ref_cnt[block_id] -= 1
             if self._ref_cnt[block_id] == 0:
                 self._free[block_id] = None
                 if self._hash[block_id] is None:
                     self._free.move_to_end(block_id, last=False)
 
-    def _load_from_lower(self, request: PoolRequest, prefix_hit: PrefixHit) -> list[BlockId]:
-        """Fresh blocks for the lower tier's hits, cached under their hashes now
-        (their content arrives before the step's forward)."""
+    def _load_from_lower(self, request: PoolRequest, slots: Sequence[int], first: int) -> list[BlockId]:
+        """Fresh blocks for the lower tier's hits `slots` (block `first` on),
+        cached under their hashes now (their content arrives before the step's forward)."""
         assert self._lower is not None and request.request_id not in self._req_blocks
         # WHY reserve first: popping a block may evict one to the lower tier,
         # which must not pick a slot this request is about to load from.
-        self._lower.reserve(prefix_hit.lower_slots)
-        first = len(prefix_hit.block_ids)
+        self._lower.reserve(slots)
         loaded = []
-        for k, slot in enumerate(prefix_hit.lower_slots):
+        for k, slot in enumerate(slots):
             block_id = self._pop_free()
             block_hash = request.block_hashes[first + k]
             if self._index.insert(block_hash, block_id):

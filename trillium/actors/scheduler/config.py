@@ -33,6 +33,9 @@ class SchedulerConfig:
     # None only for a core built without a checkpoint (unit tests).
     vocab_size: int | None = None
     max_queue_time_s: float = 0.0  # 0 = off; else drop waiting requests that never ran (queue_timeout.py)
+    # > 0: every attention layer sees only its last sliding_window keys; the KV blocks
+    # behind the window are freed as requests advance (kv_tiers/block_pool.py). 0: off.
+    sliding_window: int = 0
 
     def __attrs_post_init__(self) -> None:
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
@@ -58,7 +61,14 @@ class SchedulerConfig:
             preemption_mode=engine.preemption_mode,
             vocab_size=engine.vocab_size or None,
             max_queue_time_s=engine.max_queue_time_s,
+            sliding_window=engine.kv_sliding_window,
         )
+
+    @property
+    def max_chunk_tokens(self) -> int:
+        """The most tokens one step schedules for one request."""
+        threshold = self.long_prefill_token_threshold
+        return min(self.max_num_batched_tokens, threshold) if threshold else self.max_num_batched_tokens
 
     def num_new_tokens(self, num_tokens: int, num_computed: int, budget: int) -> int:
         """Tokens to compute for a request this step (it knows `num_tokens`, has

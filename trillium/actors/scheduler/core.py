@@ -32,6 +32,7 @@ protocol/execute.py `ExecuteBatch`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from trillium.actors.kv_tiers.block_pool import BlockId, BlockPool
@@ -51,10 +52,17 @@ from trillium.actors.scheduler.queue_timeout import NO_QUEUE_TIMEOUT, QueueTimeo
 from trillium.actors.scheduler.request import Request, RequestStatus
 from trillium.actors.scheduler.step_plan import StepPlan
 
+log = logging.getLogger(__name__)
+
 
 def build_scheduler(engine) -> "Scheduler":
     """The scheduler for an `EngineConfig` (resolved: num_blocks and max_model_len set)."""
-    return Scheduler(SchedulerConfig.from_engine(engine), kv_tiers=build_kv_tiers(engine))
+    scheduler = Scheduler(SchedulerConfig.from_engine(engine), kv_tiers=build_kv_tiers(engine))
+    if engine.kv_sliding_window:
+        log.info("every layer has a %d-token sliding window: the KV blocks behind it are freed, a request holds "
+                 "at most %d blocks", engine.kv_sliding_window,
+                 scheduler.pool.max_blocks_for(engine.max_model_len, scheduler.config.max_chunk_tokens))
+    return scheduler
 
 
 class Scheduler:
@@ -69,7 +77,7 @@ class Scheduler:
         if pool is None:
             pool = BlockPool(
                 config.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching,
-                lower_tier=kv_tiers.lower_tier,
+                lower_tier=kv_tiers.lower_tier, sliding_window=config.sliding_window,
             )
         if pool.block_size != config.block_size:
             raise ValueError(f"pool block_size {pool.block_size} != config block_size {config.block_size}")
@@ -124,11 +132,13 @@ class Scheduler:
             raise ValueError(f"request {msg.request_id}: LoRA adapter id {msg.lora_id} is not loaded")
         request = Request(msg, arrival_seq, self.config.max_model_len)
         request.times = self.events.times(msg.arrival_time)
-        num_blocks = self.pool.blocks_needed(request.max_kv_tokens)
-        if num_blocks > self.pool.num_blocks:
+        # WHY the bound, not every token: with a sliding window the blocks behind it are
+        # freed as it runs, so a request longer than the cache still fits (block_pool.py).
+        num_blocks = self.pool.max_blocks_for(request.max_kv_tokens, self.config.max_chunk_tokens)
+        if num_blocks > self.pool.num_usable_blocks:
             raise ValueError(
                 f"request {msg.request_id}: up to {request.max_kv_tokens} tokens need "
-                f"{num_blocks} KV blocks, the cache has {self.pool.num_blocks}"
+                f"{num_blocks} KV blocks at once, the cache has {self.pool.num_usable_blocks}"
             )
         return request
 

@@ -14,7 +14,8 @@ what happens to the KV they held:
                its num_computed_tokens. Re-admitted, it gets fresh device
                blocks, the copies back are queued (`swap_in`), and it goes on
                where it stopped, with no prefix-cache lookup. Falls back to
-               recompute for a request the host tier cannot hold.
+               recompute for a request the host tier cannot hold. With a
+               sliding window only the blocks inside it travel (block_pool.py).
 
 The copies ride in the batches, like the host tier's eviction saves:
 
@@ -96,9 +97,11 @@ class SwapPreemption:
         """Call before `pool.free(request)`: pin slots for its computed KV and
         queue the saves. False (nothing kept) if the host tier cannot hold it."""
         num_blocks = pool.blocks_needed(request.num_computed_tokens)
-        if num_blocks == 0:
+        # Sliding window: the blocks behind it are never read again, so neither saved nor loaded.
+        skip = pool.num_skipped_blocks(request.num_computed_tokens)
+        if num_blocks <= skip:
             return False
-        block_ids = pool.block_ids(request.request_id)[:num_blocks]
+        block_ids = pool.block_ids(request.request_id)[skip:num_blocks]
         if not self.host_tier.swap_out(request.request_id, block_ids):
             return False
         self.num_swapped_out_total += 1
@@ -115,7 +118,9 @@ class SwapPreemption:
         if blocks is None:
             return None
         num_swapped = self.host_tier.num_swapped_blocks(request.request_id)
-        self.host_tier.swap_in(request.request_id, blocks[:num_swapped])
+        # INVARIANT: num_computed_tokens is what swap_out saw, so the same skip (NULL_BLOCKs lead `blocks`).
+        skip = pool.num_skipped_blocks(request.num_computed_tokens)
+        self.host_tier.swap_in(request.request_id, blocks[skip : skip + num_swapped])
         self.num_swapped_in_total += 1
         return blocks
 
