@@ -92,12 +92,15 @@ static inline __attribute__((always_inline)) void dot_rows(const uint8_t *qs, co
     vf acc[TILE_M][NV], w[NV];
     for (long r = 0; r < rows; r++)
         for (int v = 0; v < NV; v++) acc[r][v] = vzero();
-    for (long b = 0; b < nchunks; b++) {
-        const float *g = sz + 2 * (b / chunks_per_group);
-        decode_vec(qs + b * CHUNK_BYTES, g[0], g[1], w);
-        for (long r = 0; r < rows; r++) {
-            const float *xb = x + r * ldx + b * QK;
-            for (int v = 0; v < NV; v++) acc[r][v] = vfma(vload(xb + v * LANES), w[v], acc[r][v]);
+    /* WHY groups outside chunks: the group of a chunk without a division per chunk. */
+    for (long g = 0, b = 0; b < nchunks; g++) {
+        const float s = sz[2 * g], c = sz[2 * g + 1];
+        for (const long end = b + chunks_per_group; b < end; b++) {
+            decode_vec(qs + b * CHUNK_BYTES, s, c, w);
+            for (long r = 0; r < rows; r++) {
+                const float *xb = x + r * ldx + b * QK;
+                for (int v = 0; v < NV; v++) acc[r][v] = vfma(vload(xb + v * LANES), w[v], acc[r][v]);
+            }
         }
     }
     for (long r = 0; r < rows; r++) {
@@ -109,12 +112,14 @@ static inline __attribute__((always_inline)) void dot_rows(const uint8_t *qs, co
     float acc[TILE_M][QK];
     float w[QK];
     memset(acc, 0, (size_t)rows * sizeof(acc[0]));
-    for (long b = 0; b < nchunks; b++) {
-        const float *g = sz + 2 * (b / chunks_per_group);
-        decode_chunk(qs + b * CHUNK_BYTES, g[0], g[1], w);
-        for (long r = 0; r < rows; r++) {
-            const float *xb = x + r * ldx + b * QK;
-            for (int j = 0; j < QK; j++) acc[r][j] += xb[j] * w[j];
+    for (long g = 0, b = 0; b < nchunks; g++) {
+        const float s = sz[2 * g], c = sz[2 * g + 1];
+        for (const long end = b + chunks_per_group; b < end; b++) {
+            decode_chunk(qs + b * CHUNK_BYTES, s, c, w);
+            for (long r = 0; r < rows; r++) {
+                const float *xb = x + r * ldx + b * QK;
+                for (int j = 0; j < QK; j++) acc[r][j] += xb[j] * w[j];
+            }
         }
     }
     for (long r = 0; r < rows; r++) {
