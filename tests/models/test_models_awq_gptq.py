@@ -22,6 +22,8 @@ import torch
 
 from support.int4_writer import write_int4_checkpoint
 from support.paged_runner import max_abs_diff, random_sequences, run_schedule
+from trillium.actors.executor.weights import WeightValidator
+from trillium.actors.protocol.admin import ControlError
 from trillium.config import EngineConfig
 from trillium.kernels import int4_cpu
 from trillium.models import load_model
@@ -106,6 +108,10 @@ def test_partly_quantized_projection_and_reload(int4_checkpoint, caplog):
     assert torch.equal(layer.qs, before) and model.get_submodule("model.layers.0.mlp.gate_up_proj") is layer
     with pytest.raises(KeyError, match="q_proj.weight"):  # a float update has no parameter to land in
         model.load_weights([("model.layers.0.self_attn.q_proj.weight", torch.zeros(128, 128))])
+    validator = WeightValidator(model)  # the executor's check before a live update copies a byte
+    with pytest.raises(ControlError, match="keeps that projection at 4 bits \\(AWQ int4 g128\\).*float checkpoint"):
+        validator.check([("model.layers.0.self_attn.q_proj.weight", torch.zeros(128, 128))])
+    assert validator.check([("model.layers.1.self_attn.k_proj.weight", torch.zeros(64, 128))])  # float there
 
 
 def test_other_dtypes_dequantize(int4_checkpoint):

@@ -22,8 +22,9 @@ order (`perm`), a copy of the activations, never of the weight.
 
 NOTE: `reload_weights` (update from disk, waking from sleep level 2) refills
 the Int4Linears in place from a checkpoint of the same shapes; float weight
-updates into an int4 projection have no parameter to land in and are
-refused by `load_weights` (KeyError naming the weight).
+updates into an int4 projection have no parameter to land in: the
+executor's weight validator refuses them (`int4_format_of`) before anything
+is copied, and `load_weights` raises KeyError naming the weight.
 """
 
 from __future__ import annotations
@@ -88,6 +89,15 @@ class Int4Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format_name}"
+
+
+def int4_format_of(model: nn.Module, name: str) -> str | None:
+    """The format of the Int4Linear a float HF weight `name` would write into, else None."""
+    resolved = model.resolve_weight(name)
+    if resolved is None:
+        return None
+    found = dict(model.named_modules()).get(resolved[0].rpartition(".")[0])
+    return found.format_name if isinstance(found, Int4Linear) else None
 
 
 def _target(model: "LlamaForCausalLM", hf_module: str) -> tuple[str, int]:
