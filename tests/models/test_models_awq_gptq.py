@@ -90,6 +90,25 @@ def test_packed_matches_dequantized_model(int4_checkpoint, flavour, caplog):
     assert max(abs(a - b) for x, y in zip(logprobs, ref_logprobs) for a, b in zip(x, y)) < 1e-4
 
 
+def test_engine_serves_the_packed_checkpoint(int4_checkpoint):
+    """`trillium.LLM` (the real engine: EngineConfig.resolve, the executor's load) with vLLM's
+    `quantization="gptq"` generates the reference model's greedy tokens and logprobs."""
+    from trillium import LLM, SamplingParams
+
+    path, reference = int4_checkpoint("gptq-v2-act-order")
+    floats, config = load_model(reference, dtype="float32", progress=False)
+    prompts = [s[:6] for s in random_sequences(config.vocab_size, seed=7)[:2]]
+    ref_tokens, ref_logprobs = greedy(floats, prompts, 5)
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=0)
+    with LLM(str(path), quantization="gptq", max_num_batched_tokens=64) as llm:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    for out, tokens, logprobs in zip(outs, ref_tokens, ref_logprobs):
+        got = out.outputs[0]
+        assert got.token_ids == tokens
+        lps = [entry[token].logprob for entry, token in zip(got.logprobs, got.token_ids)]
+        assert max(abs(a - b) for a, b in zip(lps, logprobs)) < 1e-3
+
+
 def test_partly_quantized_projection_and_reload(int4_checkpoint, caplog):
     """AutoAWQ's modules_to_not_convert leaves a module in float: its fused qkv is dequantized (and
     logged); reload_weights (update from disk, wake from sleep 2) refills the packed buffers in place."""
