@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smollm2", action="store_true",
                         help="requantize SmolLM2-135M's trained weights (group 64) instead of the synthetic model")
     parser.add_argument("--skip-matmul", action="store_true")
+    parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--skip-decode", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -196,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                 out = Path(tmp) / name.replace(" ", "-")
                 checkpoints[name] = str(write_int4_checkpoint(Path(float_model), out, kwargs.pop("method"),
                                                               group=group, **kwargs)[0])
-        accuracy(float_model, checkpoints, args)
+        if not args.skip_accuracy:
+            accuracy(float_model, checkpoints, args)
         if not args.skip_decode:
             quantized = next(iter(checkpoints.values()))
             floats, packed = (decode_tok_s(m, args.max_tokens, args.threads) for m in (float_model, quantized))

@@ -9,7 +9,8 @@ float weights, computed the way vLLM reads the tensors (vllm-project/vllm
 vllm/model_executor/layers/quantization/awq_triton.py, csrc/quantization/gptq/q_gemm.cu). vLLM
 detects the method from `quant_method` and refuses a different `--quantization` (ModelConfig
 `_verify_quantization`); EngineConfig does the same. transformers (5.24 here) cannot be the oracle:
-it needs the autoawq / gptqmodel packages for these checkpoints, which the venv does not have.
+loading these checkpoints raises ImportError ("Loading an AWQ quantized model requires gptqmodel",
+"Loading a GPTQ quantized model requires optimum"), packages the venv does not have.
 """
 
 from __future__ import annotations
@@ -167,6 +168,8 @@ def test_quantization_flag_and_unsupported_checkpoints(int4_checkpoint, checkpoi
         (dict(version="gemv"), "awq version 'gemv'"),
         (dict(quant_method="fp8"), "checkpoint quantization 'fp8': not supported"),
         (dict(quant_method="gptq", checkpoint_format="marlin"), "gptq checkpoint_format 'marlin'"),
+        (dict(quant_method="gptq", is_marlin_format=True), "gptq checkpoint_format marlin"),
+        (dict(quant_method="gptq", dynamic={"-:.*down_proj": {}}), "per-module `dynamic` overrides"),
     ]):
         with pytest.raises(ValueError, match=message):
             EngineConfig(model=_with_quant_config(src, tmp_path / str(i), **changes)).resolve()

@@ -88,8 +88,8 @@ def read_quant_spec(hf: dict[str, Any]) -> QuantSpec | None:
             raise _refuse("awq with zero_point=false")
         return QuantSpec("awq", group)
     fmt = str(qc.get("checkpoint_format", qc.get("format", "gptq")) or "gptq").lower()
-    if fmt not in ("gptq", "gptq_v2"):
-        raise _refuse(f"gptq checkpoint_format {fmt!r}")
+    if fmt not in ("gptq", "gptq_v2") or qc.get("is_marlin_format"):
+        raise _refuse(f"gptq checkpoint_format {'marlin' if qc.get('is_marlin_format') else fmt!r}")
     if qc.get("dynamic"):
         raise _refuse("gptq with per-module `dynamic` overrides")
     if qc.get("lm_head"):
