@@ -168,7 +168,7 @@ def test_quantization_flag_and_unsupported_checkpoints(int4_checkpoint, checkpoi
         (dict(version="gemv"), "awq version 'gemv'"),
         (dict(quant_method="fp8"), "checkpoint quantization 'fp8': not supported"),
         (dict(quant_method="gptq", checkpoint_format="marlin"), "gptq checkpoint_format 'marlin'"),
-        (dict(quant_method="gptq", is_marlin_format=True), "gptq checkpoint_format marlin"),
+        (dict(quant_method="gptq", is_marlin_format=True), "gptq checkpoint_format 'marlin'"),
         (dict(quant_method="gptq", dynamic={"-:.*down_proj": {}}), "per-module `dynamic` overrides"),
     ]):
         with pytest.raises(ValueError, match=message):
