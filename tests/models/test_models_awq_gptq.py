@@ -112,7 +112,7 @@ def test_engine_serves_the_packed_checkpoint(int4_checkpoint):
 
 def test_partly_quantized_projection_and_reload(int4_checkpoint, caplog):
     """AutoAWQ's modules_to_not_convert leaves a module in float: its fused qkv is dequantized (and
-    logged); reload_weights (update from disk, wake from sleep 2) refills the packed buffers in place."""
+    logged); reload_weights refills the packed buffers in place; live float updates are refused."""
     path, reference = int4_checkpoint("awq-partial")
     with caplog.at_level("INFO", logger="trillium.models.int4_linear"):
         model, config = load_model(path, dtype="float32", progress=False)

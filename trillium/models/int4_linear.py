@@ -20,11 +20,11 @@ and run oneDNN (the same split as packed_linear.py's GGUF layers). An
 act-order (GPTQ desc_act) layer first gathers its input columns in group
 order (`perm`), a copy of the activations, never of the weight.
 
-NOTE: `reload_weights` (update from disk, waking from sleep level 2) refills
-the Int4Linears in place from a checkpoint of the same shapes; float weight
-updates into an int4 projection have no parameter to land in: the
-executor's weight validator refuses them (`int4_format_of`) before anything
-is copied, and `load_weights` raises KeyError naming the weight.
+NOTE: `loader.reload_weights` refills the Int4Linears in place from a
+checkpoint of the same shapes. Live updates (executor/weights.py) carry float
+tensors, which have no parameter to land in here: the executor's weight
+validator refuses them (`int4_format_of`) with a 400 before anything is
+copied, and `load_weights` raises KeyError naming the weight.
 """
 
 from __future__ import annotations
