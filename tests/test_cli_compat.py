@@ -98,7 +98,7 @@ def test_config_file_errors(tmp_path):
     (["--tp", "4"], "--tensor-parallel-size 4"),
     (["-pp", "2"], "--pipeline-parallel-size 2"),
     (["--dp-size", "2"], "--data-parallel-size 2"),
-    (["--quantization", "awq"], "--quantization awq: .*--kv-cache-dtype fp8"),
+    (["--quantization", "fp8"], "--quantization fp8: .*awq, gptq.*--kv-cache-dtype fp8"),
     (["--load-format", "pt"], "never pickle"),
     (["--swap-space", "4"], "--kv-host-bytes"),
     (["--no-enable-chunked-prefill"], "always prefills in chunks"),

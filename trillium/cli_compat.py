@@ -196,9 +196,11 @@ def add_serve_args(serve) -> None:
     compat.add_argument("--data-parallel-size", "-dp", "--dp", "--dp-size", type=int, default=1,
                         help="only 1: start one Trillium per device behind a load balancer")
     compat.add_argument("--quantization", "-q", default=None,
-                        help="weight quantization (vLLM's names): only gguf, implied for a .gguf model "
-                             "(Q8_0/Q4_0/Q4_1 weights kept packed; see --gguf-dequantize); others (awq, gptq, "
-                             "fp8, ...) are refused; for a smaller KV cache use --kv-cache-dtype fp8")
+                        help="weight quantization (vLLM's names): gguf, implied for a .gguf model "
+                             "(Q8_0/Q4_0/Q4_1 weights kept packed; see --gguf-dequantize); awq or gptq, implied "
+                             "by a 4-bit AWQ/GPTQ checkpoint's config.json (kept at 4 bits on CPU float32); "
+                             "others (fp8, bitsandbytes, ...) are refused; for a smaller KV cache use "
+                             "--kv-cache-dtype fp8")
     compat.add_argument("--load-format", default="auto", help="auto or safetensors (never pickle)")
     compat.add_argument("--swap-space", type=float, default=None,
                         help="refused: use --kv-host-bytes with --preemption-mode swap")
@@ -236,9 +238,10 @@ def check_serve_args(args) -> None:
             raise SystemExit(f"{flag} {value}: Trillium has no model parallelism yet and serves on one "
                              "device (--device cuda:N); use 1, or one server per device")
     refusals = (
-        (args.quantization not in (None, "gguf"),
-         f"--quantization {args.quantization}: not supported; Trillium loads float safetensors or GGUF "
-         "(--quantization gguf); use --kv-cache-dtype fp8 for a smaller KV cache"),
+        (args.quantization not in (None, "gguf", "awq", "gptq"),
+         f"--quantization {args.quantization}: not supported; Trillium loads float safetensors, GGUF "
+         "(--quantization gguf) and 4-bit AWQ / GPTQ safetensors (awq, gptq); use --kv-cache-dtype fp8 for a "
+         "smaller KV cache"),
         (args.load_format not in ("auto", "safetensors"),
          f"--load-format {args.load_format}: Trillium reads safetensors or GGUF only (auto), never pickle"),
         (args.swap_space is not None, "--swap-space: Trillium swaps preempted requests' KV to its host tier: "

@@ -20,7 +20,7 @@ _converter = cattrs.Converter()
 
 DEFAULT_KV_CACHE_MEMORY = "512MiB"
 # --quantization values (vLLM's names) Trillium implements; None: from the checkpoint.
-SUPPORTED_QUANTIZATION = (None, "gguf")
+SUPPORTED_QUANTIZATION = (None, "gguf", "awq", "gptq")
 # --kv-cache-dtype values; a resolved config holds one of the last five (models/kv_cache.py).
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "float32", "bfloat16", "float16")
 
@@ -167,7 +167,8 @@ class EngineConfig:
     runner: str = "auto"
     convert: str = "auto"
     pooler_config: str = ""
-    # Weight quantization, vLLM's --quantization names: None (from the checkpoint: a .gguf is "gguf") | "gguf".
+    # Weight quantization, vLLM's --quantization names: None (from the checkpoint: a .gguf is "gguf", an
+    # AWQ/GPTQ directory its config.json quant_method) | "gguf" | "awq" | "gptq" (must match the checkpoint).
     quantization: str | None = None
     # GGUF: dequantize every weight to float at load instead of keeping Q8_0/Q4_0/Q4_1 packed.
     gguf_dequantize: bool = False
@@ -191,7 +192,7 @@ class EngineConfig:
         if self.quantization not in SUPPORTED_QUANTIZATION:
             raise ValueError(f"--quantization {self.quantization}: not supported; Trillium implements "
                              "gguf (implied for .gguf files: Q8_0/Q4_0/Q4_1 weights kept packed, other types "
-                             "dequantized)")
+                             "dequantized), awq and gptq (4-bit safetensors checkpoints, read from config.json)")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype!r}: choose from {', '.join(KV_CACHE_DTYPES)}")
 
@@ -353,3 +354,21 @@ def _check_quantization(config: EngineConfig) -> None:
 
     if config.quantization == "gguf" and find_gguf_file(config.model) is None:
         raise ValueError(f"--quantization gguf: {config.model} is not a .gguf file")
+    _check_int4_quantization(config)
+
+
+def _check_int4_quantization(config: EngineConfig) -> None:
+    """The checkpoint's AWQ/GPTQ quantization_config is one Trillium loads and agrees with --quantization
+    (vLLM refuses a mismatch the same way: vllm/config ModelConfig._verify_quantization)."""
+    from trillium.models.checkpoint_files import find_gguf_file
+    from trillium.models.int4_checkpoint import quant_spec_of
+
+    if find_gguf_file(config.model) is not None:
+        if config.quantization in ("awq", "gptq"):
+            raise ValueError(f"--quantization {config.quantization}: {config.model} is a .gguf file "
+                             "(--quantization gguf, or leave it out)")
+        return
+    spec = quant_spec_of(config.model)  # ValueError naming an unsupported quant_method / bits / group
+    if config.quantization in ("awq", "gptq") and (spec is None or spec.method != config.quantization):
+        found = "no quantization_config (a float checkpoint)" if spec is None else f"quant_method {spec.method}"
+        raise ValueError(f"--quantization {config.quantization}: {config.model} has {found} in config.json")

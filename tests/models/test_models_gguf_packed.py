@@ -108,8 +108,8 @@ def test_other_dtypes_dequantize(quantized):
 
 
 def test_quantization_names(quantized, checkpoint):
-    with pytest.raises(ValueError, match="--quantization awq: not supported.*gguf"):
-        EngineConfig(model="m", quantization="awq")
+    with pytest.raises(ValueError, match="--quantization fp8: not supported.*gguf.*awq and gptq"):
+        EngineConfig(model="m", quantization="fp8")
     assert EngineConfig(model=str(quantized("llama-tied")), quantization="gguf").resolve().quantization == "gguf"
     with pytest.raises(ValueError, match="--quantization gguf: .* is not a .gguf file"):
         EngineConfig(model=str(checkpoint("llama-tied")), quantization="gguf").resolve()

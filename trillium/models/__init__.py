@@ -7,6 +7,8 @@
     moe.py               MoeForCausalLM: Qwen2-MoE, Qwen3-MoE, Mixtral
     gemma.py             GemmaForCausalLM: Gemma 2, Gemma 3 (text)
     registry.py          architecture -> model class
+    int4_checkpoint.py   AWQ / GPTQ quantization_config and int32 tensors, repacked for the int4 kernel
+    int4_linear.py       Int4Linear: AWQ / GPTQ projections kept at 4 bits
     loader.py            load_model(path, dtype, device), reload_weights: HF safetensors dir or .gguf
     gguf_checkpoint.py   GGUF config and dequantized (or still packed), HF-named tensors
     packed_linear.py     GgufLinear: projections kept in GGUF Q8_0/Q4_0/Q4_1 blocks

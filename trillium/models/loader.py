@@ -17,6 +17,12 @@ projections multiply the blocks) when the model runs float32 on the CPU
 and the packed kernel built; `gguf_dequantize=True` (`--gguf-dequantize`)
 or any other dtype/device dequantizes every weight to float, as before.
 The log says which weights were kept packed and which were dequantized.
+
+AWQ and GPTQ 4-bit checkpoints (config.json `quantization_config`,
+int4_checkpoint.py) keep their projections at 4 bits the same way
+(int4_linear.py: the int4 kernel reads the packed nibbles) when the model
+runs float32 on the CPU and the kernel built; otherwise they are
+dequantized into the float parameters, and the log says why.
 """
 
 from __future__ import annotations
@@ -30,8 +36,9 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
-from trillium.kernels import gguf_cpu
+from trillium.kernels import gguf_cpu, int4_cpu
 from trillium.models import gguf_checkpoint
+from trillium.models.int4_checkpoint import QUANT_SUFFIXES, QuantSpec, quant_spec_of
 from trillium.models.checkpoint_files import find_gguf_file, safetensors_files
 from trillium.models.config import ModelConfig, dtype_name
 from trillium.models.llama import LlamaForCausalLM
@@ -62,17 +69,28 @@ def _fill(
     progress: bool,
     source: Path,
     dequantized: dict[str, str] | None = None,
+    int4: tuple[QuantSpec, bool] | None = None,
 ) -> None:
+    """`int4`: (the AWQ/GPTQ spec, keep packed) for a quantized safetensors checkpoint."""
     from trillium.models.packed_linear import install_packed
 
     loaded: set[str] = set()
     packed: dict[str, gguf_checkpoint.PackedTensor] = {}
+    quantized: dict[str, dict[str, torch.Tensor]] = {}  # HF module -> {"qweight": ..., "scales": ...}
     bar = tqdm(weights, total=total, desc="Loading weights", unit="tensor", disable=not progress)
     for name, tensor in bar:
         if isinstance(tensor, gguf_checkpoint.PackedTensor):
             packed[name] = tensor  # after the floats: a packed projection takes over its (loaded) bias
             continue
+        if int4 is not None and name.endswith(QUANT_SUFFIXES):
+            module, _, kind = name.rpartition(".")
+            quantized.setdefault(module, {})[kind] = tensor  # after the floats too, for the same reason
+            continue
         loaded |= model.load_weights([(name, tensor)])
+    if quantized:
+        from trillium.models.int4_linear import install_int4
+
+        loaded |= install_int4(model, int4[0], quantized, int4[1])
     if packed:
         used, report = install_packed(model, packed)
         report.dequantized.update(dequantized or {})
@@ -132,7 +150,7 @@ def load_model(
         config = attrs.evolve(config, dtype=dtype_name(dtype))
     cls = model_class(config.architecture, runner)
     model = cls.empty(config, dtype=config.dtype, device=device, max_positions=max_positions)
-    _fill(model, weights, total, progress, Path(path), dequantized)
+    _fill(model, weights, total, progress, Path(path), dequantized, _int4_plan(path, config.dtype, device))
     model.eval()
     return model, config
 
@@ -154,15 +172,33 @@ def _packed_types(path: str | Path, dtype: str, device: torch.device, dequantize
     return frozenset(gguf_cpu.BLOCK_BYTES)
 
 
+def _int4_plan(path: str | Path, dtype: str, device: torch.device | str) -> tuple[QuantSpec, bool] | None:
+    """(spec, keep packed) for an AWQ/GPTQ checkpoint, None for any other; the reason is logged if not packed."""
+    spec = None if find_gguf_file(path) is not None else quant_spec_of(path)
+    if spec is None:
+        return None
+    why = None
+    if torch.device(device).type != "cpu" or dtype != "float32":
+        why = f"the int4 kernel runs float32 on the CPU, not {dtype} on {device}"
+    elif not int4_cpu.available():
+        why = f"no int4 kernel: {int4_cpu.unavailable_reason()}"
+    if why is not None:
+        log.info("%s weights dequantized to %s (%s)", spec.method.upper(), dtype, why)
+    return spec, why is None
+
+
 def reload_weights(model: LlamaForCausalLM, path: str | Path, *, progress: bool = True) -> None:
     """Overwrite `model`'s weights in place from another checkpoint of the same shape.
 
     For `update_weights_from_disk` and waking from sleep level 2. NOTE: not
     atomic: callers must not run forward passes while this runs.
     """
+    from trillium.models.int4_linear import Int4Linear
     from trillium.models.packed_linear import GgufLinear
 
     is_packed = any(isinstance(m, GgufLinear) for m in model.modules())
+    spec = None if find_gguf_file(path) is not None else quant_spec_of(path)
+    int4 = None if spec is None else (spec, any(isinstance(m, Int4Linear) for m in model.modules()))
     config, weights, total = open_checkpoint(path, frozenset(gguf_cpu.BLOCK_BYTES) if is_packed else frozenset())
     ours = model.config
     if (config.architecture, config.num_layers, config.hidden_size) != (
@@ -171,7 +207,7 @@ def reload_weights(model: LlamaForCausalLM, path: str | Path, *, progress: bool 
         ours.hidden_size,
     ):
         raise ValueError(f"{path} holds a different model ({config.architecture}, {config.num_layers} layers)")
-    _fill(model, weights, total, progress, Path(path))
+    _fill(model, weights, total, progress, Path(path), int4=int4)
 
 
 def load_model_config(path: str | Path) -> ModelConfig:

@@ -164,15 +164,18 @@ class WeightValidator:
 
 
 def _refuse_packed(model, named: NamedTensors) -> None:
-    """A float tensor for a projection kept in GGUF blocks is a 400 (it would leave the blocks stale)."""
+    """A float tensor for a projection kept in GGUF blocks or AWQ/GPTQ int4 is a 400 (it has nowhere to go)."""
+    from trillium.models.int4_linear import Int4Linear, int4_format_of
     from trillium.models.packed_linear import GgufLinear, packed_format_of
 
-    if not any(isinstance(m, GgufLinear) for m in model.modules()):
-        return
+    kinds = {type(m) for m in model.modules()}
     for name, _ in named:
-        if (fmt := packed_format_of(model, name)) is not None:
+        if GgufLinear in kinds and (fmt := packed_format_of(model, name)) is not None:
             raise ControlError(400, f"{name}: this server keeps that projection packed ({fmt}, GGUF); weight "
                                     "updates need a server started with --gguf-dequantize")
+        if Int4Linear in kinds and (fmt := int4_format_of(model, name)) is not None:
+            raise ControlError(400, f"{name}: this server keeps that projection at 4 bits ({fmt}); float weight "
+                                    "updates need a server started from a float checkpoint")
 
 
 def apply(model, named: NamedTensors) -> set[str]:
