@@ -47,6 +47,14 @@ def _iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
+def _iter_safetensors_shards(files: list[Path], shard) -> Iterator[tuple[str, torch.Tensor]]:
+    """Tensor parallel: each tensor's slice for this rank (`TpShard.read`); only its bytes are read."""
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, shard.read(name, f.get_slice(name))
+
+
 def _count_safetensors(files: list[Path]) -> int:
     total = 0
     for file in files:
@@ -62,6 +70,7 @@ def _fill(
     progress: bool,
     source: Path,
     dequantized: dict[str, str] | None = None,
+    sliced: bool = False,
 ) -> None:
     from trillium.models.packed_linear import install_packed
 
@@ -72,7 +81,7 @@ def _fill(
         if isinstance(tensor, gguf_checkpoint.PackedTensor):
             packed[name] = tensor  # after the floats: a packed projection takes over its (loaded) bias
             continue
-        loaded |= model.load_weights([(name, tensor)])
+        loaded |= model.load_weights([(name, tensor)], **({"sliced": True} if sliced else {}))
     if packed:
         used, report = install_packed(model, packed)
         report.dequantized.update(dequantized or {})
@@ -114,6 +123,7 @@ def load_model(
     progress: bool = True,
     runner: str = "generate",
     gguf_dequantize: bool = False,
+    tp=None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model for `path` and load its weights on `device`.
 
@@ -123,6 +133,9 @@ def load_model(
     sizes the rope table (default: the config's context, scaled for
     linear/dynamic rope). `runner` "pooling": the pooling class (registry.py).
     `gguf_dequantize`: dequantize every GGUF weight (no packed projections).
+    `tp`: a `TpGroup` of more than one rank: build this rank's shard of the
+    model (`tensor_parallel.py`) and read only its slices of each tensor
+    (safetensors only: the engine config refused GGUF under TP).
     """
     wanted = dtype_name(dtype) if dtype is not None and dtype != "auto" else "float32"  # GGUF's own: float32
     packed_types = _packed_types(path, wanted, torch.device(device), gguf_dequantize)
@@ -131,6 +144,15 @@ def load_model(
     if dtype is not None and dtype != "auto":
         config = attrs.evolve(config, dtype=dtype_name(dtype))
     cls = model_class(config.architecture, runner)
+    if tp is not None and tp.size > 1:
+        from trillium.models.tensor_parallel import TpShard
+
+        shard = TpShard(tp, config)
+        model = cls.empty(config, dtype=config.dtype, device=device, max_positions=max_positions, tp=shard)
+        weights = _iter_safetensors_shards(safetensors_files(path), shard)
+        _fill(model, weights, total, progress, Path(path), sliced=True)
+        model.eval()
+        return model, config
     model = cls.empty(config, dtype=config.dtype, device=device, max_positions=max_positions)
     _fill(model, weights, total, progress, Path(path), dequantized)
     model.eval()
