@@ -66,3 +66,37 @@ def test_full_tensors_are_sliced_like_the_loader_reads(checkpoint):
         return all(torch.equal(before[n], p) for n, p in model.named_parameters())
 
     assert run_ranks(2, work) == [True, True]
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    ({"enable_lora": True}, "--enable-lora"),
+    ({"kv_cache_dtype": "fp8"}, "--kv-cache-dtype fp8"),
+    ({"kv_host_bytes": "1MiB"}, "--kv-host-bytes"),
+    ({"runner": "pooling"}, "--runner pooling"),
+])
+def test_features_not_sharded_are_refused_at_start(kwargs, named):
+    from trillium.config import EngineConfig
+
+    with pytest.raises(ValueError, match=f"--tensor-parallel-size 2: not supported together with {named}"):
+        EngineConfig.build(model="m", tensor_parallel_size=2, **kwargs)
+
+
+@pytest.mark.parametrize("variant, size, message", [
+    ("qwen2-moe", 2, "Qwen2MoeForCausalLM is not sharded"),
+    ("gemma2", 2, "Gemma2ForCausalLM is not sharded"),
+    ("llama", 3, "4 attention heads do not split over 3 ranks"),
+])
+def test_models_that_do_not_split_are_refused_at_start(checkpoint, variant, size, message):
+    from trillium.config import EngineConfig
+
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(model=str(checkpoint(variant)), tensor_parallel_size=size, kv_cache_memory="1MiB").resolve()
+
+
+def test_kv_budget_is_per_rank(checkpoint):
+    """A rank holds half the KV heads: the same --kv-cache-memory holds twice the blocks."""
+    from trillium.config import EngineConfig
+
+    path = str(checkpoint("llama"))
+    one, two = (EngineConfig(model=path, tensor_parallel_size=n, kv_cache_memory="1MiB").resolve() for n in (1, 2))
+    assert two.num_blocks == 2 * one.num_blocks
