@@ -12,11 +12,11 @@ port the server chose, `assembly.engine_specs`):
   collective timeout: a rank that died or hangs inside a step is an error
   on the others (`RuntimeError` from gloo / NCCL), never a hang.
 - `steps`: gloo always, for the step fan-out (`executor/tp_fanout.py`): rank
-  0 broadcasts each message as bytes. WHY gloo on CUDA too: the messages are
-  host bytes (vLLM keeps such a "cpu group" beside its NCCL one). WHY its own,
-  much longer timeout: a follower waits here between steps, and an idle
-  server sends no step for hours. A rank 0 that dies still ends the wait at
-  once (the connection closes).
+  0 broadcasts each message as bytes (one broadcast when it fits 16 KiB).
+  WHY gloo on CUDA too: the messages are host bytes (vLLM keeps such a "cpu
+  group" beside its NCCL one). WHY its own, much longer timeout: a follower
+  waits here between steps, and an idle server sends no step for hours. A
+  rank 0 that dies still ends the wait at once (the connection closes).
 
 The model layers (`models/tensor_parallel.py`) call `all_reduce` and
 `gather_to_first`; only this module imports torch.distributed for TP.
@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 # How long a follower waits for the next step (idle servers send none).
 STEP_WAIT_S = 7 * 24 * 3600.0
+# The first broadcast of every message: its length and its first bytes (most messages whole).
+BROADCAST_HEAD_BYTES = 16384
 
 
 @attrs.define(eq=False)
@@ -82,18 +84,30 @@ class TpGroup:
         return torch.cat(parts, dim=dim) if self.is_first else None
 
     def broadcast_bytes(self, payload: bytes | None) -> bytes:
-        """Rank 0 sends `payload`, every other rank receives it (two gloo broadcasts: length, bytes)."""
+        """Rank 0 sends `payload`, every other rank receives it.
+
+        WHY one fixed-size first broadcast (length + the first bytes): each gloo
+        broadcast is a hand-off between the processes, and a step's message
+        almost always fits (a decode step of 32 requests is ~1.5 KB); only a
+        longer one (new requests' prompts) takes a second broadcast for the rest.
+        """
         import torch.distributed as dist
 
-        size = torch.tensor([len(payload) if self.is_first else 0], dtype=torch.int64)
-        dist.broadcast(size, src=0, group=self.steps)
+        head = torch.zeros(BROADCAST_HEAD_BYTES, dtype=torch.uint8)
         if self.is_first:
-            buffer = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else torch.empty(0)
-        else:
-            buffer = torch.empty(int(size.item()), dtype=torch.uint8)
-        if buffer.numel():
-            dist.broadcast(buffer, src=0, group=self.steps)
-        return payload if self.is_first else buffer.numpy().tobytes()
+            first = payload[: BROADCAST_HEAD_BYTES - 8]
+            head[:8] = torch.frombuffer(bytearray(len(payload).to_bytes(8, "little")), dtype=torch.uint8)
+            if first:
+                head[8 : 8 + len(first)] = torch.frombuffer(bytearray(first), dtype=torch.uint8)
+        dist.broadcast(head, src=0, group=self.steps)
+        size = int.from_bytes(head[:8].numpy().tobytes(), "little")
+        rest = size - (BROADCAST_HEAD_BYTES - 8)
+        if rest <= 0:
+            return payload if self.is_first else head[8 : 8 + size].numpy().tobytes()
+        tail = (torch.frombuffer(bytearray(payload[BROADCAST_HEAD_BYTES - 8 :]), dtype=torch.uint8)
+                if self.is_first else torch.empty(rest, dtype=torch.uint8))
+        dist.broadcast(tail, src=0, group=self.steps)
+        return payload if self.is_first else head[8:].numpy().tobytes() + tail.numpy().tobytes()
 
     def barrier(self) -> None:
         """Wait for every rank (over the step group: no timeout while a slow rank loads)."""
