@@ -10,7 +10,8 @@ and the top-5 logprobs agree within 1e-3, as vLLM's TP correctness tests
 compare TP=2 against TP=1 (vllm-project/vllm, tests/distributed/
 test_pipeline_parallel.py / tests/models/utils.py check_logprobs_close).
 Sleep / wake and an update from disk run on both ranks; the weights update
-group is refused with a message naming it. SGLang's /get_server_info
+group is refused with a message naming it. Last, a rank killed takes the
+server down with a logged cause (the supervisor watches every rank). SGLang's /get_server_info
 reports tp_size (sgl-project/sglang, python/sglang/srt/server_args.py
 `tp_size`).
 """
@@ -18,6 +19,8 @@ reports tp_size (sgl-project/sglang, python/sglang/srt/server_args.py
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import signal
 
 import pytest
 
@@ -39,8 +42,10 @@ def server(weights):
     root = str(weights["base"].parent.parent)
     proc = AdminServer(str(weights["base"]), "--tensor-parallel-size", "2", "--kv-cache-memory", "2MiB",
                        "--max-num-seqs", "8", "--allowed-weight-paths", root).wait_ready(timeout_s=300)
+    proc.rank_killed = False
     yield proc
-    assert proc.stop() == 0, proc.log()
+    code = proc.stop()
+    assert code == 0 or proc.rank_killed, proc.log()
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +103,16 @@ def test_update_group_is_refused_naming_it(server):
         "group_name": "g", "backend": "gloo"})
     assert response.status_code == 400, response.text
     assert "--tensor-parallel-size 2" in response.text and "InitWeightsUpdateGroup" in response.text
+
+
+def test_a_dead_rank_stops_the_server(server):
+    """Runs last: it ends the module's server."""
+    from support.waiting import wait_until
+
+    pid = server.admin_ok("GET", "/server_info")["actors"]["executor-rank1"]["pid"]
+    server.rank_killed = True
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: server.process.poll() is not None, timeout_s=60, interval_s=0.2,
+               what="the server to stop after its rank 1 died", detail=server.log)
+    assert server.process.returncode != 0
+    assert "executor-rank1" in server.log()
