@@ -57,6 +57,8 @@ class TpGroup:
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore("127.0.0.1", master_port, size, is_master=rank == 0, timeout=timeout)
         backend = "nccl" if device.type == "cuda" else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(device)  # WHY: NCCL runs its collectives on the current device
         dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
         compute = dist.group.WORLD
         steps = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=STEP_WAIT_S))

@@ -17,6 +17,10 @@ projections multiply the blocks) when the model runs float32 on the CPU
 and the packed kernel built; `gguf_dequantize=True` (`--gguf-dequantize`)
 or any other dtype/device dequantizes every weight to float, as before.
 The log says which weights were kept packed and which were dequantized.
+
+Tensor parallel (`tp=` a group of N > 1 ranks): the model is this rank's
+shard (`tensor_parallel.py`) and each safetensors tensor is read through
+`get_slice`, so a rank reads only its rows or columns.
 """
 
 from __future__ import annotations
