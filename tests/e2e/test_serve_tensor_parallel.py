@@ -9,8 +9,9 @@ evenly (the last rank's rows padded). Its greedy tokens equal transformers'
 and the top-5 logprobs agree within 1e-3, as vLLM's TP correctness tests
 compare TP=2 against TP=1 (vllm-project/vllm, tests/distributed/
 test_pipeline_parallel.py / tests/models/utils.py check_logprobs_close).
-Sleep / wake and an update from disk run on both ranks; the weights update
-group is refused with a message naming it. Last, a rank killed takes the
+Sleep / wake, an update from disk and a trainer's distributed push (every
+rank joins the group at rank_offset + tp_rank, SGLang's convention) run on
+both ranks. Last, a rank killed takes the
 server down with a logged cause (the supervisor watches every rank). SGLang's /get_server_info
 reports tp_size (sgl-project/sglang, python/sglang/srt/server_args.py
 `tp_size`).
@@ -97,12 +98,44 @@ def test_sleep_wake_and_update_from_disk_reach_every_rank(server, weights, hf_re
         server.admin_ok("POST", "/update_weights_from_disk", json={"model_path": str(weights["base"])})
 
 
-def test_update_group_is_refused_naming_it(server):
-    response = server.admin("POST", "/init_weights_update_group", json={
-        "master_address": "127.0.0.1", "master_port": 29999, "rank_offset": 1, "world_size": 2,
-        "group_name": "g", "backend": "gloo"})
-    assert response.status_code == 400, response.text
-    assert "--tensor-parallel-size 2" in response.text and "InitWeightsUpdateGroup" in response.text
+def test_trainer_push_reaches_every_rank(server, weights, hf_reference):
+    """A trainer written as SGLang's RL test writes it (support/sglang_trainer.py: its group recipe
+    and push), with world_size 1 + tp_size: every rank joins at rank_offset + tp_rank, receives the
+    full tensors and keeps its slice. WHY the trainer in this process (the control-plane tests run
+    it as a script): its torch and transformers imports are already paid here."""
+    import datetime
+
+    import httpx
+    import torch.distributed
+
+    from support.sglang_trainer import GROUP_NAME, init_custom_process_group, push
+    from support.serve_process import free_port
+
+    def init(world_size: int, port: int):
+        return server.admin("POST", "/init_weights_update_group", json={
+            "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": world_size,
+            "group_name": GROUP_NAME, "backend": "gloo", "timeout_s": 60})
+
+    too_small = init(2, free_port())
+    assert too_small.status_code == 400 and "tensor-parallel ranks" in too_small.text, too_small.text
+    model, port, result = transformers_model(weights["next"]), free_port(), {}
+    admin = httpx.Client(base_url=server.admin_url, headers={"Authorization": f"Bearer {server.token}"}, timeout=120)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            joined = pool.submit(init, 3, port)
+            group = init_custom_process_group("gloo", f"tcp://127.0.0.1:{port}", datetime.timedelta(seconds=60),
+                                              3, 0, GROUP_NAME)
+            try:
+                assert joined.result().status_code == 200, joined.result().text
+                push(admin, pool, group, model, "v-tp", result)
+                destroyed = admin.post("/destroy_weights_update_group", json={"group_name": GROUP_NAME})
+            finally:
+                torch.distributed.destroy_process_group(group)
+        assert (result["update_status"], destroyed.status_code) == (200, 200), (result, destroyed.text)
+        assert_matches(generate(server, PROMPTS[2]), hf_reference["next"][2])
+    finally:
+        admin.close()
+        server.admin_ok("POST", "/update_weights_from_disk", json={"model_path": str(weights["base"])})
 
 
 def test_a_dead_rank_stops_the_server(server):

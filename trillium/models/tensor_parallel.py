@@ -102,6 +102,10 @@ class TpShard:
                 return split
         return None
 
+    def splits(self, name: str) -> bool:
+        """Whether the HF tensor `name` differs between the ranks (False without TP)."""
+        return self._split(name) is not None
+
     def shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the full HF tensor `name` (unchanged when replicated)."""
         split = self._split(name)

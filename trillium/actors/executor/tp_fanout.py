@@ -23,11 +23,14 @@ they append these to their copies of the requests before the next step
 
 Commands under TP:
 - fanned out, run on every rank, answered once: Sleep, WakeUp (sleep/wake on
-  every rank), UpdateWeightsFromDisk, UpdateWeightsFromTensors (each rank
-  slices the full tensors: `TpShard.shard`). A rank that fails makes the
+  every rank), UpdateWeightsFromDisk, UpdateWeightsFromTensors,
+  UpdateWeightsFromDistributed (each rank slices the full tensors:
+  `TpShard.shard`), DestroyWeightsUpdateGroup. A rank that fails makes the
   reply a 500 naming it.
-- refused with a 400 naming them: the weights update group commands
-  (a trainer would have to join every rank).
+- InitWeightsUpdateGroup: every rank joins the trainer's group, rank r at
+  `rank_offset + r` (SGLang's convention: the trainer counts world_size =
+  1 + tp_size); rank 0 answers when its join ends. A world_size that leaves
+  no room for every rank is a 400.
 - rank 0 only: StartProfile / StopProfile (the trace is rank 0's), LoRA
   commands (LoRA is refused at start; they answer "not enabled").
 """
@@ -37,6 +40,9 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Awaitable, Callable
+from functools import partial
+
+import attrs
 
 import numpy as np
 import trio
@@ -55,8 +61,8 @@ from trillium.actors.protocol.execute import ExecuteBatch
 
 log = logging.getLogger(__name__)
 
-FANNED_OUT = (Sleep, WakeUp, UpdateWeightsFromDisk, UpdateWeightsFromTensors)
-REFUSED = (InitWeightsUpdateGroup, UpdateWeightsFromDistributed, DestroyWeightsUpdateGroup)
+FANNED_OUT = (Sleep, WakeUp, UpdateWeightsFromDisk, UpdateWeightsFromTensors, UpdateWeightsFromDistributed,
+              DestroyWeightsUpdateGroup)
 
 
 def pack(tokens: np.ndarray, frames) -> bytes:
@@ -115,11 +121,14 @@ class RankFanout(OneRank):
         return self.core.execute(batch)
 
     async def command(self, message, handle, torch_thread):
-        if isinstance(message, REFUSED):
-            return ControlReply(message.command_id, 400,
-                                f"{type(message).__name__} is not supported with --tensor-parallel-size "
-                                f"{self.size} (a trainer would have to join every rank); update from disk or "
-                                "from tensors instead")
+        if isinstance(message, InitWeightsUpdateGroup):
+            if message.rank_offset + self.size > message.world_size:
+                return ControlReply(message.command_id, 400,
+                                    f"world_size {message.world_size} leaves no room for the {self.size} "
+                                    f"tensor-parallel ranks from rank_offset {message.rank_offset} (ranks "
+                                    f"{message.rank_offset}..{message.rank_offset + self.size - 1} join)")
+            await torch_thread.run(self._broadcast, message)
+            return await handle(message)  # every rank joins; rank 0 answers when its join ends
         if not isinstance(message, FANNED_OUT):
             return await handle(message)
         await torch_thread.run(self._broadcast, message)
@@ -152,24 +161,44 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
     core = await torch_thread.run(ExecutorCore, cfg.engine, cfg.tp_rank)
     control = ExecutorControl(core, torch_thread)
     codec = engine_codec()
-    task_status.started()
     try:
-        while True:
-            # WHY a thread of its own, abandoned on cancel: the wait has no end while the server idles.
-            payload = await trio.to_thread.run_sync(core.tp.broadcast_bytes, None, abandon_on_cancel=True)
-            tokens, frames = unpack(payload)
-            await torch_thread.run(core.apply_sampled, tokens)
-            if not frames:  # rank 0 is shutting down: so is this process's supervisor
-                log.info("tensor-parallel rank %d: rank 0 stopped", cfg.tp_rank)
-                await trio.sleep_forever()
-            message = codec.decode(frames)
-            if isinstance(message, ExecuteBatch):
-                await torch_thread.run(core.execute, message)
-                continue
-            reply = await control.handle(message)
-            if reply.status != 200:
-                log.error("tensor-parallel rank %d: %s failed: %s", cfg.tp_rank, type(message).__name__,
-                          reply.message)
-            await torch_thread.run(core.tp.all_ok, reply.status == 200)
+        async with trio.open_nursery() as nursery:
+            control.start(nursery, partial(_log_reply, cfg.tp_rank, "InitWeightsUpdateGroup"))
+            task_status.started()
+            await _follow(cfg.tp_rank, core, control, torch_thread, codec)
     finally:
+        await control.aclose()
         torch_thread.close()
+
+
+async def _follow(rank: int, core, control, torch_thread, codec) -> None:
+    """Receive, then execute or handle, until cancelled."""
+    while True:
+        # WHY a thread of its own, abandoned on cancel: the wait has no end while the server idles.
+        payload = await trio.to_thread.run_sync(core.tp.broadcast_bytes, None, abandon_on_cancel=True)
+        tokens, frames = unpack(payload)
+        await torch_thread.run(core.apply_sampled, tokens)
+        if not frames:  # rank 0 is shutting down: so is this process's supervisor
+            log.info("tensor-parallel rank %d: rank 0 stopped", rank)
+            await trio.sleep_forever()
+        message = codec.decode(frames)
+        if isinstance(message, ExecuteBatch):
+            await torch_thread.run(core.execute, message)
+            continue
+        if isinstance(message, InitWeightsUpdateGroup):  # joins in the background; no vote
+            reply = await control.handle(attrs.evolve(message, rank_offset=message.rank_offset + rank))
+            if reply is not None:
+                await _log_reply(rank, "InitWeightsUpdateGroup", reply)
+            continue
+        reply = await control.handle(message)
+        if reply.status != 200:
+            await _log_reply(rank, type(message).__name__, reply)
+        await torch_thread.run(core.tp.all_ok, reply.status == 200)
+
+
+async def _log_reply(rank: int, command: str, reply: ControlReply) -> None:
+    """A rank past the first answers nobody: its outcome goes to the log (and rank 0's vote)."""
+    if reply.status == 200:
+        log.info("tensor-parallel rank %d: %s done", rank, command)
+    else:
+        log.error("tensor-parallel rank %d: %s failed: %s %s", rank, command, reply.status, reply.message)
