@@ -113,7 +113,8 @@ def measure_throughput(model: str, size: int, threads: int, num_prompts: int, ma
         outs = llm.generate(prompts, params)
         wall = time.perf_counter() - start
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {"tp": size, "threads": threads or (f"{os.cpu_count() // size}/rank" if size > 1 else os.cpu_count()), "tokens": tokens,
+    label = threads or (f"{os.cpu_count() // size}/rank" if size > 1 else os.cpu_count())
+    return {"tp": size, "threads": label, "tokens": tokens,
             "wall_s": wall, "tok_s": tokens / wall, "step_ms": 1e3 * wall / max_tokens,
             "first": outs[0].outputs[0].token_ids[:8]}
 
