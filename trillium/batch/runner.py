@@ -110,9 +110,6 @@ async def _main(engine_config, options: BatchOptions, files: BatchFiles, app_fie
     from trillium.actors.client import EngineClient
     from trillium.actors.supervisor import run_in_process
 
-    if engine_config.tensor_parallel_size > 1:
-        raise ValueError("run-batch runs the engine in this process: --tensor-parallel-size must be 1 "
-                         "(serve with `trillium serve --tensor-parallel-size N` and post the lines to it)")
     actor_config = ActorConfig(engine_config, Addresses.inproc())
     client = EngineClient(actor_config)
     try:
