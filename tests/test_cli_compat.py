@@ -94,8 +94,6 @@ def test_config_file_errors(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--tensor-parallel-size", "2"], "--tensor-parallel-size 2: Trillium has no model parallelism"),
-    (["--tp", "4"], "--tensor-parallel-size 4"),
     (["-pp", "2"], "--pipeline-parallel-size 2"),
     (["--dp-size", "2"], "--data-parallel-size 2"),
     (["--quantization", "fp8"], "--quantization fp8: .*awq, gptq.*--kv-cache-dtype fp8"),
@@ -121,8 +119,20 @@ def test_accepted_flags_pass_the_checks(caplog):
 
 
 def test_serve_exits_before_loading_on_a_refused_flag(tmp_path):
-    with pytest.raises(SystemExit, match="--tensor-parallel-size 2"):
-        main(["serve", str(tmp_path), "--tensor-parallel-size", "2"])
+    with pytest.raises(SystemExit, match="--pipeline-parallel-size 2"):
+        main(["serve", str(tmp_path), "--pipeline-parallel-size", "2"])
+
+
+def test_tensor_parallel_aliases_reach_the_engine_and_refusals_name_the_feature(tmp_path):
+    """vLLM's -tp / --tensor-parallel-size and SGLang's --tp / --tp-size (sgl-project/sglang,
+    python/sglang/srt/server_args.py: `--tensor-parallel-size`, `--tp-size`) are one flag; what does
+    not run under TP is refused at start naming it (distributed/tp_checks.py)."""
+    for flag in ("-tp", "--tp", "--tp-size", "--tensor-parallel-size"):
+        args = parse("m", flag, "2")
+        check_serve_args(args)
+        assert args.tensor_parallel_size == 2
+    with pytest.raises(SystemExit, match="--tensor-parallel-size 2: not supported together with --enable-lora"):
+        main(["serve", str(tmp_path), "--tp", "2", "--enable-lora"])
 
 
 def test_gpu_memory_utilization_is_cuda_only():

@@ -88,7 +88,11 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, model_required: bool = 
     group.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
                        help="order of admission: arrival, or request priority (lower first)")
     group.add_argument("--executor-threads", type=int, default=None,
-                       help="torch CPU threads of the executor (default: all cores)")
+                       help="torch CPU threads of the executor (default: all cores; with "
+                            "--tensor-parallel-size N, each rank gets cores / N)")
+    group.add_argument("--tp-collective-timeout-s", type=float, default=60.0,
+                       help="tensor parallelism: how long a collective (all-reduce, gather) waits for a "
+                            "rank before the step fails and the server stops, instead of hanging")
     add_model_source_args(parser.add_argument_group("model source and sampling defaults (vLLM's flags)"))
     pooling = parser.add_argument_group("pooling models: embeddings, classifiers, reward models (vLLM's flags)")
     pooling.add_argument("--runner", default="auto", choices=["auto", "generate", "pooling"],
@@ -164,6 +168,8 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
         runner=args.runner, convert=args.convert, pooler_config=args.pooler_config,
         gguf_dequantize=args.gguf_dequantize, quantization=getattr(args, "quantization", None),
+        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
+        tp_collective_timeout_s=args.tp_collective_timeout_s,
     )
 
 

@@ -84,6 +84,11 @@ def run_batch_command(args: argparse.Namespace, batch, engine_config, names: tup
     except (ValueError, OSError) as exc:  # an unsupported model, a context that does not fit, ...
         log.error("run-batch: cannot serve %s: %s", engine_config.model, exc)
         return 2
+    if engine_config.tensor_parallel_size > 1:  # WHY: the ranks are processes; run-batch runs in this one
+        log.error("run-batch runs the engine in this process: --tensor-parallel-size must be 1 (serve with "
+                  "`trillium serve --tensor-parallel-size %d` and send the requests to it)",
+                  engine_config.tensor_parallel_size)
+        return 2
     app_fields = dict(extra_model_names=names[1:], response_role=args.response_role, chat=chat)
     try:
         summary = run_batch(engine_config, options, files, app_fields)

@@ -191,7 +191,10 @@ def add_serve_args(serve) -> None:
                         choices=["critical", "error", "warning", "info", "debug", "trace"],
                         help="log level of the HTTP server (Hypercorn); trace also logs every access")
     compat.add_argument("--tensor-parallel-size", "-tp", "--tp", "--tp-size", type=int, default=1,
-                        help="only 1: Trillium serves one device (--device cuda:N)")
+                        help="shard the model over N executor processes (Megatron-style; torch.distributed: "
+                             "NCCL on cuda:0..N-1 from --device, gloo on CPU, the cores split between the "
+                             "ranks); dense Llama-family safetensors checkpoints; --kv-cache-memory is per "
+                             "rank. See README 'Tensor parallelism' for what is refused with it")
     compat.add_argument("--pipeline-parallel-size", "-pp", "--pp-size", type=int, default=1, help="only 1")
     compat.add_argument("--data-parallel-size", "-dp", "--dp", "--dp-size", type=int, default=1,
                         help="only 1: start one Trillium per device behind a load balancer")
@@ -231,8 +234,7 @@ def serve_model(args) -> str | None:
 
 def check_serve_args(args) -> None:
     """Refuse what Trillium does not implement; log what it does by construction."""
-    for flag, value in (("--tensor-parallel-size", args.tensor_parallel_size),
-                        ("--pipeline-parallel-size", args.pipeline_parallel_size),
+    for flag, value in (("--pipeline-parallel-size", args.pipeline_parallel_size),
                         ("--data-parallel-size", args.data_parallel_size)):
         if value != 1:
             raise SystemExit(f"{flag} {value}: Trillium has no model parallelism yet and serves on one "

@@ -172,6 +172,12 @@ class EngineConfig:
     quantization: str | None = None
     # GGUF: dequantize every weight to float at load instead of keeping Q8_0/Q4_0/Q4_1 packed.
     gguf_dequantize: bool = False
+    # Tensor parallelism (distributed/tp_checks.py, models/tensor_parallel.py): executor ranks; the
+    # loopback port of their TCPStore (0: the server picks a free one, assembly.py); how long a
+    # collective may wait for a rank before it is an error.
+    tensor_parallel_size: int = 1
+    tp_master_port: int = 0
+    tp_collective_timeout_s: float = 60.0
 
     def __attrs_post_init__(self) -> None:
         if self.enable_lora and (self.max_loras < 1 or self.max_lora_rank < 1 or self.max_cpu_loras < 0):
@@ -195,6 +201,9 @@ class EngineConfig:
                              "dequantized), awq and gptq (4-bit safetensors checkpoints, read from config.json)")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype!r}: choose from {', '.join(KV_CACHE_DTYPES)}")
+        from trillium.distributed.tp_checks import refuse_engine
+
+        refuse_engine(self)
 
     @classmethod
     def build(cls, **args) -> "EngineConfig":
@@ -217,8 +226,12 @@ class EngineConfig:
         from trillium.models.loader import load_model_config
         from trillium.models.llama import kv_cache_block_bytes
 
+        from trillium.distributed.tp_checks import local_kv_model_config, refuse_model
+        from trillium.models.checkpoint_files import find_gguf_file
+
         model_config = load_model_config(self.model)
         _check_quantization(self)
+        refuse_model(self, model_config, find_gguf_file(self.model) is not None)
         dtype = self.dtype if self.dtype != "auto" else _auto_dtype(model_config, self.device)
         auto_len = self.max_model_len == -1  # vLLM's -1 / auto: the longest context the KV cache holds
         max_len = model_config.max_position_embeddings if auto_len or not self.max_model_len else self.max_model_len
@@ -234,7 +247,9 @@ class EngineConfig:
         else:
             budget = parse_memory(self.kv_cache_memory, _device_memory_bytes(self.device))
         kv_dtype = {"auto": dtype, "fp8": "fp8_e4m3"}.get(self.kv_cache_dtype, self.kv_cache_dtype)
-        per_block = kv_cache_block_bytes(model_config, self.block_size, kv_dtype)
+        # Tensor parallel: the budget is per rank, a block there holds that rank's KV heads.
+        per_block = kv_cache_block_bytes(local_kv_model_config(model_config, self.tensor_parallel_size),
+                                         self.block_size, kv_dtype)
         num_blocks = self.num_blocks or budget // per_block
         if num_blocks < 2:
             raise ValueError(
@@ -369,6 +384,9 @@ def _check_int4_quantization(config: EngineConfig) -> None:
                              "(--quantization gguf, or leave it out)")
         return
     spec = quant_spec_of(config.model)  # ValueError naming an unsupported quant_method / bits / group
+    if spec is not None and config.tensor_parallel_size > 1:
+        raise ValueError(f"--tensor-parallel-size {config.tensor_parallel_size}: {spec.method.upper()} "
+                         "checkpoints are not sharded; serve them with --tensor-parallel-size 1")
     if config.quantization in ("awq", "gptq") and (spec is None or spec.method != config.quantization):
         found = "no quantization_config (a float checkpoint)" if spec is None else f"quant_method {spec.method}"
         raise ValueError(f"--quantization {config.quantization}: {config.model} has {found} in config.json")

@@ -2,7 +2,10 @@
 
 Runs the real engine actors (executor, detokenizer, scheduler) in one
 process over inproc:// ZeroMQ, on a trio loop in a background thread; the
-caller's thread submits work with `trio.from_thread`. Inputs are validated
+caller's thread submits work with `trio.from_thread`. With
+`tensor_parallel_size=N > 1` the actors run as child processes over ipc://
+instead (one process per executor rank, as `trillium serve` starts them:
+torch.distributed ranks cannot share one process). Inputs are validated
 here, before anything reaches the engine, so bad input raises ValueError
 naming the parameter and never disturbs other requests.
 """
@@ -20,7 +23,7 @@ import trio
 from trillium.actors.client import EngineClient
 from trillium.actors.assembly import ActorConfig, Addresses, engine_specs
 from trillium.actors.protocol.execute import TokenLogprobs
-from trillium.actors.supervisor import run_in_process
+from trillium.actors.supervisor import run_in_process, run_in_subprocesses
 from trillium.config import EngineConfig
 from trillium.outputs import CompletionOutput, Logprob, RequestOutput
 from trillium.sampling_params import SamplingParams
@@ -72,7 +75,13 @@ class LLM:
                                                         self.config.override_generation_config)
         log.info("%s", self.sampling_defaults.describe())
         self.tracing = RequestTracing.from_config(self.config, "api")
-        self._actor_config = ActorConfig(self.config, Addresses.inproc())
+        self._ipc_dir = None
+        if self.config.tensor_parallel_size > 1:  # ranks are processes: so are their peers (ipc://)
+            from trillium.actors.ipc_dir import make_ipc_dir
+
+            self._ipc_dir = make_ipc_dir()
+        addresses = Addresses.inproc() if self._ipc_dir is None else Addresses.ipc(self._ipc_dir)
+        self._actor_config = ActorConfig(self.config, addresses)
         self._ids = itertools.count()
         self._loras: dict[str, tuple[int, str]] = {}  # name -> (engine lora_id, path)
         self._ready = threading.Event()
@@ -107,7 +116,8 @@ class LLM:
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(client.run)
-                await nursery.start(run_in_process, engine_specs(self._actor_config))
+                run = run_in_process if self._ipc_dir is None else run_in_subprocesses
+                await nursery.start(run, engine_specs(self._actor_config))
                 self._client = client
                 self._ready.set()
                 await self._stop.wait()
@@ -125,6 +135,10 @@ class LLM:
             trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
             self._thread.join(timeout=30)
         self.tracing.close()
+        if self._ipc_dir is not None:
+            import shutil
+
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
     def __enter__(self) -> "LLM":
         return self

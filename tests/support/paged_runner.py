@@ -65,11 +65,14 @@ def run_schedule(
                 kv_caches,
                 meta,
             )
-            logits = model.compute_logits(hidden).cpu()
+            logits = model.compute_logits(hidden)
+        if logits is None:  # a tensor-parallel rank past the first: rank 0 holds the gathered logits
+            continue
+        logits = logits.cpu()
         for (seq, _), chunk in zip(step, logits.split(query_lens)):
             outputs[seq].append(chunk)
     assert computed == [len(s) for s in sequences], "schedule does not cover every token"
-    return [torch.cat(chunks) for chunks in outputs]
+    return [torch.cat(chunks) if chunks else None for chunks in outputs]
 
 
 def random_sequences(vocab_size: int, lengths=DEFAULT_LENGTHS, seed: int = 0) -> list[list[int]]:

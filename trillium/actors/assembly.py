@@ -56,6 +56,7 @@ class ActorConfig:
     # Hex of the run's link secret (link_auth.LinkKey); None only in a config
     # made elsewhere without one, which `links.Links` refuses.
     link_secret: str | None = attrs.field(factory=lambda: secrets.token_hex(SECRET_BYTES), repr=False)
+    tp_rank: int = 0  # which tensor-parallel executor rank reads this (executor/tp_fanout.py)
 
     def link_key(self) -> LinkKey | None:
         return None if self.link_secret is None else LinkKey(bytes.fromhex(self.link_secret))
@@ -67,6 +68,7 @@ class ActorConfig:
     def from_bytes(data: bytes) -> "ActorConfig":
         fields = json.loads(data)
         fields.setdefault("link_secret", None)  # WHY: never a fresh secret the peers do not share
+        fields.setdefault("tp_rank", 0)
         return _converter.structure(fields, ActorConfig)
 
 
@@ -77,10 +79,30 @@ def engine_codec() -> Codec:
 def engine_specs(config: ActorConfig) -> list[ActorSpec]:
     """Actors in start order (in one process; as subprocesses they start together): the
     executor (slowest start: loads weights), then the detokenizer and the scheduler,
-    which connect to it."""
+    which connect to it. Tensor parallel: the executor is rank 0, and ranks 1.. are
+    `executor-rank<r>` (no inbox: they follow rank 0's broadcasts), on a store port
+    chosen here when the config has none."""
+    size = config.engine.tensor_parallel_size
+    if size > 1 and not config.engine.tp_master_port:
+        config = attrs.evolve(config, engine=attrs.evolve(config.engine, tp_master_port=free_loopback_port()))
     blob = config.to_bytes()
+    followers = [
+        ActorSpec(name=f"executor-rank{rank}", target="trillium.actors.executor.tp_fanout:run",
+                  config=attrs.evolve(config, tp_rank=rank).to_bytes())
+        for rank in range(1, size)
+    ]
     return [
         ActorSpec(name="executor", target="trillium.actors.executor.actor:run", config=blob),
+        *followers,
         ActorSpec(name="detokenizer", target="trillium.actors.detokenizer.actor:run", config=blob),
         ActorSpec(name="scheduler", target="trillium.actors.scheduler.actor:run", config=blob),
     ]
+
+
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the tensor-parallel ranks' store)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

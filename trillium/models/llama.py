@@ -232,16 +232,23 @@ class LlamaForCausalLM(nn.Module):
         dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
         max_positions: int | None = None,
+        tp=None,
     ) -> None:
         super().__init__()
+        from trillium.models.tensor_parallel import TpShard  # WHY here: it imports this module
+
         self.config = config
+        # Tensor parallelism (tensor_parallel.py): this rank's heads, MLP width and vocab rows.
+        self.tp = tp if tp is not None else TpShard.whole(config)
+        self.local_config = local = self.tp.local_config
         factory = {"dtype": torch_dtype(dtype or config.dtype), "device": device}
-        self.model = LlamaModel(config, self.make_layer, self.norm_class, **factory)
+        self.model = LlamaModel(local, self.make_layer, self.norm_class, **factory)
         self.lm_head = (
             None
             if config.tie_word_embeddings
-            else Linear(config.hidden_size, config.vocab_size, bias=False, **factory)
+            else Linear(config.hidden_size, local.vocab_size, bias=False, **factory)
         )
+        self.tp.parallelize(self)
         self.max_positions = max_positions or default_num_positions(config)
         cache = torch.empty(self.max_positions, config.head_dim, dtype=torch.float32, device=device)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
@@ -256,13 +263,14 @@ class LlamaForCausalLM(nn.Module):
         dtype: torch.dtype | str | None = None,
         device: torch.device | str = "cpu",
         max_positions: int | None = None,
+        tp=None,
     ) -> "LlamaForCausalLM":
         """A model with uninitialized weights (fill with `load_weights`) and a valid rope table.
 
         WHY: default nn.Linear init costs seconds on a 7B model and is overwritten anyway.
         """
         with torch.device("meta"):
-            model = cls(config, dtype=dtype, max_positions=max_positions)
+            model = cls(config, dtype=dtype, max_positions=max_positions, **({"tp": tp} if tp is not None else {}))
         model = model.to_empty(device=device)
         model.reset_rope_cache()
         return model
@@ -312,22 +320,26 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm(hidden)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.model.embed_tokens.weight)
+        return self.tp.embed(input_ids, self.model.embed_tokens.weight)  # F.embedding on one rank
 
     def rope_table(self, layer: int) -> torch.Tensor:
         """The cos/sin table layer `layer` rotates with (one for all layers here)."""
         return self.cos_sin_cache
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, hidden] -> [N, vocab] float32 (the matmul runs in the model dtype, as HF)."""
+        """[N, hidden] -> [N, vocab] float32 (the matmul runs in the model dtype, as HF).
+
+        Tensor parallel: the ranks' vocab rows are gathered to rank 0; the other ranks get None.
+        """
         if self.lm_head is not None:  # its own, or a packed copy of the tied embedding
-            return self.lm_head(hidden).float()
-        return linear(hidden, self.lm_head_weight).float()
+            return self.tp.gather_logits(self.lm_head(hidden).float())
+        return self.tp.gather_logits(linear(hidden, self.lm_head_weight).float())
 
     # ---- weights -------------------------------------------------------------
 
     def _shard_rows(self, shard: str) -> tuple[int, int]:
-        q, kv, inter = self.config.q_size, self.config.kv_size, self.config.intermediate_size
+        local = self.local_config  # this rank's (all of it without tensor parallelism)
+        q, kv, inter = local.q_size, local.kv_size, local.intermediate_size
         return {"q": (0, q), "k": (q, kv), "v": (q + kv, kv), "gate": (0, inter), "up": (inter, inter)}[shard]
 
     def resolve_weight(self, name: str) -> tuple[str, tuple[int, int] | None] | None:
@@ -348,9 +360,11 @@ class LlamaForCausalLM(nn.Module):
         return name, None
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], *, sliced: bool = False) -> set[str]:
         """Copy HF-named tensors into the (fused) parameters; returns the names used.
 
+        Tensor parallel: full tensors are sliced to this rank's part here;
+        `sliced=True` says they already are (the loader's `get_slice` reads).
         Raises KeyError for a name the model does not have and ValueError for
         a shape mismatch, before touching that parameter.
         """
@@ -365,6 +379,8 @@ class LlamaForCausalLM(nn.Module):
                 _refuse_packed(self, name, param_name)
                 raise KeyError(f"checkpoint weight {name!r} has no place in {self.config.architecture}")
             dst = params[param_name].data
+            if not sliced:
+                tensor = self.tp.shard(name, tensor)
             if rows is not None:
                 dst = dst.narrow(0, rows[0], rows[1])
             if tuple(dst.shape) != tuple(tensor.shape):
@@ -400,8 +416,8 @@ class LlamaForCausalLM(nn.Module):
         device: torch.device | str | None = None,
     ) -> list[KvCache]:
         """Per layer a KvCache; dtype: the model's, or a KV cache dtype ('fp8_e4m3', ...)."""
-        return allocate_kv_caches(
-            self.config, num_blocks, block_size, dtype or self.dtype, device or self.device
+        return allocate_kv_caches(  # this rank's KV heads under tensor parallelism
+            self.local_config, num_blocks, block_size, dtype or self.dtype, device or self.device
         )
 
 

@@ -23,6 +23,10 @@ int4_checkpoint.py) keep their projections at 4 bits the same way
 (int4_linear.py: the int4 kernel reads the packed nibbles) when the model
 runs float32 on the CPU and the kernel built; otherwise they are
 dequantized into the float parameters, and the log says why.
+
+Tensor parallel (`tp=` a group of N > 1 ranks): the model is this rank's
+shard (`tensor_parallel.py`) and each safetensors tensor is read through
+`get_slice`, so a rank reads only its rows or columns.
 """
 
 from __future__ import annotations
@@ -54,6 +58,14 @@ def _iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
+def _iter_safetensors_shards(files: list[Path], shard) -> Iterator[tuple[str, torch.Tensor]]:
+    """Tensor parallel: each tensor's slice for this rank (`TpShard.read`); only its bytes are read."""
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, shard.read(name, f.get_slice(name))
+
+
 def _count_safetensors(files: list[Path]) -> int:
     total = 0
     for file in files:
@@ -70,8 +82,10 @@ def _fill(
     source: Path,
     dequantized: dict[str, str] | None = None,
     int4: tuple[QuantSpec, bool] | None = None,
+    sliced: bool = False,
 ) -> None:
-    """`int4`: (the AWQ/GPTQ spec, keep packed) for a quantized safetensors checkpoint."""
+    """`int4`: (the AWQ/GPTQ spec, keep packed) for a quantized safetensors checkpoint;
+    `sliced`: the tensors are this tensor-parallel rank's slices."""
     from trillium.models.packed_linear import install_packed
 
     loaded: set[str] = set()
@@ -86,7 +100,7 @@ def _fill(
             module, _, kind = name.rpartition(".")
             quantized.setdefault(module, {})[kind] = tensor  # after the floats too, for the same reason
             continue
-        loaded |= model.load_weights([(name, tensor)])
+        loaded |= model.load_weights([(name, tensor)], **({"sliced": True} if sliced else {}))
     if quantized:
         from trillium.models.int4_linear import install_int4
 
@@ -132,6 +146,7 @@ def load_model(
     progress: bool = True,
     runner: str = "generate",
     gguf_dequantize: bool = False,
+    tp=None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model for `path` and load its weights on `device`.
 
@@ -141,6 +156,9 @@ def load_model(
     sizes the rope table (default: the config's context, scaled for
     linear/dynamic rope). `runner` "pooling": the pooling class (registry.py).
     `gguf_dequantize`: dequantize every GGUF weight (no packed projections).
+    `tp`: a `TpGroup` of more than one rank: build this rank's shard of the
+    model (`tensor_parallel.py`) and read only its slices of each tensor
+    (safetensors only: the engine config refused GGUF under TP).
     """
     wanted = dtype_name(dtype) if dtype is not None and dtype != "auto" else "float32"  # GGUF's own: float32
     packed_types = _packed_types(path, wanted, torch.device(device), gguf_dequantize)
@@ -149,6 +167,15 @@ def load_model(
     if dtype is not None and dtype != "auto":
         config = attrs.evolve(config, dtype=dtype_name(dtype))
     cls = model_class(config.architecture, runner)
+    if tp is not None and tp.size > 1:
+        from trillium.models.tensor_parallel import TpShard
+
+        shard = TpShard(tp, config)
+        model = cls.empty(config, dtype=config.dtype, device=device, max_positions=max_positions, tp=shard)
+        weights = _iter_safetensors_shards(safetensors_files(path), shard)
+        _fill(model, weights, total, progress, Path(path), sliced=True)
+        model.eval()
+        return model, config
     model = cls.empty(config, dtype=config.dtype, device=device, max_positions=max_positions)
     _fill(model, weights, total, progress, Path(path), dequantized, _int4_plan(path, config.dtype, device))
     model.eval()

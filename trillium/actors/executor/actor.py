@@ -9,7 +9,9 @@ engine). Weights load, every step and every command run on one dedicated
 torch thread (`torch_thread.py`), so the trio loop (and in-process
 neighbours) never block on torch; the one exception is the rendezvous of
 InitWeightsUpdateGroup, which runs on a thread of its own while steps go
-on (`executor/control.py`).
+on (`executor/control.py`). Under tensor parallelism this is rank 0: it
+alone binds the executor inbox and answers; every step and command reaches
+the other ranks first (`executor/tp_fanout.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from trillium.actors.assembly import ActorConfig
 from trillium.actors.links import Links
 from trillium.actors.executor.core import ExecutorCore
 from trillium.actors.executor.control import ExecutorControl
+from trillium.actors.executor.tp_fanout import OneRank, RankFanout
 from trillium.actors.mailbox import Mailbox
 from trillium.actors.protocol.supervision import Shutdown
 from trillium.actors.protocol.execute import ExecuteBatch, ExecutorFailed
@@ -40,6 +43,8 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
     mailbox = links.mailbox()
     to_scheduler = links.outbox("scheduler")
     control = ExecutorControl(core, torch_thread)
+    # Tensor parallel: this is rank 0; each step and command reaches the others first (tp_fanout.py).
+    ranks = RankFanout(core, links.codec) if core.tp.size > 1 else OneRank(core)
     send_lock = trio.Lock()
 
     async def send(message) -> None:
@@ -53,17 +58,18 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
             nursery.start_soon(mailbox.pump)
             control.start(nursery, send)
             task_status.started()
-            await _serve(core, control, torch_thread, mailbox, send)
+            await _serve(ranks, control, torch_thread, mailbox, send)
             nursery.cancel_scope.cancel()
     finally:
         await control.aclose()
         with trio.CancelScope(shield=True):
+            await torch_thread.run(ranks.stop)
             await trio.to_thread.run_sync(core.close)  # the disk tier's queued writes
         to_scheduler.close()
         torch_thread.close()
 
 
-async def _serve(core: ExecutorCore, control: ExecutorControl, torch_thread: TorchThread, mailbox: Mailbox,
+async def _serve(ranks: OneRank, control: ExecutorControl, torch_thread: TorchThread, mailbox: Mailbox,
                  send: Callable[[object], Awaitable[None]]) -> None:
     while True:
         message = await mailbox.receive(deadline=control.profile_deadline)
@@ -73,7 +79,7 @@ async def _serve(core: ExecutorCore, control: ExecutorControl, torch_thread: Tor
         if isinstance(message, Shutdown):
             return
         if isinstance(message, ExecutorControl.COMMANDS):
-            reply = await control.handle(message)
+            reply = await ranks.command(message, control.handle, torch_thread)
             if reply is not None:  # None: a join, answered from its own task when it ends
                 await send(reply)
             continue
@@ -81,7 +87,7 @@ async def _serve(core: ExecutorCore, control: ExecutorControl, torch_thread: Tor
             log.error("executor: unexpected message %r", type(message).__name__)
             continue
         try:
-            result = await torch_thread.run(core.execute, message)
+            result = await torch_thread.run(ranks.step, message)
         except Exception as exc:
             log.exception("executor step %d failed", message.step_id)
             await send(

@@ -283,7 +283,8 @@ class ExecutorControl:
         await self._send(reply)
 
     async def _form_group(self, msg: InitWeightsUpdateGroup) -> dict:
-        # SGLang's engine joins as rank_offset + tp_rank; one executor here: tp_rank 0.
+        # SGLang's engine joins as rank_offset + tp_rank: a tensor-parallel rank r got its
+        # rank_offset already moved by r (executor/tp_fanout.py).
         form = partial(update_group.open_group, msg.master_address, msg.master_port, msg.rank_offset,
                        msg.world_size, msg.group_name, msg.backend, msg.timeout_s)
         try:

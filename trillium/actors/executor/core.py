@@ -57,28 +57,41 @@ class RequestState:
 
 
 class ExecutorCore:
-    def __init__(self, config: EngineConfig) -> None:
+    """One executor rank. Tensor parallel (`tp_rank` of `config.tensor_parallel_size`):
+    this rank's shard of the weights and KV cache (`models/tensor_parallel.py`); rank 0
+    alone samples, the others take its tokens through `apply_sampled` (tp_fanout.py)."""
+
+    def __init__(self, config: EngineConfig, tp_rank: int = 0) -> None:
+        from trillium.distributed.tp_group import NO_TP, TpGroup
         from trillium.models.llama import allocate_kv_caches
         from trillium.models.loader import load_model
 
         self.config = config
-        self.device = torch.device(config.device)
+        size = config.tensor_parallel_size
+        self.device = _rank_device(config.device, tp_rank, size)
         self.dtype = _DTYPES[config.dtype]
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        threads = config.num_threads or (_rank_threads(size) if size > 1 else 0)
+        if threads:
+            torch.set_num_threads(threads)
         # vLLM's --seed: requests without their own seed draw from the default generator.
         torch.manual_seed(config.seed)
+        self.tp = NO_TP if size == 1 else TpGroup.join(
+            tp_rank, size, config.tp_master_port, self.device, config.tp_collective_timeout_s)
+        # Rank 0 samples; the others keep the states it sampled for, until its tokens come.
+        self.last_sampled = np.zeros(0, np.int32)
+        self._awaiting_tokens: list[RequestState] = []
         self.model, self.model_config = load_model(
-            config.model, dtype=config.dtype, device=config.device, max_positions=config.max_model_len,
+            config.model, dtype=config.dtype, device=self.device, max_positions=config.max_model_len,
             runner=config.runner,
-            gguf_dequantize=config.gguf_dequantize,
+            gguf_dequantize=config.gguf_dequantize, tp=self.tp,
         )
         self.model.eval()
         # A pooling model answers with pooled outputs where a generator samples (executor/pooler.py).
         self.pooler = PoolingHead.build(config, self.model)
         self.kv_cache_dtype = config.kv_cache_dtype if config.kv_cache_dtype != "auto" else config.dtype
+        # Tensor parallel: this rank's KV heads only (same blocks, same ids on every rank).
         self.kv_caches = allocate_kv_caches(
-            self.model_config, config.num_blocks, config.block_size, self.kv_cache_dtype, self.device
+            self.model.local_config, config.num_blocks, config.block_size, self.kv_cache_dtype, self.device
         )
         # The host and disk KV tiers' memory and files (executor/kv_stores.py); empty when off.
         self.kv_stores = KvStores.build(config, self.kv_caches, self.device)
@@ -91,6 +104,7 @@ class ExecutorCore:
 
             self.lora = LoRAManager(self.model_config, config.max_loras, config.max_lora_rank,
                                     config.max_cpu_loras, self.dtype, self.device)
+        self.tp.barrier()  # WHY: rank 0 is ready (and steps come) only once every rank has loaded
         log.info(
             "executor ready: %s (%s), KV cache %d blocks x %d tokens (%s)",
             config.model, config.dtype, config.num_blocks, config.block_size, self.kv_cache_dtype,
@@ -100,6 +114,15 @@ class ExecutorCore:
         """Finish the disk tier's queued writes (a restart reads them)."""
         self.grammars.close()
         self.kv_stores.close()
+        self.tp.close()
+
+    def apply_sampled(self, tokens: np.ndarray) -> None:
+        """A rank past the first: rank 0's tokens of the steps since the last fan-out, in its order."""
+        states, self._awaiting_tokens = self._awaiting_tokens, []
+        if len(states) != len(tokens):
+            raise RuntimeError(f"tensor-parallel ranks out of step: {len(tokens)} tokens for {len(states)} rows")
+        for state, token in zip(states, tokens.tolist()):
+            state.token_ids.append(token)
 
     # -- state updates -------------------------------------------------
 
@@ -116,7 +139,8 @@ class ExecutorCore:
             eos_token_ids=new.eos_token_ids,
             output_token_ids=new.token_ids[new.num_prompt_tokens :].tolist(),
             device=self.device,
-            grammar=None if constraint is None else self.grammars.constraint(constraint, new.eos_token_ids),
+            grammar=None if constraint is None or not self.tp.is_first
+            else self.grammars.constraint(constraint, new.eos_token_ids),
         )
         state = RequestState(
             request_id=new.request_id,
@@ -160,7 +184,8 @@ class ExecutorCore:
     def execute(self, batch: ExecuteBatch) -> BatchResult:
         start = time.perf_counter()
         host_load_s = self.kv_stores.apply(self.kv_caches, batch.kv)  # before anything writes the cache
-        self.grammars.submit(batch.compile_grammars)
+        if self.tp.is_first:  # WHY: the other ranks never sample, so never constrain
+            self.grammars.submit(batch.compile_grammars)
         states = self._apply_diffs(batch)
         if not states:
             return self._transfer_only(batch, start)
@@ -210,17 +235,12 @@ class ExecutorCore:
                 last = hidden  # rows ascend and are distinct: every row, in order (pure decode)
             else:
                 last = hidden.index_select(0, torch.tensor(sample_rows, dtype=torch.int64, device=self.device))
-            out = sample(self.model.compute_logits(last), [s.sampling for s in sample_states])
-            tokens = out.token_ids.tolist()
-            # One host copy per column, not per row.
-            rows_lp = out.logprobs.to_token_logprobs() if out.logprobs is not None else None
-            for j, (state, token, index) in enumerate(zip(sample_states, tokens, sample_index)):
-                state.token_ids.append(token)
-                state.sampling.append(token)
-                sampled[index] = token
-                if rows_lp is not None and rows_lp[j] is not None:
-                    logprobs[state.request_id] = rows_lp[j]
-        prompt_results = tuple(self._prompt_logprobs(hidden, item) for item in prompt_lp)
+            logits = self.model.compute_logits(last)
+            if logits is None:  # a rank past the first: rank 0 samples; its tokens come with the next fan-out
+                self._awaiting_tokens.extend(sample_states)
+            else:
+                self._sample(logits, sample_states, sample_index, sampled, logprobs)
+        prompt_results = tuple(r for r in (self._prompt_logprobs(hidden, item) for item in prompt_lp) if r is not None)
         fetched = self.kv_stores.completions()
         return BatchResult(
             step_id=batch.step_id,
@@ -235,6 +255,21 @@ class ExecutorCore:
             **fetched,
             **self.grammars.completions(),
         )
+
+    def _sample(self, logits, states: list[RequestState], indices: list[int], sampled: np.ndarray,
+                logprobs: dict[str, TokenLogprobs]) -> None:
+        out = sample(logits, [s.sampling for s in states])
+        tokens = out.token_ids.tolist()
+        if self.tp.size > 1:  # the other ranks' copies get them with the next fan-out (tp_fanout.py)
+            self.last_sampled = np.concatenate([self.last_sampled, np.asarray(tokens, dtype=np.int32)])
+        # One host copy per column, not per row.
+        rows_lp = out.logprobs.to_token_logprobs() if out.logprobs is not None else None
+        for j, (state, token, index) in enumerate(zip(states, tokens, indices)):
+            state.token_ids.append(token)
+            state.sampling.append(token)
+            sampled[index] = token
+            if rows_lp is not None and rows_lp[j] is not None:
+                logprobs[state.request_id] = rows_lp[j]
 
     def _pool(self, hidden, rows, states, indices, sampled: np.ndarray) -> dict:
         """BatchResult fields of the requests whose prompts are done: their pooled outputs."""
@@ -257,11 +292,28 @@ class ExecutorCore:
             execute_time_s=time.perf_counter() - start, **fetched, **grammars,
         )
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, item: tuple[RequestState, int, int]) -> PromptLogprobs:
+    def _prompt_logprobs(self, hidden: torch.Tensor, item: tuple[RequestState, int, int]) -> PromptLogprobs | None:
         state, first_row, num_rows = item
         begin = state.num_computed_tokens
         logits = self.model.compute_logits(hidden[first_row : first_row + num_rows])
+        if logits is None:  # a rank past the first took part in the gather
+            return None
         targets = torch.tensor(state.token_ids[begin + 1 : begin + 1 + num_rows], device=self.device)
         tensors = compute_prompt_logprobs(logits, targets, state.sampling.params.prompt_logprobs)
         entries = tuple(e for e in tensors.to_token_logprobs() if e is not None)
         return PromptLogprobs(request_id=state.request_id, start=begin + 1, entries=entries)
+
+
+def _rank_device(device: str, rank: int, size: int) -> torch.device:
+    """Rank r of a tensor-parallel group on CUDA: the r-th device from the one named (cuda:N -> cuda:N+r)."""
+    base = torch.device(device)
+    if size == 1 or base.type != "cuda":
+        return base
+    return torch.device("cuda", (base.index or 0) + rank)
+
+
+def _rank_threads(size: int) -> int:
+    """On CPU the ranks split the cores (at least one thread each)."""
+    import os
+
+    return max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) // size)

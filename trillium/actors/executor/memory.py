@@ -150,7 +150,7 @@ class DeviceMemory:
 
             cfg = self.core.config
             self.core.kv_caches = allocate_kv_caches(
-                self.core.model_config, cfg.num_blocks, cfg.block_size, self.core.kv_cache_dtype, self.device
+                self.core.model.local_config, cfg.num_blocks, cfg.block_size, self.core.kv_cache_dtype, self.device
             )
             self._restore_kv_scales()
             self.asleep.discard(WakeTag.KV_CACHE)

@@ -54,6 +54,10 @@ class ShadowWeights:
             shape = tuple(shape)
             target = self._model.resolve_weight(name)
             buffer = None
+            # NOTE: a tensor that tensor parallelism splits is never received in place: each rank keeps
+            # its slice through load_weights (a row-parallel bias has its full shape, and only rank 0 keeps it).
+            if self._model.tp.splits(name):
+                target = None
             if target is not None and target[0] in params and params[target[0]].numel() > 0:
                 param_name, rows = target
                 param = params[param_name]

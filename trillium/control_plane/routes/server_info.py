@@ -76,7 +76,7 @@ def blueprint(state: AdminState) -> Blueprint:
         out = await info()
         config = engine.engine_config
         return json_response({
-            **out, "tp_size": 1, "dp_size": 1, "context_length": config.max_model_len,
+            **out, "tp_size": config.tensor_parallel_size, "dp_size": 1, "context_length": config.max_model_len,
             "page_size": config.block_size, "max_total_num_tokens": config.num_blocks * config.block_size,
             "max_running_requests": config.max_num_seqs,
             "internal_states": [out["engine_info"]] if out["engine_info"] is not None else [],

@@ -1,0 +1,204 @@
+"""Tensor parallelism in the executor: every step and command reaches every rank once.
+
+    rank 0 (executor/actor.py)     RankFanout.step(batch) / .command(msg, handle); OneRank without TP
+    ranks 1.. (`run`, own process) receive -> execute / handle -> receive ...
+
+WHY a broadcast from rank 0 over torch.distributed (not a ZeroMQ fan-out
+from the scheduler): the scheduler, the protocol, the links and the block
+pool stay as they are for one rank (one executor inbox, one `BatchResult`,
+one block id space), and the ranks' order of steps is rank 0's by
+construction: nothing can reach rank 1 before, after or without rank 0.
+The cost is one re-encode of the message by the engine codec (no pickle)
+and one gloo broadcast (two for a message over 16 KiB) on the step group
+(`distributed/tp_group.py`); bench/scale_tp.py measures it per step (p50
+0.6 ms for a 32-request decode step on the loaded 2-core CI box, where
+every hand-off between processes waits for a core; vLLM's shared-memory
+ring with busy polling would be faster and burn a core per rank).
+
+What travels: `[tokens][codec frames...]` as one byte string. `tokens` are
+the ids rank 0 sampled since the last broadcast, in its order: the other
+ranks never sample (`compute_logits` gathers the vocab shards to rank 0), so
+they append these to their copies of the requests before the next step
+(`ExecutorCore.apply_sampled`). No frames: stop.
+
+Commands under TP:
+- fanned out, run on every rank, answered once: Sleep, WakeUp (sleep/wake on
+  every rank), UpdateWeightsFromDisk, UpdateWeightsFromTensors,
+  UpdateWeightsFromDistributed (each rank slices the full tensors:
+  `TpShard.shard`), DestroyWeightsUpdateGroup. A rank that fails makes the
+  reply a 500 naming it.
+- InitWeightsUpdateGroup: every rank joins the trainer's group, rank r at
+  `rank_offset + r` (SGLang's convention: the trainer counts world_size =
+  1 + tp_size); rank 0 answers when its join ends. A world_size that leaves
+  no room for every rank is a 400.
+- rank 0 only: StartProfile / StopProfile (the trace is rank 0's), LoRA
+  commands (LoRA is refused at start; they answer "not enabled").
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Awaitable, Callable
+from functools import partial
+
+import attrs
+
+import numpy as np
+import trio
+
+from trillium.actors.protocol.admin import (
+    ControlReply,
+    DestroyWeightsUpdateGroup,
+    InitWeightsUpdateGroup,
+    Sleep,
+    UpdateWeightsFromDisk,
+    UpdateWeightsFromDistributed,
+    UpdateWeightsFromTensors,
+    WakeUp,
+)
+from trillium.actors.protocol.execute import ExecuteBatch
+
+log = logging.getLogger(__name__)
+
+FANNED_OUT = (Sleep, WakeUp, UpdateWeightsFromDisk, UpdateWeightsFromTensors, UpdateWeightsFromDistributed,
+              DestroyWeightsUpdateGroup)
+
+
+def pack(tokens: np.ndarray, frames) -> bytes:
+    """[count][len, bytes]*: frame 0 the tokens (int32), then the codec's frames."""
+    parts = [np.ascontiguousarray(tokens, dtype=np.int32).tobytes(), *(bytes(f) for f in frames)]
+    out = [struct.pack("<I", len(parts))]
+    for part in parts:
+        out.append(struct.pack("<Q", len(part)))
+        out.append(part)
+    return b"".join(out)
+
+
+def unpack(payload: bytes) -> tuple[np.ndarray, list[bytes]]:
+    view = memoryview(payload)
+    (count,) = struct.unpack_from("<I", view, 0)
+    offset, parts = 4, []
+    for _ in range(count):
+        (length,) = struct.unpack_from("<Q", view, offset)
+        offset += 8
+        parts.append(bytes(view[offset : offset + length]))
+        offset += length
+    return np.frombuffer(parts[0], dtype=np.int32), parts[1:]
+
+
+class OneRank:
+    """No tensor parallelism: run here, nothing to reach."""
+
+    def __init__(self, core) -> None:
+        self.core = core
+
+    def step(self, batch: ExecuteBatch):
+        return self.core.execute(batch)
+
+    async def command(self, message, handle: Callable[[object], Awaitable[ControlReply | None]], torch_thread):
+        return await handle(message)
+
+    def stop(self) -> None:
+        pass
+
+
+class RankFanout(OneRank):
+    """Rank 0 of a tensor-parallel group: broadcast, then run the same thing here."""
+
+    def __init__(self, core, codec) -> None:
+        super().__init__(core)
+        self.codec = codec
+        self.size = core.tp.size
+
+    def _broadcast(self, message) -> None:
+        tokens, self.core.last_sampled = self.core.last_sampled, np.zeros(0, np.int32)
+        frames = () if message is None else self.codec.encode(message)
+        self.core.tp.broadcast_bytes(pack(tokens, frames))
+
+    def step(self, batch: ExecuteBatch):
+        self._broadcast(batch)
+        return self.core.execute(batch)
+
+    async def command(self, message, handle, torch_thread):
+        if isinstance(message, InitWeightsUpdateGroup):
+            if message.rank_offset + self.size > message.world_size:
+                return ControlReply(message.command_id, 400,
+                                    f"world_size {message.world_size} leaves no room for the {self.size} "
+                                    f"tensor-parallel ranks from rank_offset {message.rank_offset} (ranks "
+                                    f"{message.rank_offset}..{message.rank_offset + self.size - 1} join)")
+            await torch_thread.run(self._broadcast, message)
+            return await handle(message)  # every rank joins; rank 0 answers when its join ends
+        if not isinstance(message, FANNED_OUT):
+            return await handle(message)
+        await torch_thread.run(self._broadcast, message)
+        reply = await handle(message)
+        oks = await torch_thread.run(self.core.tp.all_ok, reply.status == 200)
+        failed = [rank for rank, ok in enumerate(oks) if not ok and rank > 0]
+        if failed and reply.status == 200:
+            return ControlReply(message.command_id, 500,
+                                f"{type(message).__name__} failed on tensor-parallel rank(s) {failed} (see their "
+                                "log) after it succeeded on rank 0; the ranks may now differ: restart the server")
+        return reply
+
+    def stop(self) -> None:
+        """Tell the other ranks to leave (shutdown)."""
+        try:
+            self._broadcast(None)
+        except Exception:  # a rank already gone: nothing left to tell
+            log.info("tensor-parallel stop: a rank is already gone")
+
+
+async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """A rank past the first (its own process, no ZeroMQ inbox): follow rank 0's broadcasts."""
+    from trillium.actors.assembly import ActorConfig, engine_codec
+    from trillium.actors.executor.control import ExecutorControl
+    from trillium.actors.executor.core import ExecutorCore
+    from trillium.actors.torch_thread import TorchThread
+
+    cfg = ActorConfig.from_bytes(config)
+    torch_thread = TorchThread(f"trillium-executor-rank{cfg.tp_rank}")
+    core = await torch_thread.run(ExecutorCore, cfg.engine, cfg.tp_rank)
+    control = ExecutorControl(core, torch_thread)
+    codec = engine_codec()
+    try:
+        async with trio.open_nursery() as nursery:
+            control.start(nursery, partial(_log_reply, cfg.tp_rank, "InitWeightsUpdateGroup"))
+            task_status.started()
+            await _follow(cfg.tp_rank, core, control, torch_thread, codec)
+    finally:
+        await control.aclose()
+        torch_thread.close()
+
+
+async def _follow(rank: int, core, control, torch_thread, codec) -> None:
+    """Receive, then execute or handle, until cancelled."""
+    while True:
+        # WHY a thread of its own, abandoned on cancel: the wait has no end while the server idles.
+        payload = await trio.to_thread.run_sync(core.tp.broadcast_bytes, None, abandon_on_cancel=True)
+        tokens, frames = unpack(payload)
+        await torch_thread.run(core.apply_sampled, tokens)
+        if not frames:  # rank 0 is shutting down: so is this process's supervisor
+            log.info("tensor-parallel rank %d: rank 0 stopped", rank)
+            await trio.sleep_forever()
+        message = codec.decode(frames)
+        if isinstance(message, ExecuteBatch):
+            await torch_thread.run(core.execute, message)
+            continue
+        if isinstance(message, InitWeightsUpdateGroup):  # joins in the background; no vote
+            reply = await control.handle(attrs.evolve(message, rank_offset=message.rank_offset + rank))
+            if reply is not None:
+                await _log_reply(rank, "InitWeightsUpdateGroup", reply)
+            continue
+        reply = await control.handle(message)
+        if reply.status != 200:
+            await _log_reply(rank, type(message).__name__, reply)
+        await torch_thread.run(core.tp.all_ok, reply.status == 200)
+
+
+async def _log_reply(rank: int, command: str, reply: ControlReply) -> None:
+    """A rank past the first answers nobody: its outcome goes to the log (and rank 0's vote)."""
+    if reply.status == 200:
+        log.info("tensor-parallel rank %d: %s done", rank, command)
+    else:
+        log.error("tensor-parallel rank %d: %s failed: %s %s", rank, command, reply.status, reply.message)

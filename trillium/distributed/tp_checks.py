@@ -1,0 +1,71 @@
+"""What runs under tensor parallelism, checked at start (pure; no torch).
+
+    refuse_engine(config)            ValueError naming every feature that does not run under TP
+    refuse_model(config, model_cfg)  the same for the checkpoint (family, GGUF, head counts)
+
+Under `--tensor-parallel-size N > 1` the dense Llama family (Llama, Mistral,
+Qwen2, Qwen3: GQA, tied embeddings, qkv bias, q/k norm) is sharded over N
+executor ranks. What is not sharded is refused here, before anything starts,
+never served wrong: a feature is either split correctly or named.
+"""
+
+from __future__ import annotations
+
+# Architectures whose weights `models/tensor_parallel.py` knows how to split.
+TP_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+def refuse_engine(config) -> None:
+    """ValueError listing the flags that do not run with config.tensor_parallel_size > 1."""
+    size = config.tensor_parallel_size
+    if size < 1:
+        raise ValueError(f"--tensor-parallel-size must be >= 1, got {size}")
+    if size == 1:
+        return
+    if config.tp_collective_timeout_s <= 0:
+        raise ValueError(f"--tp-collective-timeout-s must be > 0, got {config.tp_collective_timeout_s}")
+    refused = [
+        (config.enable_lora, "--enable-lora (LoRA adapters)"),
+        (config.kv_tiers.has_host, "--kv-host-bytes (host KV tier)"),
+        (bool(config.kv_tiers.disk_path), "--kv-disk-path (disk KV tier)"),
+        (config.kv_cache_dtype.startswith("fp8"), "--kv-cache-dtype fp8 (fp8 KV cache)"),
+        (config.runner == "pooling", "--runner pooling (embedding / classification models)"),
+        (config.quantization == "gguf", "GGUF checkpoints"),
+        (config.gpu_memory_utilization > 0, "--gpu-memory-utilization (give --kv-cache-memory per rank)"),
+    ]
+    names = [name for flag, name in refused if flag]
+    if names:
+        raise ValueError(f"--tensor-parallel-size {size}: not supported together with {', '.join(names)}; "
+                         "run these with --tensor-parallel-size 1")
+
+
+def refuse_model(config, model_config, is_gguf: bool) -> None:
+    """ValueError when the checkpoint cannot be split over config.tensor_parallel_size ranks."""
+    size = config.tensor_parallel_size
+    if size == 1:
+        return
+    if is_gguf:
+        raise ValueError(f"--tensor-parallel-size {size}: GGUF checkpoints are not sharded; "
+                         "serve a safetensors checkpoint")
+    if model_config.architecture not in TP_ARCHITECTURES:
+        raise ValueError(f"--tensor-parallel-size {size}: {model_config.architecture} is not sharded "
+                         f"(MoE, Gemma and Phi-3 run on one rank); sharded: {', '.join(TP_ARCHITECTURES)}")
+    h, kh, inter = model_config.num_heads, model_config.num_kv_heads, model_config.intermediate_size
+    why = None
+    if h % size:
+        why = f"its {h} attention heads do not split over {size} ranks"
+    elif kh % size and size % kh:
+        why = f"its {kh} KV heads neither split over {size} ranks nor replicate evenly on them"
+    elif inter % size:
+        why = f"its MLP width {inter} does not split over {size} ranks"
+    if why:
+        raise ValueError(f"--tensor-parallel-size {size}: {model_config.architecture} cannot be sharded: {why}")
+
+
+def local_kv_model_config(model_config, size: int):
+    """The ModelConfig whose KV block bytes are one rank's (its KV heads); the same one at size 1."""
+    import attrs
+
+    if size == 1:
+        return model_config
+    return attrs.evolve(model_config, num_kv_heads=max(1, model_config.num_kv_heads // size))

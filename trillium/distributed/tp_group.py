@@ -1,0 +1,139 @@
+"""The tensor-parallel group of one engine's executor ranks (torch.distributed).
+
+    TpGroup.join(rank, size, master_port, device, timeout_s) -> TpGroup
+    NO_TP: the one-rank null object (every collective is the identity)
+
+Two process groups over one TCPStore on loopback (rank 0 hosts it at the
+port the server chose, `assembly.engine_specs`):
+
+- `compute`: the model's collectives (the all-reduce after each row-parallel
+  layer and the vocab-parallel embedding, the gather of the LM head's
+  logits to rank 0). NCCL on CUDA, gloo on CPU. Its timeout is the
+  collective timeout: a rank that died or hangs inside a step is an error
+  on the others (`RuntimeError` from gloo / NCCL), never a hang.
+- `steps`: gloo always, for the step fan-out (`executor/tp_fanout.py`): rank
+  0 broadcasts each message as bytes (one broadcast when it fits 16 KiB).
+  WHY gloo on CUDA too: the messages are host bytes (vLLM keeps such a "cpu
+  group" beside its NCCL one). WHY its own, much longer timeout: a follower
+  waits here between steps, and an idle server sends no step for hours. A
+  rank 0 that dies still ends the wait at once (the connection closes).
+
+The model layers (`models/tensor_parallel.py`) call `all_reduce` and
+`gather_to_first`; only this module imports torch.distributed for TP.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+
+import attrs
+import torch
+
+log = logging.getLogger(__name__)
+
+# How long a follower waits for the next step (idle servers send none).
+STEP_WAIT_S = 7 * 24 * 3600.0
+# The first broadcast of every message: its length and its first bytes (most messages whole).
+BROADCAST_HEAD_BYTES = 16384
+
+
+@attrs.define(eq=False)
+class TpGroup:
+    rank: int
+    size: int
+    compute: object = None  # torch.distributed ProcessGroup (None: one rank)
+    steps: object = None
+
+    @property
+    def is_first(self) -> bool:
+        return self.rank == 0
+
+    @staticmethod
+    def join(rank: int, size: int, master_port: int, device: torch.device, timeout_s: float) -> "TpGroup":
+        """Form the group; every rank calls this (rank 0 hosts the store). TimeoutError if one never comes."""
+        import torch.distributed as dist
+
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore("127.0.0.1", master_port, size, is_master=rank == 0, timeout=timeout)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(device)  # WHY: NCCL runs its collectives on the current device
+        dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
+        compute = dist.group.WORLD
+        steps = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=STEP_WAIT_S))
+        log.info("tensor-parallel rank %d of %d joined (%s; collective timeout %.0f s)", rank, size, backend,
+                 timeout_s)
+        return TpGroup(rank, size, compute, steps)
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over the ranks, in place."""
+        if self.size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(tensor, group=self.compute)
+        return tensor
+
+    def gather_to_first(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor | None:
+        """Rank 0: the ranks' tensors concatenated along `dim`; the others: None."""
+        if self.size == 1:
+            return tensor
+        import torch.distributed as dist
+
+        tensor = tensor.contiguous()
+        parts = [torch.empty_like(tensor) for _ in range(self.size)] if self.is_first else None
+        dist.gather(tensor, parts, dst=0, group=self.compute)
+        return torch.cat(parts, dim=dim) if self.is_first else None
+
+    def broadcast_bytes(self, payload: bytes | None) -> bytes:
+        """Rank 0 sends `payload`, every other rank receives it.
+
+        WHY one fixed-size first broadcast (length + the first bytes): each gloo
+        broadcast is a hand-off between the processes, and a step's message
+        almost always fits (a decode step of 32 requests is ~1.5 KB); only a
+        longer one (new requests' prompts) takes a second broadcast for the rest.
+        """
+        import torch.distributed as dist
+
+        head = torch.zeros(BROADCAST_HEAD_BYTES, dtype=torch.uint8)
+        if self.is_first:
+            first = payload[: BROADCAST_HEAD_BYTES - 8]
+            head[:8] = torch.frombuffer(bytearray(len(payload).to_bytes(8, "little")), dtype=torch.uint8)
+            if first:
+                head[8 : 8 + len(first)] = torch.frombuffer(bytearray(first), dtype=torch.uint8)
+        dist.broadcast(head, src=0, group=self.steps)
+        size = int.from_bytes(head[:8].numpy().tobytes(), "little")
+        rest = size - (BROADCAST_HEAD_BYTES - 8)
+        if rest <= 0:
+            return payload if self.is_first else head[8 : 8 + size].numpy().tobytes()
+        tail = (torch.frombuffer(bytearray(payload[BROADCAST_HEAD_BYTES - 8 :]), dtype=torch.uint8)
+                if self.is_first else torch.empty(rest, dtype=torch.uint8))
+        dist.broadcast(tail, src=0, group=self.steps)
+        return payload if self.is_first else head[8:].numpy().tobytes() + tail.numpy().tobytes()
+
+    def barrier(self) -> None:
+        """Wait for every rank (over the step group: no timeout while a slow rank loads)."""
+        if self.size > 1:
+            import torch.distributed as dist
+
+            dist.barrier(group=self.steps)
+
+    def all_ok(self, ok: bool) -> list[bool]:
+        """Every rank's `ok`, on every rank (a command's outcome; over the step group)."""
+        if self.size == 1:
+            return [ok]
+        import torch.distributed as dist
+
+        flags = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
+        dist.all_gather(flags, torch.tensor([int(ok)], dtype=torch.int64), group=self.steps)
+        return [bool(f.item()) for f in flags]
+
+    def close(self) -> None:
+        if self.size > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+NO_TP = TpGroup(rank=0, size=1)
