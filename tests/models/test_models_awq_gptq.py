@@ -161,6 +161,8 @@ def test_quantization_flag_and_unsupported_checkpoints(int4_checkpoint, checkpoi
         EngineConfig(model=awq, quantization="gptq").resolve()
     with pytest.raises(ValueError, match="--quantization awq: .* has no quantization_config"):
         EngineConfig(model=float_dir, quantization="awq").resolve()
+    with pytest.raises(ValueError, match="--tensor-parallel-size 2: GPTQ checkpoints are not sharded"):
+        EngineConfig(model=gptq, tensor_parallel_size=2).resolve()
     src = int4_checkpoint("awq")[0]
     for i, (changes, message) in enumerate([
         (dict(bits=8), "awq with bits=8: not supported; Trillium loads AWQ .* GPTQ .*4 bits"),
