@@ -197,8 +197,9 @@ def add_serve_args(serve) -> None:
                         help="only 1: start one Trillium per device behind a load balancer")
     compat.add_argument("--quantization", "-q", default=None,
                         help="weight quantization (vLLM's names): only gguf, implied for a .gguf model "
-                             "(Q8_0/Q4_0/Q4_1 weights kept packed; see --gguf-dequantize); others (awq, gptq, "
-                             "fp8, ...) are refused; for a smaller KV cache use --kv-cache-dtype fp8")
+                             "(Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K weights kept packed; see --gguf-dequantize); "
+                             "others (awq, gptq, fp8, ...) are refused; for a smaller KV cache use "
+                             "--kv-cache-dtype fp8")
     compat.add_argument("--load-format", default="auto", help="auto or safetensors (never pickle)")
     compat.add_argument("--swap-space", type=float, default=None,
                         help="refused: use --kv-host-bytes with --preemption-mode swap")

@@ -166,7 +166,7 @@ class EngineConfig:
     pooler_config: str = ""
     # Weight quantization, vLLM's --quantization names: None (from the checkpoint: a .gguf is "gguf") | "gguf".
     quantization: str | None = None
-    # GGUF: dequantize every weight to float at load instead of keeping Q8_0/Q4_0/Q4_1 packed.
+    # GGUF: dequantize every weight to float at load instead of keeping Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K packed.
     gguf_dequantize: bool = False
 
     def __attrs_post_init__(self) -> None:
@@ -187,8 +187,8 @@ class EngineConfig:
             raise ValueError(f"--max-model-len must be positive, -1 or auto, got {self.max_model_len}")
         if self.quantization not in SUPPORTED_QUANTIZATION:
             raise ValueError(f"--quantization {self.quantization}: not supported; Trillium implements "
-                             "gguf (implied for .gguf files: Q8_0/Q4_0/Q4_1 weights kept packed, other types "
-                             "dequantized)")
+                             "gguf (implied for .gguf files: Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K weights kept packed, "
+                             "other types dequantized)")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype!r}: choose from {', '.join(KV_CACHE_DTYPES)}")
 
