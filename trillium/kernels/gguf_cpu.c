@@ -30,10 +30,13 @@
  * (4-6 bits, at most 23 bits in all) is exact too, so the fused
  * (d * sc) * q - dmin * m rounds once), in registers, and multiplied there;
  * nothing is requantized (llama.cpp's CPU path quantizes the activations to
- * Q8_K blocks for its integer dot products; here they stay float32), so the result is the dequantize-then-matmul result up
- * to float32 summation order. Only the weights' bytes cross the memory bus.
+ * Q8_K blocks for its integer dot products; here they stay float32), so the result
+ * is the dequantize-then-matmul result up to float32 summation order. Only the
+ * weights' bytes cross the memory bus.
  *
  * AVX-512 and AVX2+FMA paths (intrinsics, picked by -march=native), else plain loops.
+ * K-quants: a super-block's scales are unpacked once (kquant_scales), then the sub-blocks that share
+ * bytes are decoded together (decode_unit), in a loop unrolled so every shift is a constant.
  *
  * Layout of the work: output channels are split across threads; each thread walks
  * its rows once per tile of TILE_M activation rows, keeping a 32-lane accumulator
@@ -109,35 +112,48 @@ static inline void scale_min_k4(int s, const uint8_t *q, int *sc, int *m) {
     }
 }
 
-/* Q4_K / Q5_K sub-block s: its scale d * sc and negated min -(dmin * m), both exact in float32. */
-static inline void kquant_scale(const uint8_t *blk, int s, float *ds, float *neg_dm) {
-    int sc, m;
-    scale_min_k4(s, blk + 4, &sc, &m);
-    *ds = half_to_float(read_u16(blk)) * (float)sc;
-    *neg_dm = -(half_to_float(read_u16(blk + 2)) * (float)m);
+/* A K-quant super-block's multipliers and offsets per 16 inputs: w = mul[i / 16] * q + add[i / 16].
+ * Q4_K / Q5_K: d * sc[s] and -(dmin * m[s]) for both halves of sub-block s; Q6_K: d * scales[g], add 0.
+ * All exact in float32. WHY once per super-block: the scale unpacking is scalar work that would
+ * otherwise repeat for every activation tile and sub-block. */
+static inline void kquant_scales(int type, const uint8_t *blk, float *restrict mul, float *restrict add) {
+    if (type == TYPE_Q6_K) {
+        const float d = half_to_float(read_u16(blk + 208));
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        for (int g = 0; g < 16; g++) {
+            mul[g] = d * (float)sc[g];
+            add[g] = 0.0f;
+        }
+        return;
+    }
+    const float d = half_to_float(read_u16(blk)), dmin = half_to_float(read_u16(blk + 2));
+    for (int s = 0; s < 8; s++) {
+        int sc, m;
+        scale_min_k4(s, blk + 4, &sc, &m);
+        mul[2 * s] = mul[2 * s + 1] = d * (float)sc;
+        add[2 * s] = add[2 * s + 1] = -(dmin * (float)m);
+    }
 }
 
-/* The 32 float32 weights of one block (sub-block s of a K-quant super-block). */
+/* The 32 float32 weights of one block, or of sub-block s of a K-quant super-block (mul / add: its two
+ * 16-input groups' entries from kquant_scales). */
 static inline __attribute__((always_inline)) void decode_block(int type, const uint8_t *blk, int s,
+                                                               const float *mul, const float *add,
                                                                float *restrict w) {
     if (type == TYPE_Q4_K || type == TYPE_Q5_K) {
-        float ds, neg_dm;
-        kquant_scale(blk, s, &ds, &neg_dm);
         const uint8_t *qs = blk + (type == TYPE_Q4_K ? 16 : 48) + 32 * (s >> 1), *qh = blk + 16;
         const int shift = 4 * (s & 1);
         for (int l = 0; l < QK; l++) {
             int q = (qs[l] >> shift) & 15;
             if (type == TYPE_Q5_K) q |= ((qh[l] >> s) & 1) << 4;
-            w[l] = ds * (float)q + neg_dm;
+            w[l] = mul[l >> 4] * (float)q + add[l >> 4];
         }
     } else if (type == TYPE_Q6_K) {
         const int h = s >> 2, t = s & 3, lshift = 4 * (t >> 1), hshift = 2 * t;
         const uint8_t *ql = blk + 64 * h + 32 * (t & 1), *qh = blk + 128 + 32 * h;
-        const int8_t *sc = (const int8_t *)(blk + 192) + 8 * h + 2 * t;
-        const float d = half_to_float(read_u16(blk + 208));
         for (int l = 0; l < QK; l++) {
             const int q = (((ql[l] >> lshift) & 15) | (((qh[l] >> hshift) & 3) << 4)) - 32;
-            w[l] = d * (float)sc[l >> 4] * (float)q;
+            w[l] = mul[l >> 4] * (float)q;
         }
     } else if (type == TYPE_Q8_0) {
         const float d = half_to_float(read_u16(blk));
@@ -173,29 +189,43 @@ static inline __m512i load16_u8(const uint8_t *p) { return _mm512_cvtepu8_epi32(
 static inline __m512i bits_at(__m512i v, int shift, int mask) {
     return _mm512_and_si512(_mm512_srl_epi32(v, _mm_cvtsi32_si128(shift)), _mm512_set1_epi32(mask));
 }
-static inline __attribute__((always_inline)) void decode_vec(int type, const uint8_t *blk, int s, vf *w) {
-    if (type == TYPE_Q4_K || type == TYPE_Q5_K) {
-        float ds, neg_dm;
-        kquant_scale(blk, s, &ds, &neg_dm);
-        const uint8_t *qs = blk + (type == TYPE_Q4_K ? 16 : 48) + 32 * (s >> 1);
+/* K-quant sub-blocks decoded per call: those sharing the same bytes (Q4_K / Q5_K: the low and high
+ * nibbles of 32 bytes; Q6_K: the four quarters of a 128-input half read ql / qh once). */
+static inline int decode_unit(int type) { return type == TYPE_Q6_K ? 4 : IS_KQUANT(type) ? 2 : 1; }
+/* Sub-blocks s .. s + decode_unit - 1 (2 vectors each; mul / add from their first group on). */
+static inline __attribute__((always_inline)) void decode_vec(int type, const uint8_t *blk, int s,
+                                                             const float *mul, const float *add, vf *w) {
+    if (type == TYPE_Q4_K || type == TYPE_Q5_K) {  /* 16 lanes = one 16-input group */
+        const uint8_t *qs = blk + (type == TYPE_Q4_K ? 16 : 48) + 16 * s;
         for (int v = 0; v < 2; v++) {
-            __m512i q = bits_at(load16_u8(qs + 16 * v), 4 * (s & 1), 15);
-            if (type == TYPE_Q5_K)
-                q = _mm512_or_si512(q, _mm512_slli_epi32(bits_at(load16_u8(blk + 16 + 16 * v), s, 1), 4));
-            w[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(ds), _mm512_set1_ps(neg_dm));
+            const __m512i b = load16_u8(qs + 16 * v);
+            __m512i lo = _mm512_and_si512(b, _mm512_set1_epi32(15)), hi = _mm512_srli_epi32(b, 4);
+            if (type == TYPE_Q5_K) {
+                const __m512i h = load16_u8(blk + 16 + 16 * v);
+                lo = _mm512_or_si512(lo, _mm512_slli_epi32(bits_at(h, s, 1), 4));
+                hi = _mm512_or_si512(hi, _mm512_slli_epi32(bits_at(h, s + 1, 1), 4));
+            }
+            w[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_set1_ps(mul[v]), _mm512_set1_ps(add[v]));
+            w[2 + v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_set1_ps(mul[2 + v]), _mm512_set1_ps(add[2 + v]));
         }
         return;
     }
-    if (type == TYPE_Q6_K) {
-        const int h = s >> 2, t = s & 3;
-        const uint8_t *ql = blk + 64 * h + 32 * (t & 1), *qh = blk + 128 + 32 * h;
-        const int8_t *sc = (const int8_t *)(blk + 192) + 8 * h + 2 * t;
-        const float d = half_to_float(read_u16(blk + 208));
-        for (int v = 0; v < 2; v++) {  /* 16 lanes = one 16-input scale group */
-            const __m512i hi = _mm512_slli_epi32(bits_at(load16_u8(qh + 16 * v), 2 * t, 3), 4);
-            const __m512i q = _mm512_sub_epi32(_mm512_or_si512(bits_at(load16_u8(ql + 16 * v), 4 * (t >> 1), 15), hi),
-                                               _mm512_set1_epi32(32));
-            w[v] = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(d * (float)sc[v]));
+    if (type == TYPE_Q6_K) {  /* s = 4h: quarter t of the half takes bits 4 (t / 2) of ql[32 (t & 1) + l] */
+        const uint8_t *ql = blk + 16 * s, *qh = blk + 128 + 8 * s;
+        const __m512i m15 = _mm512_set1_epi32(15), m48 = _mm512_set1_epi32(48);
+        for (int v = 0; v < 2; v++) {
+            const __m512i a = load16_u8(ql + 16 * v), b = load16_u8(ql + 32 + 16 * v), c = load16_u8(qh + 16 * v);
+            /* qh's 2-bit fields already shifted to bits 4-5: (c >> 2t & 3) << 4 == (c << 4 - 2t) & 48 */
+            const __m512i q[4] = {
+                _mm512_or_si512(_mm512_and_si512(a, m15), _mm512_and_si512(_mm512_slli_epi32(c, 4), m48)),
+                _mm512_or_si512(_mm512_and_si512(b, m15), _mm512_and_si512(_mm512_slli_epi32(c, 2), m48)),
+                _mm512_or_si512(_mm512_srli_epi32(a, 4), _mm512_and_si512(c, m48)),
+                _mm512_or_si512(_mm512_srli_epi32(b, 4), _mm512_and_si512(_mm512_srli_epi32(c, 2), m48)),
+            };
+            /* (q - 32) * m as q * m - 32 m: both exact, so the fused form rounds as the product does */
+            for (int t = 0; t < 4; t++)
+                w[2 * t + v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q[t]), _mm512_set1_ps(mul[2 * t + v]),
+                                               _mm512_set1_ps(-32.0f * mul[2 * t + v]));
         }
         return;
     }
@@ -234,30 +264,39 @@ static inline __m128i bytes_at(__m128i v, int shift, int mask) {  /* (byte >> sh
     return _mm_and_si128(_mm_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm_set1_epi8((char)mask));
 }
 static inline __m128i load16(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
-static inline __attribute__((always_inline)) void decode_vec(int type, const uint8_t *blk, int s, vf *w) {
+/* K-quant sub-blocks decoded per call (Q4_K / Q5_K: the low and high nibbles of the same 32 bytes;
+ * Q6_K one at a time: four at once would need 16 of the 16 ymm registers for the weights alone). */
+static inline int decode_unit(int type) { return type == TYPE_Q4_K || type == TYPE_Q5_K ? 2 : 1; }
+/* Sub-blocks s .. s + decode_unit - 1 (4 vectors each; mul / add from their first group on). */
+static inline __attribute__((always_inline)) void decode_vec(int type, const uint8_t *blk, int s,
+                                                             const float *mul, const float *add, vf *w) {
     if (type == TYPE_Q4_K || type == TYPE_Q5_K) {
-        float ds, neg_dm;
-        kquant_scale(blk, s, &ds, &neg_dm);
-        const __m256 dv = _mm256_set1_ps(ds), mv = _mm256_set1_ps(neg_dm);
-        const uint8_t *qs = blk + (type == TYPE_Q4_K ? 16 : 48) + 32 * (s >> 1);
+        const uint8_t *qs = blk + (type == TYPE_Q4_K ? 16 : 48) + 16 * s;
+        const __m128i m15 = _mm_set1_epi8(15);
         for (int v = 0; v < 2; v++) {
-            __m128i q = bytes_at(load16(qs + 16 * v), 4 * (s & 1), 15);
-            if (type == TYPE_Q5_K) q = _mm_or_si128(q, _mm_slli_epi16(bytes_at(load16(blk + 16 + 16 * v), s, 1), 4));
-            w[2 * v] = _mm256_fmadd_ps(widen8(q, 0), dv, mv);
-            w[2 * v + 1] = _mm256_fmadd_ps(widen8(_mm_srli_si128(q, 8), 0), dv, mv);
+            const __m128i raw = load16(qs + 16 * v);
+            __m128i q[2] = {_mm_and_si128(raw, m15), _mm_and_si128(_mm_srli_epi16(raw, 4), m15)};
+            if (type == TYPE_Q5_K) {
+                const __m128i h = load16(blk + 16 + 16 * v);
+                q[0] = _mm_or_si128(q[0], _mm_slli_epi16(bytes_at(h, s, 1), 4));
+                q[1] = _mm_or_si128(q[1], _mm_slli_epi16(bytes_at(h, s + 1, 1), 4));
+            }
+            for (int u = 0; u < 2; u++) {
+                const __m256 dv = _mm256_set1_ps(mul[2 * u + v]), mv = _mm256_set1_ps(add[2 * u + v]);
+                w[4 * u + 2 * v] = _mm256_fmadd_ps(widen8(q[u], 0), dv, mv);
+                w[4 * u + 2 * v + 1] = _mm256_fmadd_ps(widen8(_mm_srli_si128(q[u], 8), 0), dv, mv);
+            }
         }
         return;
     }
     if (type == TYPE_Q6_K) {
         const int h = s >> 2, t = s & 3;
         const uint8_t *ql = blk + 64 * h + 32 * (t & 1), *qh = blk + 128 + 32 * h;
-        const int8_t *sc = (const int8_t *)(blk + 192) + 8 * h + 2 * t;
-        const float d = half_to_float(read_u16(blk + 208));
         for (int v = 0; v < 2; v++) {  /* 16 bytes = one 16-input scale group */
             const __m128i hi = _mm_slli_epi16(bytes_at(load16(qh + 16 * v), 2 * t, 3), 4);
             const __m128i q = _mm_sub_epi8(_mm_or_si128(bytes_at(load16(ql + 16 * v), 4 * (t >> 1), 15), hi),
                                            _mm_set1_epi8(32));
-            const __m256 dv = _mm256_set1_ps(d * (float)sc[v]);
+            const __m256 dv = _mm256_set1_ps(mul[v]);
             w[2 * v] = _mm256_mul_ps(widen8(q, 1), dv);
             w[2 * v + 1] = _mm256_mul_ps(widen8(_mm_srli_si128(q, 8), 1), dv);
         }
@@ -287,17 +326,27 @@ static inline __attribute__((always_inline)) void decode_vec(int type, const uin
 static inline __attribute__((always_inline)) void dot_rows(int type, const uint8_t *row, long nblocks,
                                                            const float *x, long ldx, long rows, float *out,
                                                            long ldo) {
-    const long bb = block_bytes(type), nsub = sub_blocks(type);
+    const long bb = block_bytes(type);
+    const int nsub = sub_blocks(type);
+    float mul[16], add[16];  /* K-quants: the current super-block's scales (kquant_scales) */
 #ifdef LANES
     enum { NV = QK / LANES };
-    vf acc[TILE_M][NV], w[NV];
+    const int unit = decode_unit(type);
+    vf acc[TILE_M][NV], w[4 * NV];
     for (long r = 0; r < rows; r++)
         for (int v = 0; v < NV; v++) acc[r][v] = vzero();
-    for (long b = 0; b < nblocks * nsub; b++) {
-        decode_vec(type, row + b / nsub * bb, (int)(b % nsub), w);
-        for (long r = 0; r < rows; r++) {
-            const float *xb = x + r * ldx + b * QK;
-            for (int v = 0; v < NV; v++) acc[r][v] = vfma(vload(xb + v * LANES), w[v], acc[r][v]);
+    for (long b = 0; b < nblocks; b++) {
+        const uint8_t *blk = row + b * bb;
+        if (IS_KQUANT(type)) kquant_scales(type, blk, mul, add);
+        /* WHY unrolled: each sub-block's offsets and shifts become constants. */
+#pragma GCC unroll 8
+        for (int s = 0; s < nsub; s += unit) {
+            decode_vec(type, blk, s, mul + 2 * s, add + 2 * s, w);
+            for (long r = 0; r < rows; r++) {
+                const float *xb = x + r * ldx + (b * nsub + s) * QK;
+                for (int v = 0; v < unit * NV; v++)
+                    acc[r][v % NV] = vfma(vload(xb + v * LANES), w[v], acc[r][v % NV]);
+            }
         }
     }
     for (long r = 0; r < rows; r++) {
@@ -309,12 +358,16 @@ static inline __attribute__((always_inline)) void dot_rows(int type, const uint8
     float acc[TILE_M][QK];
     float w[QK];
     memset(acc, 0, (size_t)rows * sizeof(acc[0]));
-    for (long b = 0; b < nblocks * nsub; b++) {
-        decode_block(type, row + b / nsub * bb, (int)(b % nsub), w);
-        for (long r = 0; r < rows; r++) {
-            const float *xb = x + r * ldx + b * QK;
-            float *a = acc[r];
-            for (int j = 0; j < QK; j++) a[j] += xb[j] * w[j];
+    for (long b = 0; b < nblocks; b++) {
+        const uint8_t *blk = row + b * bb;
+        if (IS_KQUANT(type)) kquant_scales(type, blk, mul, add);
+        for (int s = 0; s < nsub; s++) {
+            decode_block(type, blk, s, mul + 2 * s, add + 2 * s, w);
+            for (long r = 0; r < rows; r++) {
+                const float *xb = x + r * ldx + (b * nsub + s) * QK;
+                float *a = acc[r];
+                for (int j = 0; j < QK; j++) a[j] += xb[j] * w[j];
+            }
         }
     }
     for (long r = 0; r < rows; r++) {
@@ -363,7 +416,12 @@ int trillium_gguf_dequantize(int type, const uint8_t *w, long n, long k, float *
     const long nblocks = k / (QK * nsub), row_bytes = nblocks * bb;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (long j = 0; j < n; j++)
-        for (long b = 0; b < nblocks * nsub; b++)
-            decode_block(type, w + j * row_bytes + b / nsub * bb, (int)(b % nsub), out + j * k + b * QK);
+        for (long b = 0; b < nblocks; b++) {
+            const uint8_t *blk = w + j * row_bytes + b * bb;
+            float mul[16], add[16];
+            if (IS_KQUANT(type)) kquant_scales(type, blk, mul, add);
+            for (long s = 0; s < nsub; s++)
+                decode_block(type, blk, (int)s, mul + 2 * s, add + 2 * s, out + j * k + (b * nsub + s) * QK);
+        }
     return 0;
 }
