@@ -36,6 +36,7 @@ from trillium.models.llama import linear
 SHAPES = (  # (name, N, K)
     ("SmolLM2 gate_up", 3072, 576), ("SmolLM2 down", 576, 1536), ("SmolLM2 head", 49152, 576),
     ("bench gate_up", 2752, 512), ("bench down", 512, 1376),
+    ("7B-class attn", 4096, 4096),  # 64 MiB in float32: no cache holds it, as in a real model's decode
 )  # fmt: skip
 FORMATS = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
