@@ -1,7 +1,7 @@
 """Accuracy of packed GGUF weights on SmolLM2-135M: top-1 agreement and |delta logprob| vs dequantized float32.
 
 Run: .venv/bin/python bench/gguf_packed_accuracy.py [--model PATH] [--num-prompts 16] [--max-tokens 32]
-     [--requantize Q4_K|Q5_K|Q6_K|Q4_K_M]
+     [--requantize Q4_K|Q5_K|Q6_K|Q4_K_M] [--threads N]
 
 Same method as bench/kv_fp8_accuracy.py (teacher-forced, its prompts and
 scoring): the --gguf-dequantize engine (every weight float32, the old path)
@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="engine torch threads (default: all cores); 1 on a shared, loaded machine")
     parser.add_argument("--requantize", choices=("Q4_K", "Q5_K", "Q6_K", "Q4_K_M"), default=None,
                         help="score a copy with the K % 256 == 0 weights re-encoded as this K-quant")
     args = parser.parse_args(argv)
@@ -114,8 +116,9 @@ def _run(model: str, args: argparse.Namespace) -> int:
     for name, dequantize in (("dequantized float32", True), ("packed", False)):
         # WHY 16-token steps: the packed kernel runs up to 32 rows per matmul (larger batches are
         # dequantized for the GEMM), so chunks of 16 make every scored row go through it.
+        threads = {"num_threads": args.threads} if args.threads else {}
         with LLM(model, dtype="float32", kv_cache_memory="512MiB", gguf_dequantize=dequantize,
-                 max_num_batched_tokens=16) as llm:
+                 max_num_batched_tokens=16, **threads) as llm:
             if not sequences:  # the float run fixes the tokens both score
                 outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy)
                 sequences = [p + o.outputs[0].token_ids for p, o in zip(prompts, outs)]
