@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
-from gguf.quants import dequantize
+from gguf.quants import dequantize as dequantize_blocks
 
 from kv_fp8_accuracy import build_prompts, compare, score  # bench/ is the script's directory
 
@@ -74,7 +74,7 @@ def requantized_copy(src: str, fmt: str, out: Path) -> dict[str, int]:
         data, raw = tensor.data, None if kind in _FLOAT_TYPES else kind
         if len(tensor.shape) == 2 and int(tensor.shape[0]) % gguf_kquant_encode.QK_K == 0 and kind not in _FLOAT_TYPES:
             raw = _target_type(tensor.name, fmt, layers)
-            data = gguf_kquant_encode.quantize(np.asarray(dequantize(tensor.data, kind), np.float32), raw)
+            data = gguf_kquant_encode.quantize(np.asarray(dequantize_blocks(tensor.data, kind), np.float32), raw)
         stored = (raw or kind).name
         counts[stored] = counts.get(stored, 0) + 1
         writer.add_tensor(tensor.name, np.asarray(data), raw_dtype=raw)
