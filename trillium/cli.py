@@ -43,7 +43,7 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, model_required: bool = 
                        help="weight and activation dtype (auto: float32 on CPU, bf16/fp16 on CUDA)")
     group.add_argument("--gguf-dequantize", action="store_true",
                        help="dequantize every GGUF weight to float at load (the old path: 4-8x the memory read "
-                            "per token) instead of multiplying Q8_0/Q4_0/Q4_1 blocks directly")
+                            "per token) instead of multiplying Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K blocks directly")
     group.add_argument("--device", default="cpu", help="torch device for the executor (cpu, cuda, cuda:1)")
     group.add_argument("--max-model-len", "--context-length", type=model_len, default=0,
                        help="context length limit: 4096, 32k (32000), 32K (32768), or -1 / auto (the "

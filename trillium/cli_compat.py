@@ -200,8 +200,8 @@ def add_serve_args(serve) -> None:
                         help="only 1: start one Trillium per device behind a load balancer")
     compat.add_argument("--quantization", "-q", default=None,
                         help="weight quantization (vLLM's names): gguf, implied for a .gguf model "
-                             "(Q8_0/Q4_0/Q4_1 weights kept packed; see --gguf-dequantize); awq or gptq, implied "
-                             "by a 4-bit AWQ/GPTQ checkpoint's config.json (kept at 4 bits on CPU float32); "
+                             "(Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K weights kept packed; see --gguf-dequantize); "
+                             "awq or gptq, implied by a 4-bit AWQ/GPTQ checkpoint's config.json (kept at 4 bits on CPU float32); "
                              "others (fp8, bitsandbytes, ...) are refused; for a smaller KV cache use "
                              "--kv-cache-dtype fp8")
     compat.add_argument("--load-format", default="auto", help="auto or safetensors (never pickle)")

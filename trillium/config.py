@@ -170,7 +170,7 @@ class EngineConfig:
     # Weight quantization, vLLM's --quantization names: None (from the checkpoint: a .gguf is "gguf", an
     # AWQ/GPTQ directory its config.json quant_method) | "gguf" | "awq" | "gptq" (must match the checkpoint).
     quantization: str | None = None
-    # GGUF: dequantize every weight to float at load instead of keeping Q8_0/Q4_0/Q4_1 packed.
+    # GGUF: dequantize every weight to float at load instead of keeping Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K packed.
     gguf_dequantize: bool = False
     # Tensor parallelism (distributed/tp_checks.py, models/tensor_parallel.py): executor ranks; the
     # loopback port of their TCPStore (0: the server picks a free one, assembly.py); how long a
@@ -197,8 +197,8 @@ class EngineConfig:
             raise ValueError(f"--max-model-len must be positive, -1 or auto, got {self.max_model_len}")
         if self.quantization not in SUPPORTED_QUANTIZATION:
             raise ValueError(f"--quantization {self.quantization}: not supported; Trillium implements "
-                             "gguf (implied for .gguf files: Q8_0/Q4_0/Q4_1 weights kept packed, other types "
-                             "dequantized), awq and gptq (4-bit safetensors checkpoints, read from config.json)")
+                             "gguf (implied for .gguf files: Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K weights kept packed, "
+                             "other types dequantized), awq and gptq (4-bit safetensors checkpoints, read from config.json)")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype!r}: choose from {', '.join(KV_CACHE_DTYPES)}")
         from trillium.distributed.tp_checks import refuse_engine

@@ -2,10 +2,12 @@
 
 The reference is gguf-py's own `gguf.quants.dequantize` (what transformers'
 and Trillium's float GGUF path use) followed by a float64 matmul; the blocks
-come from gguf-py's quantizers, so every format is checked on its own
-values. Shapes: K a multiple of the 32-weight block only (no larger tile),
-N not a multiple of any vector width, batches 1, a partial row tile and
-several tiles. Mirrors the split vLLM's GGUF linear makes
+come from gguf-py's quantizers (Q4_K / Q5_K / Q6_K, which gguf-py only
+decodes, from trillium.models.gguf_kquant_encode, written to ggml's layout:
+ggml-org/llama.cpp ggml/src/ggml-common.h block_q4_K / block_q5_K / block_q6_K),
+so every format is checked on its own values. Shapes: K a multiple of the 32-weight block only (no larger tile; for the
+K-quants one and three 256-weight super-blocks), N not a multiple of any
+vector width, batches 1, a partial row tile and several tiles. Mirrors the split vLLM's GGUF linear makes
 (vllm-project/vllm vllm/model_executor/layers/quantization/gguf.py
 `_fused_mul_mat_gguf`: a vector kernel for a few rows, dequantize + GEMM above).
 """
@@ -19,17 +21,19 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from trillium.kernels import gguf_cpu
+from trillium.models import gguf_kquant_encode
 from trillium.models.packed_linear import DEQUANTIZE_ROWS, GgufLinear
 
 pytestmark = pytest.mark.skipif(not gguf_cpu.available(), reason="no C compiler for the packed kernel")
 FORMATS = [GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1]
+K_FORMATS = [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K]
 
 
 def packed(n: int, k: int, qtype: GGMLQuantizationType, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(blocks uint8 [n, row bytes], the float32 weights they hold [n, k])."""
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((n, k)) * 0.05 + rng.standard_normal((n, 1)) * 0.01).astype(np.float32)
-    blocks = quantize(w, qtype)
+    blocks = gguf_kquant_encode.quantize(w, qtype) if qtype in K_FORMATS else quantize(w, qtype)
     return torch.from_numpy(np.ascontiguousarray(blocks)), torch.from_numpy(dequantize(blocks, qtype).copy())
 
 
@@ -45,11 +49,33 @@ def test_matmul_matches_dequantize_then_matmul(qtype, n, k, m):
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", K_FORMATS, ids=lambda t: t.name)
+@pytest.mark.parametrize("n, k", [(37, 256), (130, 768)])
+@pytest.mark.parametrize("m", [1, 3, 17])
+def test_kquant_matmul_matches_dequantize_then_matmul(qtype, n, k, m):
+    blocks, w = packed(n, k, qtype, seed=n + k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    out = gguf_cpu.matmul(x, blocks, int(qtype), k)
+    assert out.shape == (m, n) and blocks.shape == (n, k // 256 * gguf_cpu.BLOCK_BYTES[int(qtype)])
+    torch.testing.assert_close(out, (x.double() @ w.double().T).float(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("qtype", K_FORMATS, ids=lambda t: t.name)
+def test_kquant_encoder_writes_what_gguf_py_reads(qtype):
+    """The test encoder's bytes decode (by gguf-py, independently) to values near the weights:
+    relative RMS error below the format's step (a misplaced field would scramble them)."""
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((16, 512)) * 0.05).astype(np.float32)
+    back = dequantize(gguf_kquant_encode.quantize(w, qtype), qtype)
+    rel = np.sqrt(((back - w) ** 2).mean() / (w**2).mean())
+    assert rel < {"Q4_K": 0.09, "Q5_K": 0.045, "Q6_K": 0.03}[qtype.name]
+
+
+@pytest.mark.parametrize("qtype", FORMATS + K_FORMATS, ids=lambda t: t.name)
 def test_dequantize_is_the_formats_values(qtype):
-    blocks, w = packed(70, 128, qtype)
+    blocks, w = packed(70, 256 if qtype in K_FORMATS else 128, qtype)
     # Bit for bit: d * q is exact in float32, so a fused d * q + m (Q4_1) rounds once, as numpy does.
-    assert torch.equal(gguf_cpu.dequantize(blocks, int(qtype), 128), w)
+    assert torch.equal(gguf_cpu.dequantize(blocks, int(qtype), w.shape[1]), w)
 
 
 def test_strided_rows_and_bad_inputs():
@@ -62,7 +88,10 @@ def test_strided_rows_and_bad_inputs():
     with pytest.raises(ValueError, match="Q4_1 rows of K=64"):
         gguf_cpu.matmul(torch.randn(1, 64), blocks[:, :-1].contiguous(), 3, 64)
     with pytest.raises(ValueError, match="no packed CPU kernel"):
-        gguf_cpu.matmul(torch.randn(1, 64), blocks, int(GGMLQuantizationType.Q4_K), 64)
+        gguf_cpu.matmul(torch.randn(1, 64), blocks, int(GGMLQuantizationType.Q2_K), 64)
+    kblocks, _ = packed(8, 256, GGMLQuantizationType.Q4_K)
+    with pytest.raises(ValueError, match="K % 256"):  # a super-block is 256 weights
+        gguf_cpu.matmul(torch.randn(1, 128), kblocks[:, :144].contiguous(), int(GGMLQuantizationType.Q4_K), 128)
     with pytest.raises(ValueError, match="float32"):
         gguf_cpu.matmul(torch.randn(1, 64, dtype=torch.bfloat16), blocks, 3, 64)
 

@@ -127,3 +127,30 @@ def test_serve_flags_reach_the_engine_config():
     kwargs = _engine_kwargs(args)
     assert kwargs["quantization"] == "gguf" and kwargs["gguf_dequantize"] is True
     assert EngineConfig.build(model="m.gguf", **kwargs).gguf_dequantize
+
+
+def q4_k_m_mix(name: str) -> Q | None:
+    """A Q4_K_M-style file (ggml-org/llama.cpp src/llama-quant.cpp `llama_tensor_get_type_impl`): Q4_K
+    projections; Q6_K for the tied embedding/head and, in a "more bits" layer (layer 0), for ffn_down and attn_v
+    -- so layer 0's fused qkv mixes Q4_K / Q6_K and falls back to float; Q5_K gate/up in layer 1."""
+    if name.startswith("token_embd") or name in ("blk.0.ffn_down.weight", "blk.0.attn_v.weight"):
+        return Q.Q6_K
+    return Q.Q5_K if name.startswith(("blk.1.ffn_gate", "blk.1.ffn_up")) else Q.Q4_K
+
+
+def test_kquants_packed_match_dequantized(checkpoint, tmp_path):
+    """Q4_K / Q5_K / Q6_K projections (K = 256: one super-block per row) load packed and give the
+    dequantized model's logits and greedy tokens."""
+    hf = checkpoint("llama-tied", hidden_size=256, intermediate_size=256, head_dim=64)
+    path = write_gguf(hf, tmp_path / "model.gguf", quantize=q4_k_m_mix)
+    packed, config = load_model(path, progress=False)
+    floats, _ = load_model(path, progress=False, gguf_dequantize=True)
+    kinds = {name: m.format_name for name, m in packed.named_modules() if isinstance(m, GgufLinear)}
+    assert kinds == {"lm_head": "Q6_K", "model.layers.0.self_attn.o_proj": "Q4_K",
+                     "model.layers.0.mlp.gate_up_proj": "Q4_K", "model.layers.0.mlp.down_proj": "Q6_K",
+                     "model.layers.1.self_attn.qkv_proj": "Q4_K", "model.layers.1.self_attn.o_proj": "Q4_K",
+                     "model.layers.1.mlp.gate_up_proj": "Q5_K", "model.layers.1.mlp.down_proj": "Q4_K"}  # fmt: skip
+    sequences = random_sequences(config.vocab_size, seed=4)
+    assert max_abs_diff(run_schedule(packed, sequences), run_schedule(floats, sequences)) < 1e-4
+    prompts = [s[:6] for s in sequences]
+    assert greedy(packed, prompts, 8) == greedy(floats, prompts, 8)

@@ -4,7 +4,8 @@ Float32 tensors (exact), llama.cpp names, Q/K rows permuted for the llama
 architecture, and for llama3 rope scaling a `rope_freqs.weight` tensor
 (convert_hf_to_gguf.py LlamaModel.generate_extra_tensors) instead of metadata.
 With `quantize`, chosen 2-D weights are stored as llama.cpp blocks (Q8_0, Q4_1, ...)
-through gguf-py's own quantizers.
+through gguf-py's own quantizers; Q4_K / Q5_K / Q6_K, which gguf-py cannot encode,
+through trillium.models.gguf_kquant_encode (ggml's layout, a round-to-nearest fit).
 
 Families: the dense Llama ones, Phi-3 (`attn_qkv`, fused gate/up as `ffn_up`)
 and the MoE ones: qwen2moe / qwen3moe, and Mixtral as `llama` with
@@ -38,6 +39,7 @@ from gguf import GGMLQuantizationType, GGUFWriter, RopeScalingType
 from gguf import quants as gguf_quants
 from safetensors.numpy import load_file
 
+from trillium.models import gguf_kquant_encode
 from trillium.models.config import ModelConfig
 
 _HF_TO_GGUF_BLOCK = {
@@ -186,7 +188,8 @@ def write_gguf(hf_dir: Path, out: Path, quantize: Callable[[str], GGMLQuantizati
         if qtype is None:
             writer.add_tensor(_gguf_name(name, arch), w)
         else:
-            writer.add_tensor(_gguf_name(name, arch), gguf_quants.quantize(w, qtype), raw_dtype=qtype)
+            encode = gguf_kquant_encode.quantize if int(qtype) in gguf_kquant_encode.TYPES else gguf_quants.quantize
+            writer.add_tensor(_gguf_name(name, arch), encode(w, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

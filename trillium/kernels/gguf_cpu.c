@@ -1,22 +1,42 @@
-/* GGUF weight-only matmuls on CPU: float32 activations x packed Q8_0 / Q4_0 / Q4_1 weights.
+/* GGUF weight-only matmuls on CPU: float32 activations x packed Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K
+ * weights.
  *
  * Built at first use by trillium/kernels/gguf_cpu.py (the system C compiler, -O3 -march=native,
  * -ffp-contract=fast, OpenMP; no torch headers, so it builds in about a second) and called through ctypes.
  *
  * Weights stay in llama.cpp's own block layout, one row per output channel:
  *
- *   row n: [block 0][block 1] ... [block K/32 - 1]      every block covers 32 inputs
+ *   row n: [block 0][block 1] ... [block K/32 - 1]      every block covers 32 inputs (K-quants: 256)
  *   Q8_0 block (34 B): fp16 d | int8 q[32]               w[j] = d * q[j]
  *   Q4_0 block (18 B): fp16 d | uint8 qs[16]             w[j] = d * ((qs[j] & 15) - 8), w[j+16] = d * ((qs[j] >> 4) - 8)
  *   Q4_1 block (20 B): fp16 d | fp16 m | uint8 qs[16]    w[j] = d * (qs[j] & 15) + m,    w[j+16] = d * (qs[j] >> 4) + m
  *
+ * K-quant super-blocks cover 256 inputs, as 8 sub-blocks of 32 (ggml/src/ggml-common.h block_q4_K,
+ * block_q5_K, block_q6_K; values as ggml/src/ggml-quants.c dequantize_row_q{4,5,6}_K):
+ *
+ *   Q4_K (144 B): fp16 d | fp16 dmin | scales[12] | qs[128]
+ *       sub-block s (0..7): 6-bit sc[s], m[s] from scales (get_scale_min_k4: s < 4: scales[s] & 63,
+ *       scales[s+4] & 63; else the low / high nibble of scales[s+4] with the top 2 bits of scales[s-4] /
+ *       scales[s]); q[l] = nibble (s & 1 ? high : low) of qs[32 * (s / 2) + l];
+ *       w = (d * sc[s]) * q - dmin * m[s]
+ *   Q5_K (176 B): fp16 d | fp16 dmin | scales[12] | qh[32] | qs[128]     as Q4_K, q[l] |= bit s of qh[l] << 4
+ *   Q6_K (210 B): ql[128] | qh[64] | int8 scales[16] | fp16 d
+ *       sub-block s: half h = s / 4, quarter t = s % 4; q[l] = ((ql[64h + 32(t & 1) + l] >> 4(t / 2)) & 15)
+ *       | ((qh[32h + l] >> 2t) & 3) << 4, minus 32; w = (d * scales[8h + 2t + l / 16]) * q
+ *
  * WHY exact: each block is widened to the float32 values gguf.quants.dequantize
  * produces (bit for bit: d * q is exact in float32, so Q4_1's fused d * q + m
- * rounds once, as numpy's), in registers, and multiplied there; nothing is requantized and the
- * activations stay float32, so the result is the dequantize-then-matmul result up
- * to float32 summation order. Only the weights' bytes cross the memory bus.
+ * rounds once, as numpy's; for the K-quants d * sc (11 + 6 or 7 bits) times q
+ * (4-6 bits, at most 23 bits in all) is exact too, so the fused
+ * (d * sc) * q - dmin * m rounds once), in registers, and multiplied there;
+ * nothing is requantized (llama.cpp's CPU path quantizes the activations to
+ * Q8_K blocks for its integer dot products; here they stay float32), so the result
+ * is the dequantize-then-matmul result up to float32 summation order. Only the
+ * weights' bytes cross the memory bus.
  *
  * AVX-512 and AVX2+FMA paths (intrinsics, picked by -march=native), else plain loops.
+ * K-quants: a super-block's scales are unpacked once (kquant_scales), then the sub-blocks that share
+ * bytes are decoded together (decode_unit), in a loop unrolled so every shift is a constant.
  *
  * Layout of the work: output channels are split across threads; each thread walks
  * its rows once per tile of TILE_M activation rows, keeping a 32-lane accumulator
@@ -30,8 +50,10 @@
 #include <immintrin.h>
 #endif
 
-enum { TYPE_Q4_0 = 2, TYPE_Q4_1 = 3, TYPE_Q8_0 = 8 };
+enum { TYPE_Q4_0 = 2, TYPE_Q4_1 = 3, TYPE_Q8_0 = 8, TYPE_Q4_K = 12, TYPE_Q5_K = 13, TYPE_Q6_K = 14 };
+/* Inputs per decoded block: a whole Q8_0 / Q4_0 / Q4_1 block, one sub-block of a K-quant super-block. */
 #define QK 32
+#define IS_KQUANT(type) ((type) == TYPE_Q4_K || (type) == TYPE_Q5_K || (type) == TYPE_Q6_K)
 /* Activation rows per pass over the weights: their accumulators stay in registers. */
 #if defined(__AVX512F__) || !defined(__AVX2__)
 #define TILE_M 8
@@ -69,13 +91,71 @@ static long block_bytes(int type) {
         case TYPE_Q8_0: return 2 + QK;
         case TYPE_Q4_0: return 2 + QK / 2;
         case TYPE_Q4_1: return 4 + QK / 2;
+        case TYPE_Q4_K: return 144;
+        case TYPE_Q5_K: return 176;
+        case TYPE_Q6_K: return 210;
         default: return 0;
     }
 }
 
-/* The 32 float32 weights of one block. */
-static inline __attribute__((always_inline)) void decode_block(int type, const uint8_t *blk, float *restrict w) {
-    if (type == TYPE_Q8_0) {
+/* 32-input sub-blocks per stored block: 8 for the 256-input K-quant super-blocks, else 1. */
+static inline int sub_blocks(int type) { return IS_KQUANT(type) ? 8 : 1; }
+
+/* Q4_K / Q5_K: the 6-bit scale and min of sub-block s (ggml-quants.c get_scale_min_k4). */
+static inline void scale_min_k4(int s, const uint8_t *q, int *sc, int *m) {
+    if (s < 4) {
+        *sc = q[s] & 63;
+        *m = q[s + 4] & 63;
+    } else {
+        *sc = (q[s + 4] & 15) | ((q[s - 4] >> 6) << 4);
+        *m = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
+    }
+}
+
+/* A K-quant super-block's multipliers and offsets per 16 inputs: w = mul[i / 16] * q + add[i / 16].
+ * Q4_K / Q5_K: d * sc[s] and -(dmin * m[s]) for both halves of sub-block s; Q6_K: d * scales[g], add 0.
+ * All exact in float32. WHY once per super-block: the scale unpacking is scalar work that would
+ * otherwise repeat for every activation tile and sub-block. */
+static inline void kquant_scales(int type, const uint8_t *blk, float *restrict mul, float *restrict add) {
+    if (type == TYPE_Q6_K) {
+        const float d = half_to_float(read_u16(blk + 208));
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        for (int g = 0; g < 16; g++) {
+            mul[g] = d * (float)sc[g];
+            add[g] = 0.0f;
+        }
+        return;
+    }
+    const float d = half_to_float(read_u16(blk)), dmin = half_to_float(read_u16(blk + 2));
+    for (int s = 0; s < 8; s++) {
+        int sc, m;
+        scale_min_k4(s, blk + 4, &sc, &m);
+        mul[2 * s] = mul[2 * s + 1] = d * (float)sc;
+        add[2 * s] = add[2 * s + 1] = -(dmin * (float)m);
+    }
+}
+
+/* The 32 float32 weights of one block, or of sub-block s of a K-quant super-block (mul / add: its two
+ * 16-input groups' entries from kquant_scales). */
+static inline __attribute__((always_inline)) void decode_block(int type, const uint8_t *blk, int s,
+                                                               const float *mul, const float *add,
+                                                               float *restrict w) {
+    if (type == TYPE_Q4_K || type == TYPE_Q5_K) {
+        const uint8_t *qs = blk + (type == TYPE_Q4_K ? 16 : 48) + 32 * (s >> 1), *qh = blk + 16;
+        const int shift = 4 * (s & 1);
+        for (int l = 0; l < QK; l++) {
+            int q = (qs[l] >> shift) & 15;
+            if (type == TYPE_Q5_K) q |= ((qh[l] >> s) & 1) << 4;
+            w[l] = mul[l >> 4] * (float)q + add[l >> 4];
+        }
+    } else if (type == TYPE_Q6_K) {
+        const int h = s >> 2, t = s & 3, lshift = 4 * (t >> 1), hshift = 2 * t;
+        const uint8_t *ql = blk + 64 * h + 32 * (t & 1), *qh = blk + 128 + 32 * h;
+        for (int l = 0; l < QK; l++) {
+            const int q = (((ql[l] >> lshift) & 15) | (((qh[l] >> hshift) & 3) << 4)) - 32;
+            w[l] = mul[l >> 4] * (float)q;
+        }
+    } else if (type == TYPE_Q8_0) {
         const float d = half_to_float(read_u16(blk));
         const int8_t *q = (const int8_t *)(blk + 2);
         for (int j = 0; j < QK; j++) w[j] = d * (float)q[j];
@@ -105,7 +185,50 @@ static inline vf vload(const float *p) { return _mm512_loadu_ps(p); }
 static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
 static inline float vsum(vf a) { return _mm512_reduce_add_ps(a); }
-static inline __attribute__((always_inline)) void decode_vec(int type, const uint8_t *blk, vf *w) {
+static inline __m512i load16_u8(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+static inline __m512i bits_at(__m512i v, int shift, int mask) {
+    return _mm512_and_si512(_mm512_srl_epi32(v, _mm_cvtsi32_si128(shift)), _mm512_set1_epi32(mask));
+}
+/* K-quant sub-blocks decoded per call: those sharing the same bytes (Q4_K / Q5_K: the low and high
+ * nibbles of 32 bytes; Q6_K: the four quarters of a 128-input half read ql / qh once). */
+static inline int decode_unit(int type) { return type == TYPE_Q6_K ? 4 : IS_KQUANT(type) ? 2 : 1; }
+/* Sub-blocks s .. s + decode_unit - 1 (2 vectors each; mul / add from their first group on). */
+static inline __attribute__((always_inline)) void decode_vec(int type, const uint8_t *blk, int s,
+                                                             const float *mul, const float *add, vf *w) {
+    if (type == TYPE_Q4_K || type == TYPE_Q5_K) {  /* 16 lanes = one 16-input group */
+        const uint8_t *qs = blk + (type == TYPE_Q4_K ? 16 : 48) + 16 * s;
+        for (int v = 0; v < 2; v++) {
+            const __m512i b = load16_u8(qs + 16 * v);
+            __m512i lo = _mm512_and_si512(b, _mm512_set1_epi32(15)), hi = _mm512_srli_epi32(b, 4);
+            if (type == TYPE_Q5_K) {
+                const __m512i h = load16_u8(blk + 16 + 16 * v);
+                lo = _mm512_or_si512(lo, _mm512_slli_epi32(bits_at(h, s, 1), 4));
+                hi = _mm512_or_si512(hi, _mm512_slli_epi32(bits_at(h, s + 1, 1), 4));
+            }
+            w[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_set1_ps(mul[v]), _mm512_set1_ps(add[v]));
+            w[2 + v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_set1_ps(mul[2 + v]), _mm512_set1_ps(add[2 + v]));
+        }
+        return;
+    }
+    if (type == TYPE_Q6_K) {  /* s = 4h: quarter t of the half takes bits 4 (t / 2) of ql[32 (t & 1) + l] */
+        const uint8_t *ql = blk + 16 * s, *qh = blk + 128 + 8 * s;
+        const __m512i m15 = _mm512_set1_epi32(15), m48 = _mm512_set1_epi32(48);
+        for (int v = 0; v < 2; v++) {
+            const __m512i a = load16_u8(ql + 16 * v), b = load16_u8(ql + 32 + 16 * v), c = load16_u8(qh + 16 * v);
+            /* qh's 2-bit fields already shifted to bits 4-5: (c >> 2t & 3) << 4 == (c << 4 - 2t) & 48 */
+            const __m512i q[4] = {
+                _mm512_or_si512(_mm512_and_si512(a, m15), _mm512_and_si512(_mm512_slli_epi32(c, 4), m48)),
+                _mm512_or_si512(_mm512_and_si512(b, m15), _mm512_and_si512(_mm512_slli_epi32(c, 2), m48)),
+                _mm512_or_si512(_mm512_srli_epi32(a, 4), _mm512_and_si512(c, m48)),
+                _mm512_or_si512(_mm512_srli_epi32(b, 4), _mm512_and_si512(_mm512_srli_epi32(c, 2), m48)),
+            };
+            /* (q - 32) * m as q * m - 32 m: both exact, so the fused form rounds as the product does */
+            for (int t = 0; t < 4; t++)
+                w[2 * t + v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q[t]), _mm512_set1_ps(mul[2 * t + v]),
+                                               _mm512_set1_ps(-32.0f * mul[2 * t + v]));
+        }
+        return;
+    }
     const __m512 d = _mm512_set1_ps(half_to_float(read_u16(blk)));
     if (type == TYPE_Q8_0) {
         w[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)))), d);
@@ -137,7 +260,48 @@ static inline float vsum(vf a) {
 static inline __m256 widen8(__m128i bytes8, int is_signed) {
     return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(bytes8) : _mm256_cvtepu8_epi32(bytes8));
 }
-static inline __attribute__((always_inline)) void decode_vec(int type, const uint8_t *blk, vf *w) {
+static inline __m128i bytes_at(__m128i v, int shift, int mask) {  /* (byte >> shift) & mask, per byte */
+    return _mm_and_si128(_mm_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm_set1_epi8((char)mask));
+}
+static inline __m128i load16(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
+/* K-quant sub-blocks decoded per call (Q4_K / Q5_K: the low and high nibbles of the same 32 bytes;
+ * Q6_K one at a time: four at once would need 16 of the 16 ymm registers for the weights alone). */
+static inline int decode_unit(int type) { return type == TYPE_Q4_K || type == TYPE_Q5_K ? 2 : 1; }
+/* Sub-blocks s .. s + decode_unit - 1 (4 vectors each; mul / add from their first group on). */
+static inline __attribute__((always_inline)) void decode_vec(int type, const uint8_t *blk, int s,
+                                                             const float *mul, const float *add, vf *w) {
+    if (type == TYPE_Q4_K || type == TYPE_Q5_K) {
+        const uint8_t *qs = blk + (type == TYPE_Q4_K ? 16 : 48) + 16 * s;
+        const __m128i m15 = _mm_set1_epi8(15);
+        for (int v = 0; v < 2; v++) {
+            const __m128i raw = load16(qs + 16 * v);
+            __m128i q[2] = {_mm_and_si128(raw, m15), _mm_and_si128(_mm_srli_epi16(raw, 4), m15)};
+            if (type == TYPE_Q5_K) {
+                const __m128i h = load16(blk + 16 + 16 * v);
+                q[0] = _mm_or_si128(q[0], _mm_slli_epi16(bytes_at(h, s, 1), 4));
+                q[1] = _mm_or_si128(q[1], _mm_slli_epi16(bytes_at(h, s + 1, 1), 4));
+            }
+            for (int u = 0; u < 2; u++) {
+                const __m256 dv = _mm256_set1_ps(mul[2 * u + v]), mv = _mm256_set1_ps(add[2 * u + v]);
+                w[4 * u + 2 * v] = _mm256_fmadd_ps(widen8(q[u], 0), dv, mv);
+                w[4 * u + 2 * v + 1] = _mm256_fmadd_ps(widen8(_mm_srli_si128(q[u], 8), 0), dv, mv);
+            }
+        }
+        return;
+    }
+    if (type == TYPE_Q6_K) {
+        const int h = s >> 2, t = s & 3;
+        const uint8_t *ql = blk + 64 * h + 32 * (t & 1), *qh = blk + 128 + 32 * h;
+        for (int v = 0; v < 2; v++) {  /* 16 bytes = one 16-input scale group */
+            const __m128i hi = _mm_slli_epi16(bytes_at(load16(qh + 16 * v), 2 * t, 3), 4);
+            const __m128i q = _mm_sub_epi8(_mm_or_si128(bytes_at(load16(ql + 16 * v), 4 * (t >> 1), 15), hi),
+                                           _mm_set1_epi8(32));
+            const __m256 dv = _mm256_set1_ps(mul[v]);
+            w[2 * v] = _mm256_mul_ps(widen8(q, 1), dv);
+            w[2 * v + 1] = _mm256_mul_ps(widen8(_mm_srli_si128(q, 8), 1), dv);
+        }
+        return;
+    }
     const __m256 d = _mm256_set1_ps(half_to_float(read_u16(blk)));
     if (type == TYPE_Q8_0) {
         for (int i = 0; i < 4; i++)
@@ -156,22 +320,33 @@ static inline __attribute__((always_inline)) void decode_vec(int type, const uin
 }
 #endif
 
-/* One output channel for rows [0, rows) of x (rows <= TILE_M): out[r * ldo] = x[r] . w_row.
+/* One output channel for rows [0, rows) of x (rows <= TILE_M): out[r * ldo] = x[r] . w_row, the row being
+ * `nblocks` stored blocks of sub_blocks(type) 32-input sub-blocks each.
  * Always inlined, so each (type, rows) call site below compiles to its own loop nest. */
 static inline __attribute__((always_inline)) void dot_rows(int type, const uint8_t *row, long nblocks,
                                                            const float *x, long ldx, long rows, float *out,
                                                            long ldo) {
     const long bb = block_bytes(type);
+    const int nsub = sub_blocks(type);
+    float mul[16], add[16];  /* K-quants: the current super-block's scales (kquant_scales) */
 #ifdef LANES
     enum { NV = QK / LANES };
-    vf acc[TILE_M][NV], w[NV];
+    const int unit = decode_unit(type);
+    vf acc[TILE_M][NV], w[4 * NV];
     for (long r = 0; r < rows; r++)
         for (int v = 0; v < NV; v++) acc[r][v] = vzero();
     for (long b = 0; b < nblocks; b++) {
-        decode_vec(type, row + b * bb, w);
-        for (long r = 0; r < rows; r++) {
-            const float *xb = x + r * ldx + b * QK;
-            for (int v = 0; v < NV; v++) acc[r][v] = vfma(vload(xb + v * LANES), w[v], acc[r][v]);
+        const uint8_t *blk = row + b * bb;
+        if (IS_KQUANT(type)) kquant_scales(type, blk, mul, add);
+        /* WHY unrolled: each sub-block's offsets and shifts become constants. */
+#pragma GCC unroll 8
+        for (int s = 0; s < nsub; s += unit) {
+            decode_vec(type, blk, s, mul + 2 * s, add + 2 * s, w);
+            for (long r = 0; r < rows; r++) {
+                const float *xb = x + r * ldx + (b * nsub + s) * QK;
+                for (int v = 0; v < unit * NV; v++)
+                    acc[r][v % NV] = vfma(vload(xb + v * LANES), w[v], acc[r][v % NV]);
+            }
         }
     }
     for (long r = 0; r < rows; r++) {
@@ -184,11 +359,15 @@ static inline __attribute__((always_inline)) void dot_rows(int type, const uint8
     float w[QK];
     memset(acc, 0, (size_t)rows * sizeof(acc[0]));
     for (long b = 0; b < nblocks; b++) {
-        decode_block(type, row + b * bb, w);
-        for (long r = 0; r < rows; r++) {
-            const float *xb = x + r * ldx + b * QK;
-            float *a = acc[r];
-            for (int j = 0; j < QK; j++) a[j] += xb[j] * w[j];
+        const uint8_t *blk = row + b * bb;
+        if (IS_KQUANT(type)) kquant_scales(type, blk, mul, add);
+        for (int s = 0; s < nsub; s++) {
+            decode_block(type, blk, s, mul + 2 * s, add + 2 * s, w);
+            for (long r = 0; r < rows; r++) {
+                const float *xb = x + r * ldx + (b * nsub + s) * QK;
+                float *a = acc[r];
+                for (int j = 0; j < QK; j++) a[j] += xb[j] * w[j];
+            }
         }
     }
     for (long r = 0; r < rows; r++) {
@@ -199,12 +378,13 @@ static inline __attribute__((always_inline)) void dot_rows(int type, const uint8
 #endif
 }
 
-/* out[M, N] = x[M, K] @ W^T with W [N, K] in GGUF blocks (K % 32 == 0). Returns 0, or -1 for a bad type. */
+/* out[M, N] = x[M, K] @ W^T with W [N, K] in GGUF blocks (K % 32 == 0; K % 256 == 0 for the K-quants).
+ * Returns 0, or -1 for a bad type or K. */
 int trillium_gguf_matmul(int type, const float *x, long m, long k, long ldx, const uint8_t *w, long n,
                          float *out, int num_threads) {
-    const long bb = block_bytes(type);
-    if (bb == 0 || k % QK) return -1;
-    const long nblocks = k / QK, row_bytes = nblocks * bb;
+    const long bb = block_bytes(type), block_k = QK * sub_blocks(type);
+    if (bb == 0 || k % block_k) return -1;
+    const long nblocks = k / block_k, row_bytes = nblocks * bb;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (long j = 0; j < n; j++) {
         const uint8_t *row = w + j * row_bytes;
@@ -219,7 +399,10 @@ int trillium_gguf_matmul(int type, const float *x, long m, long k, long ldx, con
     else dot_rows(T, row, nblocks, xr, ldx, rows, o, n);
             if (type == TYPE_Q8_0) { DOT(TYPE_Q8_0) }
             else if (type == TYPE_Q4_0) { DOT(TYPE_Q4_0) }
-            else { DOT(TYPE_Q4_1) }
+            else if (type == TYPE_Q4_1) { DOT(TYPE_Q4_1) }
+            else if (type == TYPE_Q4_K) { DOT(TYPE_Q4_K) }
+            else if (type == TYPE_Q5_K) { DOT(TYPE_Q5_K) }
+            else { DOT(TYPE_Q6_K) }
 #undef DOT
         }
     }
@@ -228,11 +411,17 @@ int trillium_gguf_matmul(int type, const float *x, long m, long k, long ldx, con
 
 /* out[N, K] float32 = the dequantized W. Returns 0, or -1 for a bad type. */
 int trillium_gguf_dequantize(int type, const uint8_t *w, long n, long k, float *out, int num_threads) {
-    const long bb = block_bytes(type);
-    if (bb == 0 || k % QK) return -1;
-    const long nblocks = k / QK, row_bytes = nblocks * bb;
+    const long bb = block_bytes(type), nsub = sub_blocks(type);
+    if (bb == 0 || k % (QK * nsub)) return -1;
+    const long nblocks = k / (QK * nsub), row_bytes = nblocks * bb;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (long j = 0; j < n; j++)
-        for (long b = 0; b < nblocks; b++) decode_block(type, w + j * row_bytes + b * bb, out + j * k + b * QK);
+        for (long b = 0; b < nblocks; b++) {
+            const uint8_t *blk = w + j * row_bytes + b * bb;
+            float mul[16], add[16];
+            if (IS_KQUANT(type)) kquant_scales(type, blk, mul, add);
+            for (long s = 0; s < nsub; s++)
+                decode_block(type, blk, (int)s, mul + 2 * s, add + 2 * s, out + j * k + (b * nsub + s) * QK);
+        }
     return 0;
 }

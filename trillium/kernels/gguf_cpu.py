@@ -4,9 +4,11 @@
     dequantize(blocks, ggml_type, K) -> [N, K] float32
     available() -> bool        (a C compiler built the kernel here)
 
-Formats: Q8_0, Q4_0, Q4_1 (ggml type ids 8, 2, 3), weights in llama.cpp's own
-block layout (see the C file's header). The result equals
-dequantize-then-matmul up to float32 summation order.
+Formats: Q8_0, Q4_0, Q4_1 (ggml type ids 8, 2, 3; blocks of 32 weights) and the
+K-quants Q4_K, Q5_K, Q6_K (12, 13, 14; super-blocks of 256), weights in
+llama.cpp's own block layout (see the C file's header). Activations stay
+float32 (nothing is requantized, unlike llama.cpp's Q8_K activation blocks),
+so the result equals dequantize-then-matmul up to float32 summation order.
 
 WHY a C file and not torch's weight-only ops: on x86 torch 2.13's
 `_weight_int4pack_mm_for_cpu` and `_weight_int8pack_mm` vectorize only
@@ -38,10 +40,11 @@ import torch
 
 log = logging.getLogger(__name__)
 
-Q4_0, Q4_1, Q8_0 = 2, 3, 8
-BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20}  # bytes per 32 weights
-FORMAT_NAMES = {Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1"}
-BLOCK_SIZE = 32
+Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 8, 12, 13, 14
+BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20, Q4_K: 144, Q5_K: 176, Q6_K: 210}  # bytes per block
+BLOCK_VALUES = {Q8_0: 32, Q4_0: 32, Q4_1: 32, Q4_K: 256, Q5_K: 256, Q6_K: 256}  # weights per block (along K)
+FORMAT_NAMES = {Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
+BLOCK_SIZE = 32  # the legacy formats' block; K-quant super-blocks are BLOCK_VALUES[t] = 256
 _SOURCE = Path(__file__).with_name("gguf_cpu.c")
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 
@@ -117,13 +120,20 @@ def unavailable_reason() -> str | None:
     return _build_error
 
 
+def row_bytes(ggml_type: int, k: int) -> int:
+    """Bytes of one packed row of K weights."""
+    return k // BLOCK_VALUES[ggml_type] * BLOCK_BYTES[ggml_type]
+
+
 def _check(blocks: torch.Tensor, ggml_type: int, k: int) -> None:
     if ggml_type not in BLOCK_BYTES:
         raise ValueError(f"ggml type {ggml_type} has no packed CPU kernel (have {sorted(FORMAT_NAMES.values())})")
-    if k % BLOCK_SIZE or blocks.dtype != torch.uint8 or blocks.dim() != 2 or not blocks.is_contiguous():
-        raise ValueError(f"packed weights must be contiguous uint8 [N, K/32 blocks] with K % 32 == 0 (K={k})")
-    if blocks.shape[1] != k // BLOCK_SIZE * BLOCK_BYTES[ggml_type] or blocks.device.type != "cpu":
-        raise ValueError(f"{FORMAT_NAMES[ggml_type]} rows of K={k} are {k // 32 * BLOCK_BYTES[ggml_type]} "
+    per = BLOCK_VALUES[ggml_type]
+    if k % per or blocks.dtype != torch.uint8 or blocks.dim() != 2 or not blocks.is_contiguous():
+        raise ValueError(f"packed {FORMAT_NAMES[ggml_type]} weights must be contiguous uint8 [N, K/{per} blocks] "
+                         f"with K % {per} == 0 (K={k})")
+    if blocks.shape[1] != row_bytes(ggml_type, k) or blocks.device.type != "cpu":
+        raise ValueError(f"{FORMAT_NAMES[ggml_type]} rows of K={k} are {row_bytes(ggml_type, k)} "
                          f"bytes on the CPU, got {tuple(blocks.shape)} on {blocks.device}")
 
 

@@ -24,7 +24,7 @@ Gemma 2 / Gemma 3 (`gemma2`, `gemma3`): llama.cpp's converter stores every
 Their four norms are `attn_norm`, `post_attention_norm`, `ffn_norm` (the
 *pre*-feedforward norm there) and `post_ffw_norm`.
 
-With `packed_types` (ggml type ids, e.g. Q8_0 / Q4_0 / Q4_1), `iter_weights`
+With `packed_types` (ggml type ids, e.g. Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K), `iter_weights`
 yields 2-D weights of those types as `PackedTensor`s (the raw blocks, rows
 un-permuted, nothing dequantized) for `packed_linear.install_packed`; a
 tied `token_embd` is then yielded twice: dequantized as the embedding and
