@@ -258,7 +258,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         engine_stall_timeout_s=args.engine_stall_timeout_s,
         responses_store_size=args.responses_store_size,
     )
-    return run_server(engine, server)
+    code = run_server(engine, server)
+    from trillium.fast_exit import exit_now
+
+    exit_now(code)  # everything is stopped and closed; skip freeing it (fast_exit.py says why)
 
 
 def _chat_options(args: argparse.Namespace):

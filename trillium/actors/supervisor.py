@@ -42,6 +42,7 @@ import signal
 import struct
 import subprocess
 import sys
+import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 
@@ -421,7 +422,19 @@ def main() -> None:
     from trillium.observability import logs
 
     logs.configure_from_env(spec.name)
-    trio.run(_child_main, spec, control_fd, parent_pid)
+    from trillium.fast_exit import exit_now
+
+    try:
+        trio.run(_child_main, spec, control_fd, parent_pid)
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+        exit_now(exc.code if isinstance(exc.code, int) else 1)
+    except BaseException:
+        traceback.print_exc()  # the parent keeps the tail for ActorFailed
+        exit_now(1)
+    # The actor closed what it owns; skip the interpreter's teardown (fast_exit.py says why).
+    exit_now(0)
 
 
 if __name__ == "__main__":
