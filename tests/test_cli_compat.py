@@ -97,7 +97,7 @@ def test_config_file_errors(tmp_path):
     (["--tensor-parallel-size", "2"], "--tensor-parallel-size 2: Trillium has no model parallelism"),
     (["--tp", "4"], "--tensor-parallel-size 4"),
     (["-pp", "2"], "--pipeline-parallel-size 2"),
-    (["--dp-size", "2"], "--data-parallel-size 2"),
+    (["--dp-size", "0"], "--data-parallel-size 0: must be >= 1"),
     (["--quantization", "awq"], "--quantization awq: .*--kv-cache-dtype fp8"),
     (["--load-format", "pt"], "never pickle"),
     (["--swap-space", "4"], "--kv-host-bytes"),

@@ -194,7 +194,10 @@ def add_serve_args(serve) -> None:
                         help="only 1: Trillium serves one device (--device cuda:N)")
     compat.add_argument("--pipeline-parallel-size", "-pp", "--pp-size", type=int, default=1, help="only 1")
     compat.add_argument("--data-parallel-size", "-dp", "--dp", "--dp-size", type=int, default=1,
-                        help="only 1: start one Trillium per device behind a load balancer")
+                        help="engine replicas behind this one API server (each its own scheduler, executor "
+                             "and detokenizer; on CUDA replica i uses cuda:i; on CPU they split the cores); "
+                             "requests go to the least-loaded replica unless another holds their prefix "
+                             "(README \"Scaling out\")")
     compat.add_argument("--quantization", "-q", default=None,
                         help="weight quantization (vLLM's names): only gguf, implied for a .gguf model "
                              "(Q8_0/Q4_0/Q4_1 weights kept packed; see --gguf-dequantize); others (awq, gptq, "
@@ -230,12 +233,12 @@ def serve_model(args) -> str | None:
 def check_serve_args(args) -> None:
     """Refuse what Trillium does not implement; log what it does by construction."""
     for flag, value in (("--tensor-parallel-size", args.tensor_parallel_size),
-                        ("--pipeline-parallel-size", args.pipeline_parallel_size),
-                        ("--data-parallel-size", args.data_parallel_size)):
+                        ("--pipeline-parallel-size", args.pipeline_parallel_size)):
         if value != 1:
             raise SystemExit(f"{flag} {value}: Trillium has no model parallelism yet and serves on one "
                              "device (--device cuda:N); use 1, or one server per device")
     refusals = (
+        (args.data_parallel_size < 1, f"--data-parallel-size {args.data_parallel_size}: must be >= 1"),
         (args.quantization not in (None, "gguf"),
          f"--quantization {args.quantization}: not supported; Trillium loads float safetensors or GGUF "
          "(--quantization gguf); use --kv-cache-dtype fp8 for a smaller KV cache"),
