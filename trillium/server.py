@@ -217,9 +217,12 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
             limits = server_config.limits or RequestLimits()
             max_queued = server_config.max_queued_requests
             if max_queued is None:
-                max_queued = default_max_queued_requests(engine_config.max_num_seqs, engine_config.num_blocks)
-                log.info("--max-queued-requests %d engine requests (from max_num_seqs %d and %d KV blocks)",
-                         max_queued, engine_config.max_num_seqs, engine_config.num_blocks)
+                replicas = server_config.data_parallel_size  # WHY: each replica holds its own queue
+                max_queued = replicas * default_max_queued_requests(engine_config.max_num_seqs,
+                                                                    engine_config.num_blocks)
+                log.info("--max-queued-requests %d engine requests (from max_num_seqs %d and %d KV blocks%s)",
+                         max_queued, engine_config.max_num_seqs, engine_config.num_blocks,
+                         f", x {replicas} replicas" if replicas > 1 else "")
             engine = DataPlaneEngine(
                 client=client,
                 tokenizer=tokenizer,

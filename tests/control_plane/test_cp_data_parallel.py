@@ -7,12 +7,14 @@ routed counts, /metrics' request_success_total by `engine`) and equal
 to one replica, where their prefix is cached; a weight update from disk
 under load reaches both replicas with no response mixing versions, and
 every later request runs on the new weights; the update group is refused
-naming the flag; an executor that dies takes only its replica down.
+naming the flag; /v1/loads lists a dp_rank per replica; an executor that
+dies takes only its replica down.
 
 Mirrors: vLLM's data-parallel metrics label every series with
 ["model_name", "engine"] (vllm-project/vllm, vllm/v1/metrics/loggers.py,
 PrometheusStatLogger); SGLang's /get_server_info reports "dp_size"
-(sgl-project/sglang, python/sglang/srt/server_args.py).
+(sgl-project/sglang, python/sglang/srt/server_args.py) and /v1/loads one
+entry per dp_rank (python/sglang/srt/entrypoints/v1_loads.py).
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ def test_cp_dp_spreads_32_requests_and_matches_one_engine(dp_server, references)
     assert sum(counts) >= 32 and min(counts) >= 8, counts
     by_engine = successes_by_engine(dp_server)
     assert set(by_engine) == {"0", "1"} and min(by_engine.values()) >= 8, by_engine
+    loads = dp_server.admin_ok("GET", "/v1/loads")
+    assert loads["dp_rank_count"] == 2 and [one["dp_rank"] for one in loads["loads"]] == [0, 1]
+    assert [one["dp_rank"] for one in dp_server.admin_ok("GET", "/v1/loads?dp_rank=1")["loads"]] == [1]
+    assert dp_server.admin("GET", "/v1/loads?dp_rank=2").status_code == 400
 
 
 def test_cp_dp_conversation_turns_stay_on_one_replica(dp_server):
