@@ -298,7 +298,8 @@ def _build_engine(engine_config, server_config, ipc_dir, registry, loras, shutdo
         processes = ReplicaProcesses([], client, shutdown)
         processes.replicas = [
             _EngineProcesses(config, replica, stall_s, shutdown,
-                             on_failure=functools.partial(processes.replica_failed, index))
+                             on_failure=functools.partial(processes.replica_failed, index),
+                             fail_streams=functools.partial(client.fail_replica_streams, index))
             for index, (config, replica) in enumerate(zip(configs, clients))]
         registries = [CollectorRegistry() for _ in clients]
         registry.register(ReplicaSeries(registries))
@@ -361,11 +362,14 @@ class _EngineProcesses:
     re-raised once everything stopped (exit code 1)."""
 
     def __init__(self, config: ActorConfig, client: EngineClient, stall_timeout_s: float,
-                 shutdown: trio.Event, on_failure=None) -> None:
+                 shutdown: trio.Event, on_failure=None, fail_streams=None) -> None:
         self._config = config
         self._client = client
         self._shutdown = shutdown
-        self._on_failure = on_failure  # data parallelism: one replica's failure (data_parallel/processes.py)
+        # Data parallelism (data_parallel/processes.py): what one replica's failure does, and how its
+        # streams are failed on a stall (through the ReplicaClient, which tracks every request's replica).
+        self._on_failure = on_failure
+        self._fail_streams = fail_streams or client.fail_all
         self.supervision = Supervision(alive={})
         self.detector = StallDetector(ENGINE_ACTORS, stall_timeout_s)
         self.failure: ActorFailed | None = None
@@ -402,7 +406,7 @@ class _EngineProcesses:
         nursery.start_soon(functools.partial(
             watch_engine, self._client, self.detector, links.outbox,
             ping_interval_s=min(1.0, timeout_s / 4), steppable=steppable,
-            on_stall=lambda stall: self._client.fail_all(str(stall)),
+            on_stall=lambda stall: self._fail_streams(str(stall)),
             active=lambda: self.supervision.healthy and self.failure is None,
         ))
 

@@ -159,7 +159,11 @@ class ReplicaClient:
     def replica_failed(self, replica: int, reason: str) -> list[str]:
         """Replica `replica` stopped: route around it, end its open streams; their ids."""
         self.failed[replica] = reason
-        ids = self.replicas[replica].fail_all(reason, commands=True)
+        return self.fail_replica_streams(replica, reason, commands=True)
+
+    def fail_replica_streams(self, replica: int, reason: str, *, commands: bool = False) -> list[str]:
+        """End replica `replica`'s open streams with EngineFailed (a stall: it may recover); their ids."""
+        ids = self.replicas[replica].fail_all(reason, commands=commands)
         for rid in ids:
             self._forget(rid)
         return ids
