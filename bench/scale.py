@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -77,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kv-cache-memory", default="256MiB", help="per replica")
     args = parser.parse_args(argv)
+    # WHY: SIGTERM (a timeout, a CI cancel) must still stop the servers this script started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from trillium.benchmarks import compare
+    from trillium.models.loader import load_model_config
 
     work = tempfile.mkdtemp(prefix="trillium-bench-scale-")
     model = args.model
@@ -94,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"model {model}; {os.cpu_count()} CPUs (shared machine: compare rows of this run only); "
               f"logs in {work}", flush=True)
         labels = [f"--label={label.replace('=', '')}={url}" for label, _, url, _ in servers]
-        return compare.main([*labels, "--num-prompts", str(args.num_prompts), "--rounds", str(args.rounds)])
+        vocab = load_model_config(model).vocab_size
+        return compare.main([*labels, "--num-prompts", str(args.num_prompts), "--rounds", str(args.rounds),
+                             "--vocab-size", str(vocab)])
     finally:
         for _, process, _, log in servers:
             process.terminate()
