@@ -7,6 +7,8 @@ Process layout (one host):
       ├─ executor     child process         weights, KV cache, forward + sampling
       ├─ detokenizer  child process         incremental detokenization, stop strings
       └─ scheduler    child process         batching, KV block pool, prefix cache
+    (--data-parallel-size N: N such engine replicas, each its own sockets and link
+    secret, behind one ReplicaClient; trillium/data_parallel/processes.py draws it)
 
 Actors talk over ipc:// sockets in a private (0700) temp dir
 (actors/ipc_dir.py), and every frame carries an HMAC proof under a secret
