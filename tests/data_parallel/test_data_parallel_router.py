@@ -7,6 +7,8 @@ beyond that; the KV usage of a replica's stats counts as load; a replica
 out of `live` is never chosen. Merge: every replica's data is listed, the
 first failure's status wins and the message names each replica;
 StartProfile gets a directory per replica; the update group is refused.
+replica_configs gives each replica its own 0700 ipc dir, link secret,
+device and a share of the cores.
 """
 
 from __future__ import annotations
@@ -91,3 +93,16 @@ def test_per_replica_commands_refusals_and_resume_guard():
     assert control.refusal(cmd.Resume("c"), 2) is None
     assert control.version_conflict(cmd.Resume("c"), {0: "1", 1: "2"}).status == 409
     assert control.version_conflict(cmd.Resume("c"), {0: "2", 1: "2"}) is None
+
+
+def test_replica_configs_own_sockets_secrets_devices_and_cores(tmp_path):
+    from trillium.config import EngineConfig
+    from trillium.data_parallel.processes import replica_configs, replica_device
+
+    assert [replica_device(d, 1) for d in ("cuda", "cuda:2", "cpu")] == ["cuda:1", "cuda:3", "cpu"]
+    configs = replica_configs(EngineConfig(model="m", num_threads=0), str(tmp_path), 2)
+    assert configs[0].addresses.scheduler == f"ipc://{tmp_path}/r0/scheduler"
+    assert configs[1].addresses.api == f"ipc://{tmp_path}/r1/api"
+    assert configs[0].link_secret != configs[1].link_secret
+    assert all(c.engine.num_threads >= 1 for c in configs)
+    assert (tmp_path / "r1").stat().st_mode & 0o777 == 0o700

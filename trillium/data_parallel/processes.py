@@ -39,12 +39,12 @@ from trillium.config import EngineConfig
 log = logging.getLogger("trillium.serve")
 
 
-def replica_device(device: str, replica: int) -> str:
-    """cuda -> cuda:<replica>, cuda:<k> -> cuda:<k + replica>; other devices are shared."""
+def replica_device(device: str, offset: int) -> str:
+    """cuda -> cuda:<offset>, cuda:<k> -> cuda:<k + offset>; other devices are shared."""
     if device == "cuda":
-        return f"cuda:{replica}"
+        return f"cuda:{offset}"
     if device.startswith("cuda:"):
-        return f"cuda:{int(device.split(':', 1)[1]) + replica}"
+        return f"cuda:{int(device.split(':', 1)[1]) + offset}"
     return device
 
 
@@ -52,14 +52,17 @@ def replica_configs(engine: EngineConfig, ipc_dir: str, num_replicas: int) -> li
     """One ActorConfig per replica (one replica: the server's ipc dir itself, as without DP)."""
     if num_replicas == 1:
         return [ActorConfig(engine, Addresses.ipc(ipc_dir))]
+    # Tensor parallelism inside a replica (when the engine has it): replica i's ranks take the devices
+    # from i * tp on (each rank r then adds r), and every rank of every replica shares the cores.
+    ranks = getattr(engine, "tensor_parallel_size", 1)
     threads = engine.num_threads
     if not threads and not engine.device.startswith("cuda"):
-        threads = max(1, (os.cpu_count() or 1) // num_replicas)  # WHY: N executors must not each take every core
+        threads = max(1, (os.cpu_count() or 1) // (num_replicas * ranks))  # WHY: not every core each
     configs = []
     for replica in range(num_replicas):
         directory = os.path.join(ipc_dir, f"r{replica}")
         os.mkdir(directory, 0o700)
-        config = attrs.evolve(engine, device=replica_device(engine.device, replica), num_threads=threads)
+        config = attrs.evolve(engine, device=replica_device(engine.device, replica * ranks), num_threads=threads)
         configs.append(ActorConfig(config, Addresses.ipc(directory)))  # a fresh link secret each
     return configs
 
