@@ -95,7 +95,8 @@ def test_config_file_errors(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["-pp", "2"], "--pipeline-parallel-size 2"),
-    (["--dp-size", "2"], "--data-parallel-size 2"),
+    (["--dp-size", "0"], "--data-parallel-size 0: must be >= 1"),
+    (["--dp", "2", "--tp", "2"], "--data-parallel-size 2 with --tensor-parallel-size 2: replicas"),
     (["--quantization", "fp8"], "--quantization fp8: .*awq, gptq.*--kv-cache-dtype fp8"),
     (["--load-format", "pt"], "never pickle"),
     (["--swap-space", "4"], "--kv-host-bytes"),

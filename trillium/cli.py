@@ -307,6 +307,7 @@ def _compat_server_kwargs(args: argparse.Namespace, names: tuple[str, ...]) -> d
         level = "debug" if args.uvicorn_log_level == "trace" else args.uvicorn_log_level
         logging.getLogger("hypercorn").setLevel(level.upper())
     return dict(extra_model_names=tuple(names[1:]), response_role=args.response_role,
+                data_parallel_size=args.data_parallel_size,
                 max_logprobs=args.max_logprobs, log_requests=args.enable_log_requests, cors=cors,
                 ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
 

@@ -197,7 +197,10 @@ def add_serve_args(serve) -> None:
                              "rank. See README 'Tensor parallelism' for what is refused with it")
     compat.add_argument("--pipeline-parallel-size", "-pp", "--pp-size", type=int, default=1, help="only 1")
     compat.add_argument("--data-parallel-size", "-dp", "--dp", "--dp-size", type=int, default=1,
-                        help="only 1: start one Trillium per device behind a load balancer")
+                        help="engine replicas behind this one API server (each its own scheduler, executor "
+                             "and detokenizer; on CUDA replica i uses cuda:i; on CPU they split the cores); "
+                             "requests go to the least-loaded replica unless another holds their prefix "
+                             "(README \"Scaling out\")")
     compat.add_argument("--quantization", "-q", default=None,
                         help="weight quantization (vLLM's names): gguf, implied for a .gguf model "
                              "(Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K weights kept packed; see --gguf-dequantize); "
@@ -234,12 +237,14 @@ def serve_model(args) -> str | None:
 
 def check_serve_args(args) -> None:
     """Refuse what Trillium does not implement; log what it does by construction."""
-    for flag, value in (("--pipeline-parallel-size", args.pipeline_parallel_size),
-                        ("--data-parallel-size", args.data_parallel_size)):
-        if value != 1:
-            raise SystemExit(f"{flag} {value}: Trillium has no model parallelism yet and serves on one "
-                             "device (--device cuda:N); use 1, or one server per device")
+    if args.pipeline_parallel_size != 1:
+        raise SystemExit(f"--pipeline-parallel-size {args.pipeline_parallel_size}: Trillium has no pipeline "
+                         "parallelism; use 1, with --tensor-parallel-size or --data-parallel-size")
     refusals = (
+        (args.data_parallel_size < 1, f"--data-parallel-size {args.data_parallel_size}: must be >= 1"),
+        (args.data_parallel_size > 1 and args.tensor_parallel_size > 1,
+         f"--data-parallel-size {args.data_parallel_size} with --tensor-parallel-size {args.tensor_parallel_size}: "
+         "replicas of a tensor-parallel engine are not supported yet; use one of the two"),
         (args.quantization not in (None, "gguf", "awq", "gptq"),
          f"--quantization {args.quantization}: not supported; Trillium loads float safetensors, GGUF "
          "(--quantization gguf) and 4-bit AWQ / GPTQ safetensors (awq, gptq); use --kv-cache-dtype fp8 for a "

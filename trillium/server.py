@@ -7,6 +7,8 @@ Process layout (one host):
       ├─ executor     child process         weights, KV cache, forward + sampling
       ├─ detokenizer  child process         incremental detokenization, stop strings
       └─ scheduler    child process         batching, KV block pool, prefix cache
+    (--data-parallel-size N: N such engine replicas, each its own sockets and link
+    secret, behind one ReplicaClient; trillium/data_parallel/processes.py draws it)
 
 Actors talk over ipc:// sockets in a private (0700) temp dir
 (actors/ipc_dir.py), and every frame carries an HMAC proof under a secret
@@ -55,7 +57,7 @@ import attrs
 import trio
 
 from trillium.actors.client import EngineClient
-from trillium.actors.assembly import ActorConfig, Addresses, engine_specs
+from trillium.actors.assembly import ActorConfig, engine_specs
 from trillium.actors.links import Links
 from trillium.actors.liveness import ENGINE_ACTORS, StallDetector, watch_engine
 from trillium.actors.protocol.vocabulary import EngineState
@@ -104,6 +106,7 @@ class ServerConfig:
     chat: "ChatOptions | None" = None  # chat template and parsers; None: the defaults
     engine_stall_timeout_s: float = 60.0  # no pong / no step with work queued for this long: stalled (0: off)
     responses_store_size: int = 1000  # /v1/responses kept in memory (data_plane/responses_store.py)
+    data_parallel_size: int = 1  # engine replicas behind this api (data_parallel/; README "Scaling out")
 
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
@@ -169,7 +172,6 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
     from trillium.data_plane.limits import RequestLimits, default_max_queued_requests
     from trillium.models.loader import load_model_config
     from trillium.models.tokenizer import load_tokenizer
-    from trillium.observability.metrics import EngineMetrics
     from trillium.observability.tracing import RequestTracing
     from prometheus_client import CollectorRegistry
 
@@ -178,34 +180,29 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
     from trillium.actors.ipc_dir import make_ipc_dir
 
     ipc_dir = make_ipc_dir()  # 0700, owner recorded; dead servers' ones swept first
-    config = ActorConfig(engine_config, Addresses.ipc(ipc_dir))
     from trillium.generation_defaults import load_sampling_defaults
 
     defaults = load_sampling_defaults(engine_config.model, engine_config.generation_config,
                                       engine_config.override_generation_config)
     log.info("%s", defaults.describe())
     vocab_size = load_model_config(engine_config.model).vocab_size
-    client = EngineClient(config)
-    status = EngineStatus(lambda: client.last_stats)
     loras = LoRARegistry() if engine_config.enable_lora else None
     registry = CollectorRegistry()
-    engine_metrics = EngineMetrics(registry, engine_config.served_model_name, lambda: client.last_stats,
-                                   api_mailbox_depth=lambda: client.mailbox_depth,
-                                   actors_alive=lambda: dict(processes.supervision.alive), loras=loras)
-    engine_metrics.attach(client)
+    shutdown = trio.Event()
+    client, processes = _build_engine(engine_config, server_config, ipc_dir, registry, loras, shutdown)
+    status = EngineStatus(lambda: client.last_stats)
     tracing = RequestTracing.from_config(engine_config, "api")
     if tracing.enabled:
         log.info("tracing: OTLP/HTTP spans to %s%s", engine_config.otlp_traces_endpoint,
                  " (detailed)" if tracing.detailed else "")
-    shutdown = trio.Event()
-    processes = _EngineProcesses(config, client, server_config.engine_stall_timeout_s, shutdown)
-    engine_metrics.watch_liveness(processes.detector)
     health = processes.health
 
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(client.run)
-            log.info("starting engine actors (executor, detokenizer, scheduler) for %s", engine_config.model)
+            log.info("starting engine actors (executor, detokenizer, scheduler)%s for %s",
+                     f" x {server_config.data_parallel_size} replicas" if server_config.data_parallel_size > 1
+                     else "", engine_config.model)
             # WHY beside the actors' start: loading the tokenizer is seconds of this process's
             # time that the children's imports need not wait for.
             tokenizer_box: list = []
@@ -214,7 +211,7 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
                 supervision = processes.supervision = await nursery.start(processes.supervise)
             tokenizer = tokenizer_box[0]
             log.info("engine actors up: %s (sockets in %s)",
-                     ", ".join(f"{n} pid {supervision.pids[n]}" for n in ENGINE_ACTORS), ipc_dir)
+                     ", ".join(f"{n} pid {pid}" for n, pid in supervision.pids.items()), ipc_dir)
             processes.watch(nursery, steppable=lambda: status.engine_state in (EngineState.SERVING,
                                                                                EngineState.DRAINING))
             if server_config.lora_modules:
@@ -222,9 +219,12 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
             limits = server_config.limits or RequestLimits()
             max_queued = server_config.max_queued_requests
             if max_queued is None:
-                max_queued = default_max_queued_requests(engine_config.max_num_seqs, engine_config.num_blocks)
-                log.info("--max-queued-requests %d engine requests (from max_num_seqs %d and %d KV blocks)",
-                         max_queued, engine_config.max_num_seqs, engine_config.num_blocks)
+                replicas = server_config.data_parallel_size  # WHY: each replica holds its own queue
+                max_queued = replicas * default_max_queued_requests(engine_config.max_num_seqs,
+                                                                    engine_config.num_blocks)
+                log.info("--max-queued-requests %d engine requests (from max_num_seqs %d and %d KV blocks%s)",
+                         max_queued, engine_config.max_num_seqs, engine_config.num_blocks,
+                         f", x {replicas} replicas" if replicas > 1 else "")
             engine = DataPlaneEngine(
                 client=client,
                 tokenizer=tokenizer,
@@ -275,6 +275,47 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
         raise processes.failure
 
 
+def _build_engine(engine_config, server_config, ipc_dir, registry, loras, shutdown):
+    """The client the HTTP planes use and the supervised processes behind it, engine series registered:
+    one engine, or --data-parallel-size replicas (data_parallel/: a ReplicaClient and ReplicaProcesses,
+    each replica's series labelled engine="<i>")."""
+    from prometheus_client import CollectorRegistry
+    from trillium.data_parallel.processes import ReplicaProcesses, replica_configs
+    from trillium.observability.metrics import EngineMetrics
+
+    num_replicas, stall_s = server_config.data_parallel_size, server_config.engine_stall_timeout_s
+    configs = replica_configs(engine_config, ipc_dir, num_replicas)
+    clients = [EngineClient(config) for config in configs]
+    if num_replicas == 1:
+        client = clients[0]
+        processes = _EngineProcesses(configs[0], client, stall_s, shutdown)
+        fed = [(registry, client, processes)]
+    else:
+        from trillium.data_parallel.client import ReplicaClient
+        from trillium.data_parallel.metrics import ReplicaSeries
+        from trillium.data_parallel.router import ReplicaRouter
+
+        client = ReplicaClient(clients, ReplicaRouter(num_replicas, engine_config.block_size,
+                                                      engine_config.num_kv_tokens))
+        processes = ReplicaProcesses([], client, shutdown)
+        processes.replicas = [
+            _EngineProcesses(config, replica, stall_s, shutdown,
+                             on_failure=functools.partial(processes.replica_failed, index),
+                             fail_streams=functools.partial(client.fail_replica_streams, index))
+            for index, (config, replica) in enumerate(zip(configs, clients))]
+        registries = [CollectorRegistry() for _ in clients]
+        registry.register(ReplicaSeries(registries))
+        fed = list(zip(registries, clients, processes.replicas))
+    for replica_registry, replica, replica_processes in fed:
+        metrics = EngineMetrics(replica_registry, engine_config.served_model_name,
+                                lambda replica=replica: replica.last_stats,
+                                api_mailbox_depth=lambda replica=replica: replica.mailbox_depth,
+                                actors_alive=lambda p=replica_processes: dict(p.supervision.alive), loras=loras)
+        metrics.attach(replica)
+        metrics.watch_liveness(replica_processes.detector)
+    return client, processes
+
+
 async def _serve_http(http, app, admin_app, admin, engine_config, server_config, shutdown) -> None:
     """Start both HTTP servers in `http` (they stop when `shutdown` is set) and log where."""
     from trillium.control_plane import serve_admin_app
@@ -323,10 +364,14 @@ class _EngineProcesses:
     re-raised once everything stopped (exit code 1)."""
 
     def __init__(self, config: ActorConfig, client: EngineClient, stall_timeout_s: float,
-                 shutdown: trio.Event) -> None:
+                 shutdown: trio.Event, on_failure=None, fail_streams=None) -> None:
         self._config = config
         self._client = client
         self._shutdown = shutdown
+        # Data parallelism (data_parallel/processes.py): what one replica's failure does, and how its
+        # streams are failed on a stall (through the ReplicaClient, which tracks every request's replica).
+        self._on_failure = on_failure
+        self._fail_streams = fail_streams or client.fail_all
         self.supervision = Supervision(alive={})
         self.detector = StallDetector(ENGINE_ACTORS, stall_timeout_s)
         self.failure: ActorFailed | None = None
@@ -348,6 +393,9 @@ class _EngineProcesses:
             # WHY not re-raise here: that would cancel the HTTP servers mid-response.
             self.failure = exc
             log.error("engine actor failed: %s", exc)
+            if self._on_failure is not None:
+                self._on_failure(exc)
+                return
             self._client.fail_all(f"engine actor {exc.name!r} failed", commands=True)
             self._shutdown.set()
 
@@ -360,7 +408,7 @@ class _EngineProcesses:
         nursery.start_soon(functools.partial(
             watch_engine, self._client, self.detector, links.outbox,
             ping_interval_s=min(1.0, timeout_s / 4), steppable=steppable,
-            on_stall=lambda stall: self._client.fail_all(str(stall)),
+            on_stall=lambda stall: self._fail_streams(str(stall)),
             active=lambda: self.supervision.healthy and self.failure is None,
         ))
 

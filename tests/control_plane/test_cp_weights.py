@@ -14,7 +14,6 @@ update returned run on the new weights.
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import pytest
@@ -22,7 +21,7 @@ import torch
 from safetensors.torch import save
 
 from support.admin_server import API_KEY, MAX_TOKENS, MODEL_NAME, PROMPTS
-from support.waiting import wait_until
+from support.update_load import UpdateLoad
 
 
 def _version_everywhere(server) -> set[str]:
@@ -92,48 +91,10 @@ def test_cp_tensor_update_validates_then_swaps(server, weights_root, references,
     assert server.greedy(PROMPTS, MAX_TOKENS) == references["next"]
 
 
-class _Load:
-    """16 workers sending greedy streamed completions until stopped."""
-
-    def __init__(self, server, num_workers: int = 16) -> None:
-        self.server = server
-        self.records: list[dict] = []
-        self.num_refused = 0
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._worker, args=(i,), daemon=True) for i in range(num_workers)]
-
-    def _worker(self, index: int) -> None:
-        n = 0
-        while not self.stop.is_set():
-            prompt_index = (index + n) % len(PROMPTS)
-            n += 1
-            started_s = time.monotonic()
-            body = {"model": MODEL_NAME, "prompt": PROMPTS[prompt_index], "max_tokens": MAX_TOKENS,
-                    "temperature": 0, "stream": True}
-            with self.server.http.stream("POST", self.server.base_url + "/v1/completions", json=body,
-                                         headers={"Authorization": f"Bearer {API_KEY}"}) as response:
-                if response.status_code == 503:
-                    response.read()
-                    self.num_refused += 1
-                    time.sleep(0.05)
-                    continue
-                assert response.status_code == 200
-                chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
-            self.records.append({
-                "prompt_index": prompt_index, "started_s": started_s, "header": response.headers["X-Weight-Version"],
-                "versions": {c["weight_version"] for c in chunks},
-                "text": "".join(c["choices"][0]["text"] for c in chunks if c["choices"]),
-            })
-
-    def wait_for(self, count: int, since_s: float = 0.0, timeout_s: float = 120) -> None:
-        wait_until(lambda: sum(r["started_s"] > since_s for r in self.records) >= count, timeout_s=timeout_s,
-                   interval_s=0.05, what=f"{count} more completed requests of the load")
-
-
 @pytest.mark.heavy
 def test_cp_update_under_load(server, weights_root, references, restore_base):
     old = server.admin_ok("GET", "/weight_version")["weight_version"]
-    load = _Load(server)
+    load = UpdateLoad(server)
     for thread in load.threads:
         thread.start()
     try:

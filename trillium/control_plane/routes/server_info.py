@@ -6,7 +6,11 @@
          "kv_cache_usage", "num_free_blocks", "num_running", "num_waiting", "step_id",
          "actors": {name: {"pid", "alive"}}, "api_pid",
          "allowed_weight_paths", "profile_dir", "profiling",
-         "engine_info": {...} | null}
+         "engine_info": {...} | null,
+         "replicas": [{"replica", "serving", "failure", "engine_state", "weight_version",
+                       "num_running", "num_waiting", "kv_cache_usage", "device", ...}]}
+        (one per --data-parallel-size replica, with its routed-request count under DP;
+        "actors" names them "<actor>@<replica>" then)
         /get_server_info adds the names SGLang's server args and scheduler
         info use for the same facts ("tp_size", "dp_size", "context_length",
         "page_size", "max_total_num_tokens", "max_running_requests",
@@ -65,6 +69,7 @@ def blueprint(state: AdminState) -> Blueprint:
             "profile_dir": engine.profile_dir,
             "profiling": state.profiling,
             "engine_info": dict(reply.data) if reply.ok else None,
+            "replicas": _replicas(engine, stats),
         }
 
     @bp.get("/server_info")
@@ -80,7 +85,7 @@ def blueprint(state: AdminState) -> Blueprint:
             "page_size": config.block_size, "max_total_num_tokens": config.num_blocks * config.block_size,
             "max_running_requests": config.max_num_seqs,
             "internal_states": [out["engine_info"]] if out["engine_info"] is not None else [],
-        })
+        } | {"dp_size": len(out["replicas"])})
 
     @bp.get("/get_model_info")
     async def get_model_info():
@@ -92,3 +97,15 @@ def blueprint(state: AdminState) -> Blueprint:
         })
 
     return bp
+
+
+def _replicas(engine, stats) -> list[dict]:
+    """The engine replicas (`--data-parallel-size`; data_parallel/client.py `replica_info`), one without."""
+    replica_info = getattr(engine.client, "replica_info", None)
+    if replica_info is not None:
+        return replica_info()
+    return [{"replica": 0, "serving": True, "failure": None,
+             "engine_state": str(stats.engine_state) if stats else "serving",
+             "weight_version": stats.weight_version if stats else "0",
+             "num_running": stats.num_running if stats else 0, "num_waiting": stats.num_waiting if stats else 0,
+             "kv_cache_usage": stats.kv_usage if stats else 0.0, "device": engine.engine_config.device}]
