@@ -188,7 +188,8 @@ def test_scheduler_hands_each_request_its_token_rows():
     by_id = {d.request_id: d.pooled for d in deltas.deltas}
     np.testing.assert_array_equal(by_id["p"], rows[:3])
     np.testing.assert_array_equal(by_id["q"], rows[3:])
-    back = engine_codec().decode(engine_codec().encode(deltas.deltas[0]))
+    codec = engine_codec()
+    back = codec.decode(codec.encode(deltas.deltas[0]))
     np.testing.assert_array_equal(back.pooled, deltas.deltas[0].pooled)
 
 
