@@ -105,7 +105,9 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, model_required: bool = 
                               "value. auto: classify for *ForSequenceClassification, embed otherwise")
     pooling.add_argument("--pooler-config", default="",
                          help='JSON, e.g. \'{"pooling_type": "MEAN", "use_activation": false}\': pooling_type '
-                              "LAST (default) | MEAN | CLS (MEAN / CLS turn prefix caching off), "
+                              "LAST (default) | MEAN | CLS | ALL | STEP (all but LAST turn prefix caching off; "
+                              "ALL: a row per prompt token, STEP: the rows of step_tag_id and the columns "
+                              "returned_token_ids, both on /pooling only), "
                               "use_activation (alias normalize): normalize embeddings / softmax scores by "
                               "default, dimensions: default Matryoshka size")
     lora = parser.add_argument_group("LoRA adapters (PEFT format)")

@@ -118,8 +118,21 @@ def test_embeddings_bad_input(embed_server):
     _error(_post(embed_server, "/v1/embeddings", {"input": []}), "input")
     _error(_post(embed_server, "/v1/embeddings", {"input": [1, "a"]}), "input")
     _error(_post(embed_server, "/v1/embeddings", {"input": "x", "encoding_format": "int8"}), "encoding_format")
-    _error(_post(embed_server, "/v1/embeddings", {"input": "x", "truncate_prompt_tokens": 4}),
+    _error(_post(embed_server, "/v1/embeddings", {"input": "x", "truncate_prompt_tokens": -2}),
            "truncate_prompt_tokens")
+    _error(_post(embed_server, "/v1/embeddings", {"input": "x", "truncate_prompt_tokens": 10**6}),
+           "truncate_prompt_tokens")  # past the context
+    _error(_post(embed_server, "/v1/embeddings", {"input": "x", "add_generation_prompt": True}),
+           "add_generation_prompt")  # a chat field without messages
+    _error(_post(embed_server, "/v1/embeddings", {"input": "x", "messages": [{"role": "user", "content": "x"}]}),
+           "input")
+    _error(_post(embed_server, "/v1/embeddings", {"messages": []}), "messages")
+    _error(_post(embed_server, "/pooling", {"messages": [{"role": "user", "content": "x"}],
+                                            "add_generation_prompt": True, "continue_final_message": True}),
+           "continue_final_message")
+    _error(_post(embed_server, "/v1/embeddings", {"messages": [{"role": "user", "content": "x"}],
+                                                  "chat_template": "{{ 1 }}"}), "chat_template")
+    _error(_post(embed_server, "/v1/embeddings", {"input": "x", "padding": "max_length"}), "padding")
     _error(_post(embed_server, "/v1/embeddings", {"input": [[10**6]]}), "input")
     _error(_post(embed_server, "/v1/embeddings", {"input": [1] * 300}), "input")  # past the context
     _error(_post(embed_server, "/v1/embeddings", {"input": ["a"] * 10_000}), "input")  # --max-prompts-per-request
@@ -128,6 +141,80 @@ def test_embeddings_bad_input(embed_server):
     chat = {"messages": [{"role": "user", "content": "hi"}]}
     assert "pooling model" in _error(_post(embed_server, "/v1/chat/completions", chat))
     _error(_post(embed_server, "/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}), "text_1")
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(embed_server):
+    """vllm/entrypoints/renderer.py: k keeps the last k tokens (the tokenizer truncates on the
+    left), -1 means the context; truncation_side "right" keeps the first k."""
+    ids = embed_server.tokenizer.encode(TEXTS[1])
+    hf = functools.partial(_hf_ids_last_hidden, embed_server.model_path)
+    body = _post(embed_server, "/v1/embeddings", {"input": [TEXTS[1], ids], "truncate_prompt_tokens": 3}).json()
+    assert body["usage"]["prompt_tokens"] == 6
+    for d in body["data"]:
+        np.testing.assert_allclose(d["embedding"], _unit(hf(ids[-3:])), atol=TOL)
+    right = _post(embed_server, "/pooling", {"input": ids, "truncate_prompt_tokens": 2, "truncation_side": "right",
+                                             "use_activation": False}).json()
+    np.testing.assert_allclose(right["data"][0]["data"], hf(ids[:2]), atol=TOL * 10)
+    whole = _post(embed_server, "/v1/embeddings", {"input": ids, "truncate_prompt_tokens": -1}).json()
+    np.testing.assert_allclose(whole["data"][0]["embedding"], _unit(hf(ids)), atol=TOL)
+    score = _post(embed_server, "/score", {"text_1": TEXTS[0], "text_2": TEXTS[1], "truncate_prompt_tokens": 2})
+    assert score.json()["usage"]["prompt_tokens"] == 4
+
+
+def test_embeddings_of_chat_messages(embed_server):
+    """vllm/entrypoints/pooling/base/protocol.py ChatRequestMixin: the messages rendered with the
+    chat template (add_generation_prompt false, add_special_tokens false by default)."""
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": TEXTS[0]}]
+    hf_tok = embed_server.tokenizer.hf
+    for extra, kwargs in (({}, {"add_generation_prompt": False}),
+                          ({"add_generation_prompt": True}, {"add_generation_prompt": True})):
+        text = hf_tok.apply_chat_template(messages, tokenize=False, **kwargs)
+        ids = hf_tok.encode(text, add_special_tokens=False)
+        body = _post(embed_server, "/v1/embeddings", {"messages": messages, **extra}).json()
+        assert body["usage"]["prompt_tokens"] == len(ids)
+        np.testing.assert_allclose(body["data"][0]["embedding"],
+                                   _unit(_hf_ids_last_hidden(embed_server.model_path, ids)), atol=TOL)
+    opened = messages + [{"role": "assistant", "content": "a fox"}]
+    cont = _post(embed_server, "/pooling", {"messages": opened, "continue_final_message": True,
+                                            "truncate_prompt_tokens": 4}).json()
+    text = hf_tok.apply_chat_template(opened, tokenize=False, continue_final_message=True)
+    ids = hf_tok.encode(text, add_special_tokens=False)[-4:]
+    assert cont["usage"]["prompt_tokens"] == 4
+    np.testing.assert_allclose(cont["data"][0]["data"], _unit(_hf_ids_last_hidden(embed_server.model_path, ids)),
+                               atol=TOL)
+
+
+@torch.inference_mode()
+def _hf_ids_last_hidden(path, ids: list[int]) -> np.ndarray:
+    return _hf(str(path), "embed")(torch.tensor([ids])).last_hidden_state[0, -1].numpy()
+
+
+@pytest.fixture(scope="module")
+def token_server(checkpoint):
+    harness = ServerHarness(checkpoint("qwen3-embed"), {"default": {}}, max_num_batched_tokens=8,
+                            kv_cache_memory="16MiB", pooler_config='{"pooling_type": "ALL"}').start()
+    yield harness
+    harness.stop()
+
+
+def test_all_pooling_returns_a_row_per_token(token_server):
+    """vllm/model_executor/layers/pooler/tokwise/methods.py AllPool: every prompt token's hidden
+    state (chunked prefill: 8-token steps), each row normalized (TokenEmbeddingPoolerHead);
+    served by /pooling only."""
+    path, tokenizer = token_server.model_path, token_server.tokenizer
+    body = _post(token_server, "/pooling", {"input": TEXTS[2]}).json()
+    ids = tokenizer.encode(TEXTS[2])
+    with torch.inference_mode():
+        want = _hf(str(path), "embed")(torch.tensor([ids])).last_hidden_state[0].numpy()
+    rows = np.array(body["data"][0]["data"])
+    assert rows.shape == want.shape and len(ids) > 8
+    np.testing.assert_allclose(rows, want / np.linalg.norm(want, axis=-1, keepdims=True), atol=TOL)
+    packed = _post(token_server, "/pooling", {"input": [ids[:3]], "encoding_format": "base64",
+                                              "use_activation": False}).json()
+    flat = np.frombuffer(base64.b64decode(packed["data"][0]["data"]), dtype="<f4").reshape(3, -1)
+    np.testing.assert_allclose(flat, want[:3], atol=TOL * max(1.0, float(np.abs(want).max())))
+    assert "use /pooling" in _error(_post(token_server, "/v1/embeddings", {"input": "x"}), "model")
+    assert "use /pooling" in _error(_post(token_server, "/score", {"text_1": "a", "text_2": "b"}), "model")
 
 
 @torch.inference_mode()

@@ -47,6 +47,9 @@ def test_pooling_checkpoints_keep_their_family_flags():
     ("auto", "auto", '{"pooling_type": "MEAN", "normalize": false}', "qwen3-embed",
      ("pooling", "embed", "MEAN", False, False)),
     ("pooling", "embed", "", "qwen3", ("pooling", "embed", "LAST", True, False)),  # a causal LM as a backbone
+    ("auto", "auto", '{"pooling_type": "STEP", "step_tag_id": 5, "returned_token_ids": [0]}', "qwen3-reward",
+     ("pooling", "classify", "STEP", True, False)),
+    ("auto", "auto", '{"pooling_type": "ALL"}', "qwen3-embed", ("pooling", "embed", "ALL", True, False)),
 ])
 def test_resolve_pooler(runner, convert, pooler, variant, expected):
     resolved, config = resolve_pooler(runner, convert, pooler, _config(variant))
@@ -59,8 +62,12 @@ def test_resolve_pooler_generate_and_refusals():
     assert resolve_pooler("auto", "auto", "", _config("llama")) == ("generate", None)
     cases = [
         (("generate", "auto", "", "llama-classify"), "no LM head"),
-        (("auto", "auto", '{"pooling_type": "STEP"}', "qwen3-embed"), "pooling_type 'STEP'"),
-        (("auto", "auto", '{"step_tag_id": 3}', "qwen3-embed"), "unsupported key"),
+        (("auto", "auto", '{"pooling_type": "SPLADE"}', "qwen3-embed"), "pooling_type 'SPLADE'"),
+        (("auto", "auto", '{"step_tag_id": 3}', "qwen3-embed"), "step_tag_id: needs pooling_type STEP"),
+        (("auto", "auto", '{"pooling_type": "STEP", "returned_token_ids": [1]}', "qwen3-reward"),
+         r"returned_token_ids: .* in \[0, 1\)"),
+        (("auto", "auto", '{"pooling_type": "STEP", "step_tag_id": -1}', "qwen3-reward"), "step_tag_id: a token id"),
+        (("auto", "auto", '{"bogus": 3}', "qwen3-embed"), "unsupported key"),
         (("auto", "auto", "[1]", "qwen3-embed"), "JSON object"),
         (("auto", "classify", "", "qwen3-embed"), "needs a \\*ForSequenceClassification"),
         (("pooling", "auto", "", "qwen3-moe"), "not supported"),
@@ -73,6 +80,16 @@ def test_resolve_pooler_generate_and_refusals():
 
 def _model(task: str, **kw) -> PoolingModel:
     return PoolingModel(pooler=PoolerConfig(task=task), hidden_size=4, **kw)
+
+
+def test_token_rows_are_processed_one_by_one():
+    embed = _model("embed", is_matryoshka=True)
+    rows = np.array([[3.0, 4.0, 0.0, 0.0], [0.0, 0.0, 0.0, 2.0]], np.float32)
+    np.testing.assert_allclose(embed.embedding(rows), [[0.6, 0.8, 0, 0], [0, 0, 0, 1]], rtol=1e-6)
+    np.testing.assert_allclose(embed.embedding(rows, dimensions=1), [[1.0], [0.0]])
+    classify = _model("classify", labels=("a", "b"))
+    np.testing.assert_allclose(classify.classification(np.array([[0.0, np.log(3.0)], [0.0, 0.0]])),
+                               [[0.25, 0.75], [0.5, 0.5]], rtol=1e-6)
 
 
 def test_outputs_cut_then_normalize_and_activations():
@@ -124,6 +141,56 @@ def test_pooling_head_over_chunks(pooling_type):
     np.testing.assert_allclose(done_b[0], pick(rows[5:7]).numpy())
     head.drop(["a", "b"])
     assert not head._sums and not head._first
+
+
+@attrs.define
+class _TokenState:
+    request_id: str
+    num_computed_tokens: int
+    num_prompt_tokens: int
+    token_ids: list[int]
+
+
+@pytest.mark.parametrize("pooler", [
+    PoolerConfig(task="embed", pooling_type="ALL"),
+    PoolerConfig(task="classify", pooling_type="STEP", step_tag_id=7, returned_token_ids=(1,)),
+    PoolerConfig(task="classify", pooling_type="STEP", step_tag_id=7),
+])
+def test_token_pooling_over_chunks(pooler):
+    """vllm/model_executor/layers/pooler/tokwise/methods.py: ALL keeps every prompt row across
+    chunks; STEP then keeps the returned_token_ids columns and the rows of step_tag_id."""
+    rows = torch.arange(14, dtype=torch.float32).reshape(7, 2)  # prompt A: rows 0-4, B: rows 5-6
+    head = PoolingHead(pooler, _Identity())
+    a, b = _TokenState("a", 0, 5, [7, 1, 7, 2, 7]), _TokenState("b", 0, 2, [3, 3])
+    head.observe(torch.cat([rows[0:3], rows[5:7]]), [a, b], [3, 2])
+    done_b = head.result_fields(torch.cat([rows[0:3], rows[5:7]]), [4], [b])
+    a.num_computed_tokens = 3
+    head.observe(rows[3:5], [a], [2])
+    done_a = head.result_fields(rows[3:5], [1], [a])
+    keep_rows = [0, 2, 4] if pooler.step_tag_id is not None else list(range(5))
+    keep_cols = list(pooler.returned_token_ids or (0, 1))
+    np.testing.assert_array_equal(done_a["pooled"], rows[0:5][keep_rows][:, keep_cols].numpy())
+    np.testing.assert_array_equal(done_a["pooled_row_offsets"], [0, len(keep_rows)])
+    want_b = rows[5:7][:, keep_cols] if pooler.step_tag_id is None else rows[5:7][:0, keep_cols]  # no step tag in B
+    np.testing.assert_array_equal(done_b["pooled"], want_b.numpy())
+    assert not head._chunks
+
+
+def test_scheduler_hands_each_request_its_token_rows():
+    sched = Scheduler(SchedulerConfig(num_blocks=16, block_size=4, max_model_len=64, max_num_batched_tokens=16))
+    sched.add_request(add_req("p", range(1, 4), max_tokens=1, temperature=0.0))
+    sched.add_request(add_req("q", range(1, 3), max_tokens=1, temperature=0.0))
+    step = sched.schedule()
+    rows = np.arange(10, dtype=np.float32).reshape(5, 2)
+    deltas = sched.update_from_output(BatchResult(
+        step_id=step.step_id, request_ids=("p", "q"), sampled_token_ids=np.array([POOLED_TOKEN_ID] * 2, np.int32),
+        pooled_request_ids=("p", "q"), pooled=rows, pooled_row_offsets=np.array([0, 3, 5])))
+    by_id = {d.request_id: d.pooled for d in deltas.deltas}
+    np.testing.assert_array_equal(by_id["p"], rows[:3])
+    np.testing.assert_array_equal(by_id["q"], rows[3:])
+    codec = engine_codec()
+    back = codec.decode(codec.encode(deltas.deltas[0]))
+    np.testing.assert_array_equal(back.pooled, deltas.deltas[0].pooled)
 
 
 def test_pooled_arrays_cross_the_codec():

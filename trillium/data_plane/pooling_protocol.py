@@ -5,19 +5,26 @@ Mirrors vllm/entrypoints/pooling/{embed,classify,pooling,score}/protocol.py:
 token-id lists (OpenAI's embeddings input); `use_activation` (and its older
 names `normalize` for embeddings, `activation` / `softmax` for scores) picks
 normalization / softmax per request, null meaning the server's default.
-Rerank also takes Jina / Cohere's `return_documents`. As everywhere on the
-data plane, strict types and no silently ignored field: an undeclared one
-(`truncate_prompt_tokens`, `messages`, ...) is a 400 unless null.
+Rerank also takes Jina / Cohere's `return_documents`. Every body takes
+`truncate_prompt_tokens` (-1: the context; k: keep the last k tokens, or
+the first k with `truncation_side` "right"; vllm/entrypoints/pooling/base/
+protocol.py PoolingBasicRequestMixin, vllm/entrypoints/renderer.py).
+/v1/embeddings, /pooling and /classify take chat `messages` instead of
+`input` (ChatRequestMixin: rendered with the chat template;
+`add_generation_prompt` and `continue_final_message` false and
+`add_special_tokens` false by default, `chat_template_kwargs`,
+`chat_template`). As everywhere on the data plane, strict types and no
+silently ignored field: an undeclared one is a 400 unless null.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from trillium.data_plane.errors import bad_request
-from trillium.data_plane.protocol import Int64, _Body
+from trillium.data_plane.protocol import ChatMessage, Int64, _Body
 
 
 def _is_ids(value: Any) -> bool:
@@ -41,16 +48,43 @@ class _PoolingBody(_Body):
     user: str | None = None  # informational (request_fields.INFORMATIONAL_FIELDS)
     priority: Int64 = 0
     use_activation: bool | None = None
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=2**63 - 1)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
 
     def wants_activation(self) -> bool | None:
         return self.use_activation
 
 
-class EmbeddingRequest(_PoolingBody):
-    input: Any
+class _InputOrMessages(_PoolingBody):
+    """`input` (completion-style) or chat `messages`, exactly one (vLLM's two request kinds)."""
+
+    input: Any = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None  # default: true for `input`, false for `messages` (vLLM)
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self):
+        if (self.input is None) == (self.messages is None):
+            raise bad_request("give exactly one of input and messages", "input")
+        if self.messages is None:
+            for key in ("add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs"):
+                if key in self.model_fields_set and getattr(self, key) not in (None, False):
+                    raise bad_request(f"{key}: only with messages", key)
+        elif not self.messages:
+            raise bad_request("messages: must not be empty", "messages")
+        if self.add_generation_prompt and self.continue_final_message:
+            raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                              "continue_final_message")
+        return self
+
+
+class EmbeddingRequest(_InputOrMessages):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Int64 | None = None
-    add_special_tokens: bool = True
     normalize: bool | None = None  # vLLM's older name of use_activation
 
     def wants_activation(self) -> bool | None:
@@ -61,9 +95,8 @@ class PoolingRequest(EmbeddingRequest):
     """vLLM's /pooling: the model's own task's output, raw when use_activation is false."""
 
 
-class ClassificationRequest(_PoolingBody):
-    input: Any
-    add_special_tokens: bool = True
+class ClassificationRequest(_InputOrMessages):
+    pass
 
 
 class _ScoreBody(_PoolingBody):

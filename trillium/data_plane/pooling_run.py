@@ -2,6 +2,7 @@
 
     model = pooling_model(state, task)                    400 unless the server pools for `task`
     ids = await tokenize_inputs(state, inputs, ...)       texts / token ids -> checked token-id prompts
+    ids = await request_prompts(state, req)               a body's `input` or chat `messages`, truncated
     raws = await run_pooling(state, prompts, priority)    one raw float32 output per prompt, in order
 
 Each prompt is one engine request (`trillium/pooling/offline.POOLING_PARAMS`:
@@ -15,7 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from trillium.data_plane.chat_reply import template_arguments
 from trillium.data_plane.errors import bad_request, internal_error, rejection_error
+from trillium.data_plane.pooling_protocol import pooling_inputs
+from trillium.data_plane.rollout_fields import truncate_prompt
+from trillium.data_plane.tool_choice import ToolPlan
 from trillium.data_plane.sampling import check_priority, check_prompt
 from trillium.data_plane.state import AppState, new_id, wrong_runner
 from trillium.pooling.offline import POOLING_PARAMS
@@ -24,11 +29,15 @@ from trillium.pooling.outputs import PoolingModel
 _RENAMES = {"prompt": "input", "prompt_token_ids": "input", "max_tokens": "input"}
 
 
-def pooling_model(state: AppState, *tasks: str) -> PoolingModel:
-    """The served pooling model; 400 on a generative server or one that pools for another task."""
+def pooling_model(state: AppState, *tasks: str, per_token: bool = False) -> PoolingModel:
+    """The served pooling model; 400 on a generative server or one that pools for another task,
+    and, unless `per_token` (/pooling), on a token-pooling one (ALL / STEP: a row per token)."""
     model = state.engine.pooling
     if model is None:
         raise wrong_runner(True)
+    if model.is_token_pooling and not per_token:
+        raise bad_request(f"this model pools per token (--pooler-config pooling_type {model.pooler.pooling_type}): "
+                          "use /pooling", "model")
     if tasks and model.task not in tasks:
         route = {"embed": "/v1/embeddings", "classify": "/classify"}[model.task]
         raise bad_request(f"this model's pooling task is {model.task!r} (--convert): use {route}, /pooling, "
@@ -37,8 +46,10 @@ def pooling_model(state: AppState, *tasks: str) -> PoolingModel:
 
 
 async def tokenize_inputs(state: AppState, inputs, *, add_special_tokens: bool = True,
-                          param: str = "input") -> list[list[int]]:
-    """Token ids of each text (or token-id list, checked), each fitting the context;
+                          param: str = "input", truncate: tuple[int | None, str | None] = (None, None)
+                          ) -> list[list[int]]:
+    """Token ids of each text (or token-id list, checked), each truncated as `truncate`
+    (truncate_prompt_tokens, truncation_side) says and fitting the context;
     400 past --max-prompts-per-request inputs."""
     state.limits.check_num_prompts(len(inputs), param)
     prompts = []
@@ -46,10 +57,30 @@ async def tokenize_inputs(state: AppState, inputs, *, add_special_tokens: bool =
         if isinstance(item, str):
             ids = await state.tokenizer.encode(item, add_special_tokens=add_special_tokens, param=param)
         else:
-            state.limits.check_num_tokens(item, state.engine.max_model_len, param)
             ids = list(item)
+        ids = truncate_prompt(ids, *truncate, state.engine.max_model_len)
+        state.limits.check_num_tokens(ids, state.engine.max_model_len, param)
         prompts.append(ids)
     return prompts
+
+
+async def request_prompts(state: AppState, req) -> list[list[int]]:
+    """The prompts of an /v1/embeddings, /pooling or /classify body: its `input`, or its chat
+    `messages` rendered with the chat template (one prompt), truncated as the body says."""
+    truncate = (req.truncate_prompt_tokens, req.truncation_side)
+    if req.messages is None:
+        add_special_tokens = req.add_special_tokens is not False
+        return await tokenize_inputs(state, pooling_inputs(req.input), add_special_tokens=add_special_tokens,
+                                     truncate=truncate)
+    _, ids = await state.tokenizer.render_chat(
+        [m.to_template() for m in req.messages], add_generation_prompt=req.add_generation_prompt,
+        add_special_tokens=bool(req.add_special_tokens), template_kwargs=req.chat_template_kwargs,
+        continue_final_message=req.continue_final_message,
+        template_arguments=template_arguments(req, state.engine.chat, ToolPlan()),
+    )
+    ids = truncate_prompt(ids, *truncate, state.engine.max_model_len)
+    state.limits.check_num_tokens(ids, state.engine.max_model_len, "messages")
+    return [ids]
 
 
 async def run_pooling(state: AppState, prompts: list[list[int]], priority: int = 0) -> list[np.ndarray]:

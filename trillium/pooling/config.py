@@ -13,12 +13,20 @@ pooler/seqwise/heads.py, activations.py):
               otherwise (a *Model or a *ForCausalLM read as its backbone).
               reward: a classify head whose default is the raw score
               (use_activation false), as RLHF reward models are read.
-    pooler    JSON: {"pooling_type": "LAST" | "MEAN" | "CLS", "use_activation":
+    pooler    JSON: {"pooling_type": "LAST" | "MEAN" | "CLS" | "ALL" | "STEP", "use_activation":
               bool (embed: L2-normalize; classify: softmax, or sigmoid for one
               label), "normalize": alias of use_activation for embed,
-              "dimensions": default Matryoshka size, "task"}. Defaults: LAST,
-              activation on (off for reward). Any other key is an error.
-              (`reward`: true is what --convert reward resolves to.)
+              "dimensions": default Matryoshka size, "task", STEP's "step_tag_id" and
+              "returned_token_ids"}. Defaults: LAST, activation on (off for reward).
+              Any other key is an error. (`reward`: true is what --convert reward
+              resolves to.)
+
+Token pooling (vllm/model_executor/layers/pooler/tokwise/methods.py AllPool,
+StepPool): ALL answers one output row per prompt token (the hidden state, or
+the score head's logits); STEP keeps the columns `returned_token_ids`
+(indices into a row: the labels of a process reward model's head) and the
+rows whose prompt token is `step_tag_id`, either one optional. Both are
+served by /pooling only (`is_token_pooling`).
 
 `PoolerConfig` crosses to the actors inside `EngineConfig.pooler_config` as
 its JSON (`to_json`), so every process agrees on it.
@@ -35,12 +43,13 @@ from trillium.models.config_families import pooling_base
 
 RUNNERS = ("auto", "generate", "pooling")
 CONVERTS = ("auto", "embed", "classify", "reward")
-POOLING_TYPES = ("LAST", "MEAN", "CLS")
+POOLING_TYPES = ("LAST", "MEAN", "CLS", "ALL", "STEP")
+TOKEN_POOLING_TYPES = ("ALL", "STEP")
 TASKS = ("embed", "classify")
 # Dense Llama-family backbones a pooling head sits on (MoE and Gemma are not wired).
 POOLING_BASES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _ACCEPTED_KEYS = frozenset({"pooling_type", "seq_pooling_type", "use_activation", "normalize", "dimensions",
-                            "task", "activation", "softmax", "reward"})
+                            "task", "activation", "softmax", "reward", "step_tag_id", "returned_token_ids"})
 
 
 @attrs.frozen
@@ -50,6 +59,14 @@ class PoolerConfig:
     use_activation: bool = True  # the default of requests that do not say
     dimensions: int | None = None  # default Matryoshka size (None: the full hidden size)
     reward: bool = False  # --convert reward: a classifier read as a raw score
+    step_tag_id: int | None = None  # STEP: keep the rows of this prompt token (None: every row)
+    returned_token_ids: tuple[int, ...] | None = attrs.field(  # STEP: keep these columns (None: all)
+        default=None, converter=lambda v: None if v is None else tuple(v))
+
+    @property
+    def is_token_pooling(self) -> bool:
+        """One output row per prompt token (ALL, STEP), not one vector per prompt."""
+        return self.pooling_type in TOKEN_POOLING_TYPES
 
     def to_json(self) -> str:
         return json.dumps(attrs.asdict(self), sort_keys=True)
@@ -130,8 +147,29 @@ def resolve_pooler(runner: str, convert: str, pooler_json: str, model_config) ->
     if dimensions is not None:
         if task != "embed" or not isinstance(dimensions, int) or not 0 < dimensions <= model_config.hidden_size:
             raise ValueError(f"--pooler-config dimensions: an embedding size in [1, {model_config.hidden_size}]")
+    step_tag_id, returned = _step_fields(raw, pooling_type, model_config)
     return "pooling", PoolerConfig(
         task=task, pooling_type=pooling_type,
         use_activation=(not reward) if use_activation is None else use_activation,
-        dimensions=dimensions, reward=reward,
+        dimensions=dimensions, reward=reward, step_tag_id=step_tag_id, returned_token_ids=returned,
     )
+
+
+def _step_fields(raw: dict[str, Any], pooling_type: str, model_config) -> tuple[int | None, tuple[int, ...] | None]:
+    """STEP's step_tag_id (a token id) and returned_token_ids (column indices of an output row)."""
+    step_tag_id, returned = raw.get("step_tag_id"), raw.get("returned_token_ids")
+    if pooling_type != "STEP":
+        for key in ("step_tag_id", "returned_token_ids"):
+            if raw.get(key) is not None:
+                raise ValueError(f"--pooler-config {key}: needs pooling_type STEP")
+        return None, None
+    if step_tag_id is not None and (isinstance(step_tag_id, bool) or not isinstance(step_tag_id, int)
+                                    or not 0 <= step_tag_id < model_config.vocab_size):
+        raise ValueError(f"--pooler-config step_tag_id: a token id in [0, {model_config.vocab_size})")
+    if returned is not None:
+        width = model_config.num_labels or model_config.hidden_size
+        if (not isinstance(returned, list) or not returned
+                or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < width for i in returned)):
+            raise ValueError(f"--pooler-config returned_token_ids: a non-empty list of column indices in [0, {width})")
+        returned = tuple(returned)
+    return step_tag_id, returned

@@ -90,6 +90,9 @@ class PoolingRunner:
             raise ValueError(f"{method}: this LLM serves a generative model; build it with runner='pooling'")
         if self.model.task != task:
             raise ValueError(f"{method}: this model's pooling task is {self.model.task!r}, not {task!r}")
+        if self.model.is_token_pooling:
+            raise ValueError(f"{method}: this model pools per token (pooling_type "
+                             f"{self.model.pooler.pooling_type}); serve it and use /pooling")
         return self.model
 
     def run(self, prompts: list[list[int]]) -> list[np.ndarray]:
@@ -143,6 +146,7 @@ class PoolingRunner:
     def score(self, data_1, data_2, *, use_activation: bool | None = None):
         if self.model is None:
             raise ValueError("score: this LLM serves a generative model; build it with runner='pooling'")
+        self._need(self.model.task, "score")
         pairs = pair_list(data_1, data_2)
         tokenizer = self._llm.tokenizer
         if self.model.task == "embed":

@@ -12,7 +12,8 @@ may set on top are applied here, in vLLM's order
 to `dimensions` (Matryoshka) and then L2-normalized; a classifier's logits
 go through softmax, or sigmoid for a single label (activations.py
 PoolerClassify). `use_activation` false (vLLM's name; `normalize` for
-embeddings) returns them as they are. `dimensions` is refused, as vLLM
+embeddings) returns them as they are. Token pooling (ALL / STEP) hands in
+[rows, width]: each row is cut, normalized or activated on its own. `dimensions` is refused, as vLLM
 refuses it (vllm/pooling_params.py), for a model whose config.json does not
 say it was trained for it (`is_matryoshka` / `matryoshka_dimensions`).
 """
@@ -39,6 +40,11 @@ class PoolingModel:
     @property
     def task(self) -> str:
         return self.pooler.task
+
+    @property
+    def is_token_pooling(self) -> bool:
+        """ALL / STEP: one output row per prompt token, served by /pooling only."""
+        return self.pooler.is_token_pooling
 
     @staticmethod
     def build(engine_config) -> "PoolingModel | None":
@@ -73,11 +79,12 @@ class PoolingModel:
 
     def embedding(self, raw: np.ndarray, dimensions: int | None = None, normalize: bool | None = None) -> np.ndarray:
         size = dimensions or self.pooler.dimensions
-        vec = np.asarray(raw, dtype=np.float32)
+        vec = np.asarray(raw, dtype=np.float32)  # [size] or, token pooling, [rows, size]: per row
         if size is not None:
-            vec = vec[:size]
+            vec = vec[..., :size]
         if self.pooler.use_activation if normalize is None else normalize:
-            vec = vec / max(float(np.linalg.norm(vec)), 1e-12)  # torch F.normalize's eps
+            norm = np.linalg.norm(vec, axis=-1, keepdims=True)
+            vec = vec / np.maximum(norm, 1e-12)  # torch F.normalize's eps
         return vec
 
     def classification(self, raw: np.ndarray, use_activation: bool | None = None) -> np.ndarray:
@@ -86,8 +93,8 @@ class PoolingModel:
             return logits.astype(np.float32)
         if logits.shape[-1] < 2:
             return (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
-        shifted = np.exp(logits - logits.max())
-        return (shifted / shifted.sum()).astype(np.float32)
+        shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))  # per row under token pooling
+        return (shifted / shifted.sum(axis=-1, keepdims=True)).astype(np.float32)
 
     def output(self, raw: np.ndarray, *, dimensions: int | None = None, use_activation: bool | None = None):
         """The task's output of one request (embedding or class scores)."""

@@ -273,11 +273,11 @@ class ExecutorCore:
 
     def _pool(self, hidden, rows, states, indices, sampled: np.ndarray) -> dict:
         """BatchResult fields of the requests whose prompts are done: their pooled outputs."""
-        outputs = self.pooler.finish(hidden, rows, states)
+        fields = self.pooler.result_fields(hidden, rows, states)
         for state, index in zip(states, indices):
             state.token_ids.append(POOLED_TOKEN_ID)  # INVARIANT: the executor knows the scheduler's tokens
             sampled[index] = POOLED_TOKEN_ID
-        return {"pooled_request_ids": tuple(s.request_id for s in states), "pooled": outputs}
+        return {"pooled_request_ids": tuple(s.request_id for s in states), **fields}
 
     def _transfer_only(self, batch: ExecuteBatch, start: float) -> BatchResult:
         """A batch with no requests: the scheduler only waits for disk reads

@@ -7,16 +7,21 @@ prompt (the step that would sample), `finish` answers with its pooled
 output and the placeholder token `POOLED_TOKEN_ID`, which ends the request
 through max_tokens in the scheduler: the scheduler has no pooling branch.
 
-    observe(hidden, states, counts)   every step: MEAN / CLS keep what later
-                                      chunks cannot recompute
+    observe(hidden, states, counts)   every step: MEAN / CLS / ALL / STEP keep what
+                                      later chunks cannot recompute
     finish(hidden, rows, states)      -> float32 [N, output_size]: LAST takes
                                       the request's last row, MEAN the mean of
                                       every prompt row, CLS the first; then the
                                       model's `pool_head` (score head, or none)
+    result_fields(hidden, rows, states) -> BatchResult's pooled fields; for ALL /
+                                      STEP one row per prompt token (STEP: the
+                                      rows of step_tag_id, the returned_token_ids
+                                      columns), rows of request i at
+                                      pooled_row_offsets[i]:[i + 1]
     drop(request_ids)                 finished / aborted requests
 
-State: per request a running float32 sum (MEAN) or the first row (CLS),
-across chunked-prefill steps. NOTE: MEAN and CLS need every prompt row
+State: per request a running float32 sum (MEAN), the first row (CLS) or
+every chunk's rows (ALL / STEP), across chunked-prefill steps. NOTE: all but LAST need every prompt row
 computed here, so `EngineConfig.resolve` turns prefix caching off for them
 (a cached block's rows never reach the executor); LAST keeps it (the last
 prompt token is always computed). A recompute preemption restarts at
@@ -40,6 +45,10 @@ class PoolingHead:
         self.model = model
         self._sums: dict[str, torch.Tensor] = {}
         self._first: dict[str, torch.Tensor] = {}
+        self._chunks: dict[str, list[torch.Tensor]] = {}  # ALL / STEP: each step's rows
+        self.step_tag_id = config.step_tag_id
+        self.returned_token_ids = config.returned_token_ids
+        self.is_token_pooling = config.is_token_pooling
 
     @staticmethod
     def build(engine_config, model) -> "PoolingHead | None":
@@ -59,6 +68,11 @@ class PoolingHead:
                 if begin == 0:
                     self._first[rid] = chunk[0].clone()
                 continue
+            if self.is_token_pooling:
+                kept = [] if begin == 0 else self._chunks[rid]
+                kept.append(chunk.clone())  # NOTE: only prompt rows; a pooling request decodes none
+                self._chunks[rid] = kept
+                continue
             total = chunk.float().sum(dim=0)
             self._sums[rid] = total if begin == 0 else self._sums[rid] + total
 
@@ -72,7 +86,25 @@ class PoolingHead:
             pooled = torch.stack(means).to(hidden.dtype)
         return self.model.pool_head(pooled).cpu().numpy()
 
+    def result_fields(self, hidden: torch.Tensor, rows: list[int], states) -> dict:
+        """BatchResult's `pooled` (and, for token pooling, `pooled_row_offsets`) of finished prompts."""
+        if not self.is_token_pooling:
+            return {"pooled": self.finish(hidden, rows, states)}
+        outputs = []
+        for state in states:
+            out = self.model.pool_head(torch.cat(self._chunks.pop(state.request_id)))  # [num_prompt_tokens, width]
+            if self.returned_token_ids is not None:
+                out = out[:, list(self.returned_token_ids)]
+            if self.step_tag_id is not None:
+                prompt = torch.tensor(state.token_ids[: state.num_prompt_tokens], device=out.device)
+                out = out[prompt == self.step_tag_id]
+            outputs.append(out.cpu().numpy())
+        offsets = np.zeros(len(outputs) + 1, np.int64)
+        np.cumsum([len(o) for o in outputs], out=offsets[1:])
+        return {"pooled": np.concatenate(outputs), "pooled_row_offsets": offsets}
+
     def drop(self, request_ids) -> None:
         for rid in request_ids:
             self._sums.pop(rid, None)
             self._first.pop(rid, None)
+            self._chunks.pop(rid, None)

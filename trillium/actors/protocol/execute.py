@@ -156,6 +156,9 @@ class BatchResult:
     # Their sampled_token_ids entry is a placeholder that ends them (max_tokens=1).
     pooled_request_ids: tuple[str, ...] = ()
     pooled: np.ndarray = attrs.field(factory=lambda: np.zeros((0, 0), np.float32))
+    # Token pooling (ALL / STEP): request i's rows are pooled[offsets[i]:offsets[i + 1]]
+    # (int64 [N + 1]); empty: one row per request.
+    pooled_row_offsets: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int64))
 
 
 @attrs.frozen

@@ -262,7 +262,7 @@ class Scheduler:
             if request is not None:
                 request.add_prompt_logprobs(chunk)
         deltas = []
-        pooled = dict(zip(result.pooled_request_ids, result.pooled)) if result.pooled_request_ids else {}
+        pooled = _pooled_by_request(result) if result.pooled_request_ids else {}
         for rid, token in zip(result.request_ids, result.sampled_token_ids.tolist()):
             request = self._requests.get(rid)
             if request is None or request.status is not RequestStatus.RUNNING:
@@ -438,3 +438,12 @@ class Scheduler:
             **self.kv_tiers.stats(self.pool),
             **self.events.take(),
         )
+
+
+def _pooled_by_request(result: BatchResult) -> dict:
+    """Each pooled request's output: its row, or its rows under token pooling (pooled_row_offsets)."""
+    offsets = result.pooled_row_offsets
+    if not len(offsets):
+        return dict(zip(result.pooled_request_ids, result.pooled))
+    return {rid: result.pooled[int(offsets[i]) : int(offsets[i + 1])]
+            for i, rid in enumerate(result.pooled_request_ids)}

@@ -7,7 +7,10 @@
     /classify       {"input", "use_activation"} -> {"data": [{"index", "label", "probs",
                      "num_classes"}], ...}                   (classifiers, reward models)
     /pooling        {"input", "encoding_format", "dimensions", "use_activation"}
-                    -> {"data": [{"object": "pooling", "index", "data"}], ...}   (either)
+                    -> {"data": [{"object": "pooling", "index", "data"}], ...}   (either;
+                    under ALL / STEP token pooling `data` is a list of rows, one per token)
+    each also takes chat `messages` for `input`, and truncate_prompt_tokens
+    (pooling_protocol.py)
 
 Shapes from vllm/entrypoints/pooling/{embed,classify,pooling}/protocol.py
 and OpenAI's embeddings API (base64: the float32 little-endian bytes).
@@ -25,22 +28,19 @@ import numpy as np
 from quart import Blueprint, request
 
 from trillium.data_plane.errors import bad_request
-from trillium.data_plane.pooling_protocol import (
-    ClassificationRequest,
-    EmbeddingRequest,
-    PoolingRequest,
-    pooling_inputs,
-)
-from trillium.data_plane.pooling_run import pooling_model, run_pooling, tokenize_inputs, usage
+from trillium.data_plane.pooling_protocol import ClassificationRequest, EmbeddingRequest, PoolingRequest
+from trillium.data_plane.pooling_run import pooling_model, request_prompts, run_pooling, usage
 from trillium.data_plane.protocol import parse_request
 from trillium.data_plane.state import AppState, new_id
 from trillium.data_plane.streaming import json_response
 
 
 def encode_vector(vector: np.ndarray, encoding_format: str):
+    """float: a list (of lists, per token, under token pooling); base64: the float32
+    little-endian bytes, rows one after another."""
     if encoding_format == "base64":
         return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
-    return [float(v) for v in vector]
+    return np.asarray(vector, dtype=np.float64).tolist()  # WHY float64: the exact float32 values, as floats
 
 
 def _envelope(kind: str, model: str, data: list, prompts: list[list[int]]) -> dict:
@@ -49,7 +49,7 @@ def _envelope(kind: str, model: str, data: list, prompts: list[list[int]]) -> di
 
 
 async def _embedded(state: AppState, req: EmbeddingRequest, model_name: str, tasks: tuple[str, ...]):
-    model = pooling_model(state, *tasks)
+    model = pooling_model(state, *tasks, per_token=not tasks)
     if model.task == "embed":
         try:
             model.check_dimensions(req.dimensions, model_name)
@@ -57,7 +57,7 @@ async def _embedded(state: AppState, req: EmbeddingRequest, model_name: str, tas
             raise bad_request(str(exc), "dimensions") from None
     elif req.dimensions is not None:
         raise bad_request("dimensions: only embedding models have a size to cut", "dimensions")
-    prompts = await tokenize_inputs(state, pooling_inputs(req.input), add_special_tokens=req.add_special_tokens)
+    prompts = await request_prompts(state, req)
     raws = await run_pooling(state, prompts, req.priority)
     vectors = [model.output(raw, dimensions=req.dimensions, use_activation=req.wants_activation()) for raw in raws]
     return prompts, vectors
@@ -89,7 +89,7 @@ def blueprint(state: AppState) -> Blueprint:
         req = parse_request(ClassificationRequest, await request.get_data())
         model_name = state.resolve_model(req.model)
         model = pooling_model(state, "classify")
-        prompts = await tokenize_inputs(state, pooling_inputs(req.input), add_special_tokens=req.add_special_tokens)
+        prompts = await request_prompts(state, req)
         raws = await run_pooling(state, prompts, req.priority)
         data = []
         for i, raw in enumerate(raws):

@@ -12,6 +12,7 @@ A classifier with one label is a cross-encoder: each pair is one prompt
 (the tokenizer's pair template) and its score the sigmoid of the label
 (`use_activation` false: the raw logit). An embedding model scores the
 cosine of the two texts' embeddings, each text embedded once.
+`truncate_prompt_tokens` cuts each prompt (a pair's, or each text's).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from trillium.data_plane.errors import bad_request
 from trillium.data_plane.pooling_protocol import RerankRequest, ScoreRequest
 from trillium.data_plane.pooling_run import pooling_model, run_pooling, tokenize_inputs
 from trillium.data_plane.protocol import parse_request
+from trillium.data_plane.rollout_fields import truncate_prompt
 from trillium.data_plane.state import AppState, new_id
 from trillium.data_plane.streaming import json_response
 from trillium.pooling.offline import pair_list
@@ -31,19 +33,22 @@ from trillium.pooling.outputs import cosine
 
 
 async def pair_scores(state: AppState, pairs: list[tuple[str, str]], use_activation: bool | None,
-                      param: str, priority: int = 0) -> tuple[list[float], int]:
-    """(score of each pair, prompt tokens used); 400 past --max-prompts-per-request pairs."""
+                      param: str, priority: int = 0, truncate: tuple[int | None, str | None] = (None, None)
+                      ) -> tuple[list[float], int]:
+    """(score of each pair, prompt tokens used); 400 past --max-prompts-per-request pairs.
+    `truncate` (truncate_prompt_tokens, truncation_side) applies to each prompt."""
     model = pooling_model(state)
     state.limits.check_num_prompts(len(pairs), param)
     if model.task == "embed":
         texts = list(dict.fromkeys(text for pair in pairs for text in pair))
-        prompts = await tokenize_inputs(state, texts, param=param)
+        prompts = await tokenize_inputs(state, texts, param=param, truncate=truncate)
         vectors = dict(zip(texts, await run_pooling(state, prompts, priority)))
         return [cosine(vectors[a], vectors[b]) for a, b in pairs], sum(len(p) for p in prompts)
     if len(model.labels) != 1:
         raise bad_request(f"this classifier has {len(model.labels)} labels; scoring text pairs needs a "
                           "cross-encoder (one label)", "model")
-    prompts = [await state.tokenizer.encode_pair(a, b, param) for a, b in pairs]
+    prompts = [truncate_prompt(await state.tokenizer.encode_pair(a, b, param), *truncate, state.engine.max_model_len)
+               for a, b in pairs]
     raws = await run_pooling(state, prompts, priority)
     return [float(model.classification(raw, use_activation)[0]) for raw in raws], sum(len(p) for p in prompts)
 
@@ -58,7 +63,8 @@ def blueprint(state: AppState) -> Blueprint:
             pairs = pair_list(req.text_1, req.text_2)
         except ValueError as exc:
             raise bad_request(str(exc).removeprefix("score: "), "text_1") from None
-        scores, num_tokens = await pair_scores(state, pairs, req.wants_activation(), "text_1", req.priority)
+        scores, num_tokens = await pair_scores(state, pairs, req.wants_activation(), "text_1", req.priority,
+                                               (req.truncate_prompt_tokens, req.truncation_side))
         return json_response({
             "id": new_id("score"), "object": "list", "created": int(time.time()), "model": model_name,
             "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
@@ -69,7 +75,8 @@ def blueprint(state: AppState) -> Blueprint:
         req = parse_request(RerankRequest, await request.get_data())
         model_name = state.resolve_model(req.model)
         pairs = [(req.query, document) for document in req.documents]
-        scores, num_tokens = await pair_scores(state, pairs, req.wants_activation(), "documents", req.priority)
+        scores, num_tokens = await pair_scores(state, pairs, req.wants_activation(), "documents", req.priority,
+                                               (req.truncate_prompt_tokens, req.truncation_side))
         order = sorted(range(len(scores)), key=lambda i: -scores[i])
         if req.top_n:
             order = order[: req.top_n]
