@@ -260,10 +260,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         engine_stall_timeout_s=args.engine_stall_timeout_s,
         responses_store_size=args.responses_store_size,
     )
-    code = run_server(engine, server)
-    from trillium.fast_exit import exit_now
-
-    exit_now(code)  # everything is stopped and closed; skip freeing it (fast_exit.py says why)
+    return run_server(engine, server)
 
 
 def _chat_options(args: argparse.Namespace):
@@ -507,7 +504,7 @@ def serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return sub.choices["serve"]
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, exit_fast: bool = False) -> int:
     from trillium.cli_compat import expand_config_file
 
     parser = build_parser()
@@ -516,8 +513,18 @@ def main(argv: list[str] | None = None) -> int:
     from trillium.observability import logs
 
     logs.configure(args.log_level)
-    return args.func(args)
+    code = args.func(args)
+    if exit_fast and args.func is _cmd_serve:
+        from trillium.fast_exit import exit_now
+
+        exit_now(code)  # the server stopped and closed everything; skip freeing it (fast_exit.py says why)
+    return code
+
+
+def console_main() -> None:
+    """The `trillium` command (and `python -m trillium.cli`): a stopped server exits without teardown."""
+    sys.exit(main(exit_fast=True))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()
