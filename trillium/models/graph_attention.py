@@ -53,7 +53,12 @@ class GraphAttentionContext:
         _CONTEXTS[self.context_id] = self
 
 
-@torch.library.custom_op("trillium::graph_attention", mutates_args=())
+# NOTE: torch.library.Library, not @custom_op (see models/llama.py `onednn_linear`: per-call cost).
+_LIB = torch.library.Library("trillium", "FRAGMENT")
+_LIB.define("graph_attention(Tensor q, Tensor k, Tensor v, int context, int layer, float scale, "
+            "int? sliding_window, float? softcap) -> Tensor")
+
+
 def graph_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: int, layer: int, scale: float,
     sliding_window: int | None, softcap: float | None,
@@ -72,7 +77,10 @@ def graph_attention(
     return out
 
 
-@graph_attention.register_fake
+_LIB.impl("graph_attention", graph_attention, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("trillium::graph_attention")
 def _(q, k, v, context, layer, scale, sliding_window, softcap):
     return torch.empty_like(q)
 

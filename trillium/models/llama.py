@@ -92,12 +92,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 # weights it packed itself (freezing), and F.linear in a graph becomes MKL's
 # sgemm again (see _ONEDNN_LINEAR). Opaque to the compiler, the same oneDNN
 # call as eager, reading the live weights (updates and sleep need nothing).
-@torch.library.custom_op("trillium::onednn_linear", mutates_args=())
-def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return _ONEDNN_LINEAR(x, weight, bias, "none", [], "")
+# NOTE: torch.library.Library, not @custom_op: the latter wraps every call in
+# Python autograd and dynamo-disable layers (and imports torch._dynamo on the
+# first call); this op runs 4 times per layer per step.
+_LIB = torch.library.Library("trillium", "FRAGMENT")
+_LIB.define("onednn_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+_LIB.impl("onednn_linear", lambda x, weight, bias: _ONEDNN_LINEAR(x, weight, bias, "none", [], ""), "CPU")
 
 
-@_onednn_linear.register_fake
+@torch.library.register_fake("trillium::onednn_linear")
 def _(x, weight, bias):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 

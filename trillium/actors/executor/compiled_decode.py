@@ -86,9 +86,14 @@ def _point_inductor_cache() -> str:
     """Inductor's on-disk caches under Trillium's cache dir (a user's TORCHINDUCTOR_CACHE_DIR wins)."""
     from trillium.local_cache import cache_dir
 
-    # WHY the environment: Inductor reads its cache dir from TORCHINDUCTOR_CACHE_DIR only
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    # WHY the environment: Inductor reads its cache dir from TORCHINDUCTOR_CACHE_DIR only, and
+    # writes its default (/tmp/torchinductor_$USER) there when importing its config
     # (torch/_inductor/runtime/cache_dir_utils.py); set before the first compile, in this process.
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "inductor")
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
@@ -115,6 +120,10 @@ class CompiledDecode(EagerForward):
         def decode_graph(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
             return model(input_ids, positions, slots, None)
 
+        # WHY a copy of the code object: Dynamo keeps its compiled entries (and its recompile
+        # count) per code object, so a second engine in this process (tests, benchmarks) would
+        # otherwise share, and exhaust, the first one's.
+        decode_graph.__code__ = decode_graph.__code__.replace()
         self._graph = torch.compile(decode_graph, dynamic=False)
         device = model.device
         # Padded inputs, one pair per bucket, reused every step.
