@@ -111,6 +111,9 @@ class CompiledDecode(EagerForward):
         # loops are microseconds, and an OpenMP barrier per kernel costs more than it saves
         # on a small shared CPU. The matmuls (oneDNN op) keep the executor's threads.
         torch._inductor.config.cpp.threads = 1
+        # WHY no compile workers: the graph has a few dozen small kernels; a pool of worker
+        # processes (each importing torch) costs more CPU than compiling them in this one.
+        torch._inductor.config.compile_threads = 1
         # One graph per bucket on the same code object: let all of them live.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                    len(self.compiled_sizes) + 1)  # fmt: skip
