@@ -65,9 +65,12 @@ def _greedy(core: ExecutorCore) -> dict[str, list[int]]:
 
 
 def test_compiled_greedy_matches_eager_and_transformers_then_follows_weight_updates(cores):
+    from torch._dynamo.utils import counters  # WHY here: importing dynamo at collection costs every run
+
     compiled, eager, path = cores
     assert isinstance(compiled.forward, CompiledDecode) and not isinstance(eager.forward, CompiledDecode)
     assert compiled.forward.compile_s.keys() == {4}
+    graphs = counters["stats"]["unique_graphs"]  # compiled at start; nothing recompiles after
     before = _greedy(compiled)
     assert compiled.forward.num_compiled_steps >= 7  # every decode step of the run (3, 2, 2, 1, 1, 1, 1 rows)
     assert before == _greedy(eager)
@@ -88,3 +91,4 @@ def test_compiled_greedy_matches_eager_and_transformers_then_follows_weight_upda
     assert compiled.forward.num_compiled_steps > steps  # still compiled, not an eager fallback
     assert after != before
     assert after == _greedy(eager)
+    assert counters["stats"]["unique_graphs"] == graphs

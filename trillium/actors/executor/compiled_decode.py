@@ -66,8 +66,13 @@ def build_forward(config: EngineConfig, model: torch.nn.Module) -> EagerForward:
     if reason:
         log.info("compiled decode off (%s): running eager", reason)
         return EagerForward(model)
-    forward = CompiledDecode(model, config.compile_batch_sizes)
-    forward.warm_up()
+    try:
+        forward = CompiledDecode(model, config.compile_batch_sizes)
+        forward.warm_up()
+    except Exception as exc:  # no C++ compiler, an Inductor failure: serve eager, loudly
+        log.warning("compiled decode failed at start (%s: %s); running eager (--enforce-eager skips the try)",
+                    type(exc).__name__, exc)
+        return EagerForward(model)
     return forward
 
 
@@ -79,6 +84,11 @@ def _unsupported(config: EngineConfig, model: torch.nn.Module) -> str:
         return "GGUF weights kept packed; --gguf-dequantize compiles"
     if not config.compile_batch_sizes:
         return "no --compile-batch-sizes"
+    if config.runner == "pooling":
+        return "a pooling model never decodes"
+    family = model.config
+    if family.moe is not None or family.gemma is not None:
+        return f"{family.architecture}: compiled decode covers the dense Llama family (not MoE / Gemma yet)"
     return ""
 
 
