@@ -148,6 +148,9 @@ class CompiledDecode(EagerForward):
     @torch.inference_mode()
     def warm_up(self) -> dict[int, float]:
         """Compile every bucket now (a cache hit is fast), logging seconds per bucket."""
+        log.info("compiling decode for batch sizes %s (a first start takes minutes on a small CPU, later "
+                 "ones read %s; --enforce-eager skips it)", ",".join(map(str, self.compiled_sizes)),
+                 self.cache_path)  # fmt: skip
         for size in self.compiled_sizes:
             start = time.perf_counter()
             self.context.meta = None  # warm-up: the attention op touches no cache
