@@ -93,7 +93,6 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, model_required: bool = 
     group.add_argument("--tp-collective-timeout-s", type=float, default=60.0,
                        help="tensor parallelism: how long a collective (all-reduce, gather) waits for a "
                             "rank before the step fails and the server stops, instead of hanging")
-                       help="torch CPU threads of the executor (default: all cores)")
     group.add_argument("--compile-batch-sizes", type=_batch_sizes, default=(1, 2, 4, 8), metavar="N,N,...",
                        help="CPU: batch sizes whose decode steps run a torch.compile (Inductor C++) graph, "
                             "compiled at start and cached on disk; a decode step of B sequences pads to the "

@@ -204,8 +204,6 @@ class EngineConfig:
             raise ValueError(f"--quantization {self.quantization}: not supported; Trillium implements "
                              "gguf (implied for .gguf files: Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K weights kept packed, "
                              "other types dequantized), awq and gptq (4-bit safetensors checkpoints, read from config.json)")
-                             "gguf (implied for .gguf files: Q8_0/Q4_0/Q4_1 weights kept packed, other types "
-                             "dequantized)")
         if any(n < 1 for n in self.compile_batch_sizes):
             raise ValueError(f"--compile-batch-sizes must be positive, got {list(self.compile_batch_sizes)}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

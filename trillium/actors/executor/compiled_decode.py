@@ -80,8 +80,11 @@ def _unsupported(config: EngineConfig, model: torch.nn.Module) -> str:
     """Why this model/config runs eager even without --enforce-eager ('' when it compiles)."""
     if torch.device(config.device).type != "cpu":
         return f"{config.device}: compiled decode is CPU-only so far"
-    if any(hasattr(module, "ggml_type") for module in model.modules()):
-        return "GGUF weights kept packed; --gguf-dequantize compiles"
+    if config.tensor_parallel_size > 1:
+        return "tensor parallel ranks (their collectives stay outside graphs)"
+    packed = next((m.format_name for m in model.modules() if hasattr(m, "format_name")), None)
+    if packed is not None:  # GgufLinear (packed_linear.py), Int4Linear (int4_linear.py): their own kernels
+        return f"{packed} weights kept packed"
     if not config.compile_batch_sizes:
         return "no --compile-batch-sizes"
     if config.runner == "pooling":
