@@ -16,6 +16,9 @@ def pytest_configure(config):
     user's ~/.cache, and shared by every server the tests start (they inherit the environment)."""
     if "TRILLIUM_CACHE_DIR" not in os.environ:
         os.environ["TRILLIUM_CACHE_DIR"] = tempfile.mkdtemp(prefix="trillium-test-cache-")
+    # The one switch for compiled decode (trillium/config.py ENFORCE_EAGER_ENV): every engine the
+    # tests start runs eager (compiling costs seconds per bucket) unless it passes enforce_eager=False.
+    os.environ.setdefault("TRILLIUM_ENFORCE_EAGER", "1")
 
 
 @pytest.fixture(scope="session")

@@ -242,3 +242,26 @@ def test_bad_generation_config_exits_at_start(checkpoint, tmp_path):
         main(["serve", path, "--generation-config", str(tmp_path / "nowhere")])
     with pytest.raises(SystemExit):
         main(["serve", path, "--override-generation-config", "[1, 2]"])
+
+
+def test_enforce_eager_and_compile_batch_sizes_reach_the_engine_config(checkpoint, monkeypatch):
+    """vLLM's --enforce-eager (vllm/engine/arg_utils.py) turns compiled decode off; without it the
+    TRILLIUM_ENFORCE_EAGER switch decides (the suite sets 1), else it compiles."""
+    from trillium.cli import _engine_kwargs
+
+    model = str(checkpoint("llama"))
+
+    def resolved(*argv: str, env: str | None) -> EngineConfig:
+        if env is None:
+            monkeypatch.delenv("TRILLIUM_ENFORCE_EAGER", raising=False)
+        else:
+            monkeypatch.setenv("TRILLIUM_ENFORCE_EAGER", env)
+        return EngineConfig.build(model=model, **_engine_kwargs(parse(model, *argv))).resolve()
+
+    assert resolved("--enforce-eager", env="0").enforce_eager is True
+    assert resolved(env="1").enforce_eager is True
+    compiled = resolved("--compile-batch-sizes", "1,16", env=None)
+    assert (compiled.enforce_eager, compiled.compile_batch_sizes) == (False, (1, 16))
+    assert EngineConfig.from_bytes(compiled.to_bytes()) == compiled
+    with pytest.raises(SystemExit):
+        parse(model, "--compile-batch-sizes", "0,4")

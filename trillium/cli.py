@@ -93,6 +93,11 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, model_required: bool = 
     group.add_argument("--tp-collective-timeout-s", type=float, default=60.0,
                        help="tensor parallelism: how long a collective (all-reduce, gather) waits for a "
                             "rank before the step fails and the server stops, instead of hanging")
+    group.add_argument("--compile-batch-sizes", type=_batch_sizes, default=(1, 2, 4, 8), metavar="N,N,...",
+                       help="CPU: batch sizes whose decode steps run a torch.compile (Inductor C++) graph, "
+                            "compiled at start and cached on disk; a decode step of B sequences pads to the "
+                            "next size, larger ones and prefill run eager (default 1,2,4,8; --enforce-eager "
+                            "turns compiling off)")
     add_model_source_args(parser.add_argument_group("model source and sampling defaults (vLLM's flags)"))
     pooling = parser.add_argument_group("pooling models: embeddings, classifiers, reward models (vLLM's flags)")
     pooling.add_argument("--runner", default="auto", choices=["auto", "generate", "pooling"],
@@ -148,6 +153,17 @@ def _memory_bytes(value: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _batch_sizes(value: str) -> tuple[int, ...]:
+    """argparse type of --compile-batch-sizes: '1,2,4,8' (positive ints)."""
+    try:
+        sizes = tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of batch sizes: {value!r}") from None
+    if any(n < 1 for n in sizes):
+        raise argparse.ArgumentTypeError(f"batch sizes must be >= 1: {value!r}")
+    return sizes
+
+
 def _engine_kwargs(args: argparse.Namespace) -> dict:
     import json
     import os
@@ -172,6 +188,9 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         gguf_dequantize=args.gguf_dequantize, quantization=getattr(args, "quantization", None),
         tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
         tp_collective_timeout_s=args.tp_collective_timeout_s,
+        # None: TRILLIUM_ENFORCE_EAGER decides (config.py), else compiled decode
+        enforce_eager=True if getattr(args, "enforce_eager", False) else None,
+        compile_batch_sizes=args.compile_batch_sizes,
     )
 
 

@@ -174,7 +174,8 @@ def add_serve_args(serve) -> None:
                         help="Trillium always prefills long prompts in chunks of --max-num-batched-tokens; "
                              "--no-enable-chunked-prefill is refused")
     compat.add_argument("--enforce-eager", action="store_true",
-                        help="accepted: Trillium runs eagerly (no CUDA graphs)")
+                        help="run every step eagerly: no compiled decode graphs (see "
+                             "--compile-batch-sizes; CUDA graphs are never used)")
     compat.add_argument("--disable-log-requests", action="store_true",
                         help="accepted: Trillium does not log request contents")
     compat.add_argument("--enable-log-requests", action="store_true",
@@ -263,7 +264,6 @@ def check_serve_args(args) -> None:
         if refused:
             raise SystemExit(message)
     notes = ((args.enable_sleep_mode, "--enable-sleep-mode: sleep / wake_up are always on the admin API"),
-             (args.enforce_eager, "--enforce-eager: Trillium always runs eagerly"),
              (args.disable_log_stats, "--disable-log-stats: Trillium logs no periodic stats (see /metrics)"),
              (args.trust_remote_code, "--trust-remote-code: accepted; no remote code is ever run"))
     for given, note in notes:

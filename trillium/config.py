@@ -178,6 +178,11 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     tp_master_port: int = 0
     tp_collective_timeout_s: float = 60.0
+    # Compiled decode (actors/executor/compiled_decode.py): pure-decode steps of up to
+    # max(compile_batch_sizes) sequences run a torch.compile graph padded to the next size.
+    # enforce_eager None resolves from TRILLIUM_ENFORCE_EAGER (1: eager; the test suite sets it), else False.
+    enforce_eager: bool | None = None
+    compile_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
 
     def __attrs_post_init__(self) -> None:
         if self.enable_lora and (self.max_loras < 1 or self.max_lora_rank < 1 or self.max_cpu_loras < 0):
@@ -199,6 +204,8 @@ class EngineConfig:
             raise ValueError(f"--quantization {self.quantization}: not supported; Trillium implements "
                              "gguf (implied for .gguf files: Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K weights kept packed, "
                              "other types dequantized), awq and gptq (4-bit safetensors checkpoints, read from config.json)")
+        if any(n < 1 for n in self.compile_batch_sizes):
+            raise ValueError(f"--compile-batch-sizes must be positive, got {list(self.compile_batch_sizes)}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype!r}: choose from {', '.join(KV_CACHE_DTYPES)}")
         from trillium.distributed.tp_checks import refuse_engine
@@ -272,6 +279,7 @@ class EngineConfig:
             served_model_name=name, kv_tiers=self.kv_tiers.resolve(per_block, fingerprint), kv_block_bytes=per_block,
             vocab_size=model_config.vocab_size, runner=runner, pooler_config=pooler,
             enable_prefix_caching=prefix_caching, kv_sliding_window=window,
+            enforce_eager=_resolve_enforce_eager(self.enforce_eager),
         )
 
     @property
@@ -290,6 +298,17 @@ def uniform_sliding_window(model_config) -> int:
     if len(windows) != 1:
         return 0
     return windows.pop() or 0
+
+
+# The test suite's one switch (tests/conftest.py): engines it starts, in process or as
+# `trillium serve` children (they inherit the environment), run eager unless a test asks.
+ENFORCE_EAGER_ENV = "TRILLIUM_ENFORCE_EAGER"
+
+
+def _resolve_enforce_eager(value: bool | None) -> bool:
+    if value is not None:
+        return value
+    return os.environ.get(ENFORCE_EAGER_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 def _resolve_runner(config: EngineConfig, model_config) -> tuple[str, str, bool]:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from trillium import kernels
 from trillium.kernels.fp8 import fp8_max, is_fp8
 from trillium.models.config import ModelConfig, torch_dtype
 
@@ -87,6 +88,17 @@ class KvCache:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.k_cache, self.v_cache))
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta, scale: float, *,
+        sliding_window: int | None = None, softcap: float | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """Write this step's keys/values (k, v [T, KH, D]) into the cache, then attend q [T, H, D] over it."""
+        if not self.calibrated:  # fp8: the first write sets the scales
+            self.calibrate(k, v)
+        kernels.write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
+        return kernels.paged_attention(q, self.k_cache, self.v_cache, meta, scale, self.k_scale, self.v_scale,
+                                       sliding_window=sliding_window, softcap=softcap)  # fmt: skip
 
     def calibrate(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Set the scales from the first keys/values written (call before writing them).

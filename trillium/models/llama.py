@@ -82,8 +82,27 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         and x.numel() > 0
         and not torch.is_grad_enabled()
     ):
+        if torch.compiler.is_compiling():
+            return torch.ops.trillium.onednn_linear(x, weight, bias)
         return _ONEDNN_LINEAR(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
+
+
+# WHY an op of our own: Inductor's lowering of mkldnn._linear_pointwise expects
+# weights it packed itself (freezing), and F.linear in a graph becomes MKL's
+# sgemm again (see _ONEDNN_LINEAR). Opaque to the compiler, the same oneDNN
+# call as eager, reading the live weights (updates and sleep need nothing).
+# NOTE: torch.library.Library, not @custom_op: the latter wraps every call in
+# Python autograd and dynamo-disable layers (and imports torch._dynamo on the
+# first call); this op runs 4 times per layer per step.
+_LIB = torch.library.Library("trillium", "FRAGMENT")
+_LIB.define("onednn_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+_LIB.impl("onednn_linear", lambda x, weight, bias: _ONEDNN_LINEAR(x, weight, bias, "none", [], ""), "CPU")
+
+
+@torch.library.register_fake("trillium::onednn_linear")
+def _(x, weight, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 class Linear(nn.Linear):
@@ -142,14 +161,8 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = kernels.rotary_embedding(positions, q, k, cos_sin_cache)
-        if not kv_cache.calibrated:  # fp8: the first write sets the scales
-            kv_cache.calibrate(k, v)
-        k_cache, v_cache, k_scale, v_scale = kv_cache.k_cache, kv_cache.v_cache, kv_cache.k_scale, kv_cache.v_scale
-        kernels.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
-        out = kernels.paged_attention(
-            q, k_cache, v_cache, meta, self.scale, k_scale, v_scale,
-            sliding_window=self.sliding_window, softcap=self.softcap,
-        )  # fmt: skip
+        # NOTE: a compiled decode graph passes a GraphKvSlot here (graph_attention.py), same `attend`.
+        out = kv_cache.attend(q, k, v, meta, self.scale, sliding_window=self.sliding_window, softcap=self.softcap)
         out = out.reshape(num_tokens, self.q_size)
         projected = self.o_proj(out)
         if lora is not None:

@@ -22,6 +22,7 @@ import attrs
 import numpy as np
 import torch
 
+from trillium.actors.executor.compiled_decode import build_forward
 from trillium.actors.executor.grammar import GrammarCompiler
 from trillium.actors.executor.kv_stores import KvStores
 from trillium.actors.executor.pooler import POOLED_TOKEN_ID, PoolingHead
@@ -86,6 +87,8 @@ class ExecutorCore:
             gguf_dequantize=config.gguf_dequantize, tp=self.tp,
         )
         self.model.eval()
+        # Compiled decode at batch-size buckets, or the eager forward (executor/compiled_decode.py).
+        self.forward = build_forward(config, self.model)
         # A pooling model answers with pooled outputs where a generator samples (executor/pooler.py).
         self.pooler = PoolingHead.build(config, self.model)
         self.kv_cache_dtype = config.kv_cache_dtype if config.kv_cache_dtype != "auto" else config.dtype
@@ -221,7 +224,7 @@ class ExecutorCore:
             before = self.lora.num_swap_ins
             lora = self.lora.batch([s.lora_id for s in states], counts)
             swap_ins = self.lora.num_swap_ins - before
-        hidden = self.model(ids_t, pos_t, self.kv_caches, meta, lora=lora)
+        hidden = self.forward(ids_t, pos_t, self.kv_caches, meta, lora=lora)
 
         sampled = np.full(len(states), -1, dtype=np.int32)
         logprobs: dict[str, TokenLogprobs] = {}

@@ -1,0 +1,193 @@
+"""Compiled decode: the executor's forward for pure-decode steps, through torch.compile.
+
+    build_forward(config, model) -> EagerForward | CompiledDecode
+    forward(input_ids [T], positions [T], kv_caches, meta, lora) -> hidden [T, hidden]
+
+The idea (vLLM's cudagraph capture sizes, on CPU): decode steps are small
+and alike, so the model's forward for them is compiled once per batch-size
+bucket (`--compile-batch-sizes`, default 1,2,4,8) at start, with Inductor's
+C++ backend. A step whose requests all decode one token (T == B) and whose B
+fits a bucket is padded to the next bucket and runs the compiled graph;
+everything else (prefill, mixed steps, larger batches, LoRA steps) runs
+eager. Compile seconds per bucket are logged at start.
+
+What is compiled: embedding, norms, projections (through an opaque oneDNN
+op, `models/llama.py`), rope, MLP and residuals. Attention is an opaque op
+reading the step's paged cache and metadata from a context
+(`models/graph_attention.py`), so the graph does not depend on sequence
+lengths or block tables and never recompiles between steps.
+
+State the graph reads at each call (never baked in): the weights are graph
+inputs (Dynamo lifts parameters; a weight update or a sleep that swaps
+`param.data` is seen on the next step), the KV caches come from the context
+(set per call: wake re-allocates them).
+
+Cache on disk: Inductor's FX-graph and AOTAutograd caches live under
+`trillium.local_cache.cache_dir()/inductor` (unless TORCHINDUCTOR_CACHE_DIR
+is set), so a restart with the same model shapes and torch skips codegen and
+the C++ compile.
+
+`--enforce-eager` (or TRILLIUM_ENFORCE_EAGER=1, what the test suite sets)
+gives `EagerForward`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import torch
+
+from trillium.config import EngineConfig
+from trillium.kernels import AttentionMetadata
+from trillium.models.graph_attention import GraphAttentionContext, graph_kv_slots
+
+log = logging.getLogger(__name__)
+
+
+class EagerForward:
+    """The model's own forward, every step."""
+
+    compiled_sizes: tuple[int, ...] = ()
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def __call__(self, input_ids, positions, kv_caches, meta: AttentionMetadata, lora=None) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, meta, lora=lora)
+
+
+def build_forward(config: EngineConfig, model: torch.nn.Module) -> EagerForward:
+    """The executor's forward for this config: compiled decode unless eager is asked or it cannot apply."""
+    if config.enforce_eager:
+        return EagerForward(model)
+    reason = _unsupported(config, model)
+    if reason:
+        log.info("compiled decode off (%s): running eager", reason)
+        return EagerForward(model)
+    try:
+        forward = CompiledDecode(model, config.compile_batch_sizes)
+        forward.warm_up()
+    except Exception as exc:  # no C++ compiler, an Inductor failure: serve eager, loudly
+        log.warning("compiled decode failed at start (%s: %s); running eager (--enforce-eager skips the try)",
+                    type(exc).__name__, exc)
+        return EagerForward(model)
+    return forward
+
+
+def _unsupported(config: EngineConfig, model: torch.nn.Module) -> str:
+    """Why this model/config runs eager even without --enforce-eager ('' when it compiles)."""
+    if torch.device(config.device).type != "cpu":
+        return f"{config.device}: compiled decode is CPU-only so far"
+    if config.tensor_parallel_size > 1:
+        return "tensor parallel ranks (their collectives stay outside graphs)"
+    packed = next((m.format_name for m in model.modules() if hasattr(m, "format_name")), None)
+    if packed is not None:  # GgufLinear (packed_linear.py), Int4Linear (int4_linear.py): their own kernels
+        return f"{packed} weights kept packed"
+    if not config.compile_batch_sizes:
+        return "no --compile-batch-sizes"
+    if config.runner == "pooling":
+        return "a pooling model never decodes"
+    family = model.config
+    if family.moe is not None or family.gemma is not None:
+        return f"{family.architecture}: compiled decode covers the dense Llama family (not MoE / Gemma yet)"
+    return ""
+
+
+def _point_inductor_cache() -> str:
+    """Inductor's on-disk caches under Trillium's cache dir (a user's TORCHINDUCTOR_CACHE_DIR wins)."""
+    from trillium.local_cache import cache_dir
+
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    # WHY the environment: Inductor reads its cache dir from TORCHINDUCTOR_CACHE_DIR only, and
+    # writes its default (/tmp/torchinductor_$USER) there when importing its config
+    # (torch/_inductor/runtime/cache_dir_utils.py); set before the first compile, in this process.
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "inductor")
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
+class CompiledDecode(EagerForward):
+    """Pure-decode steps of at most max(sizes) sequences through a graph compiled per bucket."""
+
+    def __init__(self, model: torch.nn.Module, sizes: tuple[int, ...]) -> None:
+        import torch._dynamo.config
+        import torch._inductor.config
+
+        super().__init__(model)
+        self.compiled_sizes = tuple(sorted(set(sizes)))
+        self.cache_path = _point_inductor_cache()
+        # WHY one thread in Inductor's kernels: at decode sizes (<= 64 rows) its pointwise
+        # loops are microseconds, and an OpenMP barrier per kernel costs more than it saves
+        # on a small shared CPU. The matmuls (oneDNN op) keep the executor's threads.
+        torch._inductor.config.cpp.threads = 1
+        # WHY no compile workers: the graph has a few dozen small kernels; a pool of worker
+        # processes (each importing torch) costs more CPU than compiling them in this one.
+        torch._inductor.config.compile_threads = 1
+        # One graph per bucket on the same code object: let all of them live.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                                   len(self.compiled_sizes) + 1)  # fmt: skip
+        self.context = GraphAttentionContext()
+        slots = graph_kv_slots(self.context, len(model.model.layers))
+
+        def decode_graph(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            return model(input_ids, positions, slots, None)
+
+        # WHY a copy of the code object: Dynamo keeps its compiled entries (and its recompile
+        # count) per code object, so a second engine in this process (tests, benchmarks) would
+        # otherwise share, and exhaust, the first one's.
+        decode_graph.__code__ = decode_graph.__code__.replace()
+        self._graph = torch.compile(decode_graph, dynamic=False)
+        device = model.device
+        # Padded inputs, one pair per bucket, reused every step.
+        self._ids = {n: torch.zeros(n, dtype=torch.int64, device=device) for n in self.compiled_sizes}
+        self._positions = {n: torch.zeros(n, dtype=torch.int64, device=device) for n in self.compiled_sizes}
+        self.compile_s: dict[int, float] = {}
+        self.num_compiled_steps = 0
+
+    @torch.inference_mode()
+    def warm_up(self) -> dict[int, float]:
+        """Compile every bucket now (a cache hit is fast), logging seconds per bucket."""
+        log.info("compiling decode for batch sizes %s (a first start takes minutes on a small CPU, later "
+                 "ones read %s; --enforce-eager skips it)", ",".join(map(str, self.compiled_sizes)),
+                 self.cache_path)  # fmt: skip
+        for size in self.compiled_sizes:
+            start = time.perf_counter()
+            self.context.meta = None  # warm-up: the attention op touches no cache
+            self._graph(self._ids[size], self._positions[size])
+            self.compile_s[size] = time.perf_counter() - start
+        log.info("compiled decode for batch sizes %s in %.1f s (%s; cache %s)",
+                 ",".join(map(str, self.compiled_sizes)), sum(self.compile_s.values()),
+                 ", ".join(f"{n}: {s:.1f} s" for n, s in self.compile_s.items()), self.cache_path)  # fmt: skip
+        return self.compile_s
+
+    def bucket(self, meta: AttentionMetadata, lora) -> int:
+        """The bucket this step runs in, 0 for eager."""
+        num_seqs = meta.num_seqs
+        if meta.max_query_len != 1 or num_seqs > self.compiled_sizes[-1]:
+            return 0
+        if lora is not None and lora.has_work:
+            return 0  # NOTE: LoRA deltas run eager (their per-slot batching is host-side Python)
+        return next(n for n in self.compiled_sizes if n >= num_seqs)
+
+    def __call__(self, input_ids, positions, kv_caches, meta: AttentionMetadata, lora=None) -> torch.Tensor:
+        size = self.bucket(meta, lora)
+        if not size:
+            return self.model(input_ids, positions, kv_caches, meta, lora=lora)
+        num_tokens = input_ids.shape[0]
+        ids, pos = self._ids[size], self._positions[size]
+        ids[:num_tokens] = input_ids
+        pos[:num_tokens] = positions
+        if num_tokens < size:  # padding rows: token 0 at position 0 (the attention op skips them)
+            ids[num_tokens:] = 0
+            pos[num_tokens:] = 0
+        self.context.kv_caches, self.context.meta = kv_caches, meta
+        try:
+            hidden = self._graph(ids, pos)
+        finally:
+            self.context.meta = None
+        self.num_compiled_steps += 1
+        return hidden[:num_tokens]
