@@ -7,6 +7,7 @@
     trillium bench throughput [...]               engine throughput vs Hugging Face / a bare decode loop
     trillium bench serving [--base-url URL ...]   streaming HTTP load; with --base-url: any running
                                                   OpenAI-compatible servers, a row each (benchmarks/compare.py)
+    trillium bench timeline [--batches 1,16,64]   where a decode step's time goes, per actor (benchmarks/timeline.py)
     trillium build-model --variant bench PATH     write a small deterministic test checkpoint
 """
 
@@ -390,6 +391,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from trillium.benchmarks.serving import main as run_serving
 
         return run_serving(args.rest)
+    if args.suite == "timeline":
+        from trillium.benchmarks.timeline import main as run_timeline
+
+        return run_timeline(args.rest)
     raise SystemExit(f"unknown benchmark {args.suite!r}")
 
 
@@ -511,7 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser(
         "bench", parents=[common], help="run a benchmark (see bench/)")
-    bench.add_argument("suite", choices=["throughput", "serving"])
+    bench.add_argument("suite", choices=["throughput", "serving", "timeline"])
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments passed to the benchmark")
     bench.set_defaults(func=_cmd_bench)
     return parser

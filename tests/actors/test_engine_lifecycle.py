@@ -450,6 +450,33 @@ async def test_profile_start_stop_writes_files(checkpoints, tmp_path):
         assert all(Path(f).exists() for f in stopped.data["files"])
 
 
+async def test_timeline_profile_records_step_stages(checkpoints, tmp_path):
+    """StartProfile(timeline=True): spans only (no cProfile, no torch.profiler), the
+    executor's step stages among them, readable by bench/step_timeline.py's parser."""
+    from trillium.benchmarks.timeline_report import load_spans
+
+    async with engine(checkpoints[0]) as e:
+        started = await e.control(lc.StartProfile, profile_dir=str(tmp_path / "tl"), timeline=True)
+        assert started.ok, started.message
+        await e.generate(PROMPTS[:2])
+        stopped = await e.control(lc.StopProfile)
+        assert stopped.ok, stopped.message
+        files = stopped.data["files"]
+        assert not any(f.endswith(".prof") or f.endswith(".pt.trace.json") for f in files), files
+        spans = load_spans(files)
+        names = {actor: {s.name for s in actor_spans} for actor, actor_spans in spans.items()}
+        assert {"ExecuteBatch", "inputs", "forward", "sample", "result", "send BatchResult"} <= names["executor"]
+        assert {"schedule", "BatchResult", "send ExecuteBatch"} <= names["scheduler"]
+        assert {"TokenDeltas", "send RequestOutputs"} <= names["detokenizer"]
+        steps = [s for s in spans["executor"] if s.name == "ExecuteBatch"]
+        forwards = [s for s in spans["executor"] if s.name == "forward"]
+        assert len(forwards) == len(steps) >= 2
+        assert all(st.start <= f.start and f.end <= st.end for st, f in zip(steps, forwards))
+        # A timeline does not leave the torch profiler on: a normal profile still starts.
+        assert (await e.control(lc.StartProfile, profile_dir=str(tmp_path / "p2"))).ok
+        assert (await e.control(lc.StopProfile)).ok
+
+
 # -- memory really goes back to the OS ----------------------------------------------
 
 

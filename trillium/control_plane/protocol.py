@@ -184,6 +184,7 @@ class StartProfileRequest(_Body):
     record_shapes: bool = False
     with_stack: bool = False
     max_duration_s: Annotated[float, Field(gt=0, le=24 * 3600)] = 300.0
+    timeline: bool = False  # spans only (no cProfile / torch.profiler): bench/step_timeline.py
 
 
 class AbortRequestsRequest(_Body):

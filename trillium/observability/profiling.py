@@ -15,6 +15,12 @@ only, and say so in their file list. Separate processes each get their own.
 A profile is bounded in time: the owner calls `expire(now)` when `deadline`
 passes; the files are then written and handed out by the next `stop()`.
 Times are the caller's clock (trio's), so tests can use a MockClock.
+
+A *timeline* profile (`start(..., python_profile=False)`) records the spans
+only: no cProfile, so the loop runs at its normal speed, and the spans of
+every actor line up on one clock (perf_counter_ns is CLOCK_MONOTONIC on
+Linux, shared by the engine's processes). `bench/step_timeline.py` reads
+them back (trillium/benchmarks/timeline_report.py).
 """
 
 from __future__ import annotations
@@ -57,9 +63,11 @@ class LoopProfiler:
     def active(self) -> bool:
         return self._dir is not None
 
-    def start(self, profile_dir: str, now: float, max_duration_s: float = DEFAULT_MAX_PROFILE_S) -> None:
+    def start(self, profile_dir: str, now: float, max_duration_s: float = DEFAULT_MAX_PROFILE_S,
+              *, python_profile: bool = True) -> None:
         """Start recording; OSError if `profile_dir` cannot be created. A
-        profile still running is stopped first (its files are written)."""
+        profile still running is stopped first (its files are written).
+        python_profile=False: spans only (a timeline), no cProfile."""
         if self.active:
             self._finish()
         os.makedirs(profile_dir, exist_ok=True)
@@ -67,7 +75,7 @@ class LoopProfiler:
         self._spans = []
         self._unreported = None
         self.deadline = now + max_duration_s
-        if sys.getprofile() is None:  # else a neighbour on this thread holds it
+        if python_profile and sys.getprofile() is None:  # else a neighbour on this thread holds it
             self._cprofile = cProfile.Profile()
             self._cprofile.enable()
 
@@ -76,6 +84,13 @@ class LoopProfiler:
         if self._dir is None or len(self._spans) >= _MAX_SPANS:
             return _NO_SPAN
         return self._timed(name)
+
+    def record(self, name: str, start_ns: int, end_ns: int) -> None:
+        """One span measured by the caller (perf_counter_ns); dropped when inactive.
+        NOTE: callable from another thread (the executor's torch thread): a list
+        append is atomic under the GIL."""
+        if self._dir is not None and len(self._spans) < _MAX_SPANS:
+            self._spans.append((name, start_ns, end_ns - start_ns))
 
     @contextlib.contextmanager
     def _timed(self, name: str):

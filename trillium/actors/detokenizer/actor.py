@@ -80,13 +80,15 @@ async def _serve(registry: DetokenizerRegistry, mailbox: Mailbox, to_api: Outbox
         if finish is not None:
             await to_scheduler.send(finish)
         if outputs.deltas:
-            await to_api.send(outputs)
+            with profiler.span("send RequestOutputs"):
+                await to_api.send(outputs)
 
 
 def _profile_command(profiler: LoopProfiler, message: StartProfile | StopProfile) -> ControlReply:
     try:
         if isinstance(message, StartProfile):
-            profiler.start(message.profile_dir, trio.current_time(), message.max_duration_s)
+            profiler.start(message.profile_dir, trio.current_time(), message.max_duration_s,
+                           python_profile=not message.timeline)
             return ControlReply(message.command_id, 200, "profiling", {"files": []})
         return ControlReply(message.command_id, 200, "ok", {"files": profiler.stop()})
     except NotProfiling as exc:

@@ -87,11 +87,13 @@ async def _serve(ranks: OneRank, control: ExecutorControl, torch_thread: TorchTh
             log.error("executor: unexpected message %r", type(message).__name__)
             continue
         try:
-            result = await torch_thread.run(ranks.step, message)
+            with control.timeline.span("ExecuteBatch"):  # a timeline profile's step span (else free)
+                result = await torch_thread.run(ranks.step, message)
         except Exception as exc:
             log.exception("executor step %d failed", message.step_id)
             await send(
                 ExecutorFailed(step_id=message.step_id, error="".join(traceback.format_exception_only(exc)).strip())
             )
             raise
-        await send(result)
+        with control.timeline.span("send BatchResult"):
+            await send(result)

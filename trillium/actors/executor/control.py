@@ -57,7 +57,7 @@ from trillium.actors.protocol.admin import (
 from trillium.actors.protocol.vocabulary import WakeTag
 from trillium.actors.torch_thread import TorchThread
 from trillium.distributed import update_group
-from trillium.observability.profiling import NotProfiling
+from trillium.observability.profiling import LoopProfiler, NotProfiling
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,7 @@ class ExecutorControl:
         self.torch = torch_thread
         self.memory = DeviceMemory(core)
         self.profiler = TorchProfiler(core.device)
+        self.timeline = LoopProfiler("executor")  # StartProfile.timeline: spans only (core.stages)
         self._validator: weights.WeightValidator | None = None
         self._group = None
         self._group_name = ""
@@ -93,7 +94,7 @@ class ExecutorControl:
 
     @property
     def profile_deadline(self) -> float:
-        return self.profiler.deadline
+        return min(self.profiler.deadline, self.timeline.deadline)
 
     def start(self, nursery: trio.Nursery, send: Callable[[ControlReply], Awaitable[None]]) -> None:
         """Where background work (a join) runs, and how its reply reaches the scheduler."""
@@ -140,12 +141,17 @@ class ExecutorControl:
         def release() -> None:
             self.close()
             self.profiler.discard()
+            self.core.stages.profiler = None
+            self.timeline.close()
 
         with trio.CancelScope(shield=True):
             await self.torch.run(release)
 
     async def expire_profile(self) -> None:
-        await self.torch.run(self.profiler.expire)
+        if self.timeline.expire(trio.current_time()):
+            self.core.stages.profiler = None
+        if self.profiler.deadline <= trio.current_time():
+            await self.torch.run(self.profiler.expire)
 
     # -- memory ---------------------------------------------------------
 
@@ -330,6 +336,14 @@ class ExecutorControl:
     # -- profiling ----------------------------------------------------------------
 
     async def _start_profile(self, msg: StartProfile) -> dict:
+        if msg.timeline:
+            try:
+                self.timeline.start(msg.profile_dir, trio.current_time(), msg.max_duration_s, python_profile=False)
+            except OSError as exc:
+                raise ControlError(400, f"cannot use profile_dir {msg.profile_dir!r}: {exc}") from None
+            self.core.stages.profiler = self.timeline
+            return {"files": []}
+
         def start() -> None:
             self.profiler.start(msg.profile_dir, record_shapes=msg.record_shapes, with_stack=msg.with_stack)
 
@@ -341,6 +355,11 @@ class ExecutorControl:
         return {"files": []}
 
     async def _stop_profile(self, msg: StopProfile) -> dict:
+        self.core.stages.profiler = None
+        try:
+            return {"files": self.timeline.stop()}
+        except NotProfiling:
+            pass  # a torch.profiler session
         try:
             files = await self.torch.run(self.profiler.stop)
         except NotProfiling as exc:

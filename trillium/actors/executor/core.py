@@ -26,6 +26,7 @@ from trillium.actors.executor.compiled_decode import build_forward
 from trillium.actors.executor.grammar import GrammarCompiler
 from trillium.actors.executor.kv_stores import KvStores
 from trillium.actors.executor.pooler import POOLED_TOKEN_ID, PoolingHead
+from trillium.actors.executor.profiling import StageClock
 from trillium.actors.executor.sampler import SamplingState, compute_prompt_logprobs, sample
 from trillium.actors.protocol.execute import (
     BatchResult,
@@ -99,6 +100,7 @@ class ExecutorCore:
         # The host and disk KV tiers' memory and files (executor/kv_stores.py); empty when off.
         self.kv_stores = KvStores.build(config, self.kv_caches, self.device)
         self.requests: dict[str, RequestState] = {}
+        self.stages = StageClock()  # a step's stages as timeline spans; a no-op unless one runs
         # Structured outputs: compiles on its own threads (executor/grammar.py).
         self.grammars = GrammarCompiler(config.model, self.model_config.vocab_size)
         self.lora = None
@@ -186,6 +188,7 @@ class ExecutorCore:
     @torch.inference_mode()
     def execute(self, batch: ExecuteBatch) -> BatchResult:
         start = time.perf_counter()
+        self.stages.begin()
         host_load_s = self.kv_stores.apply(self.kv_caches, batch.kv)  # before anything writes the cache
         if self.tp.is_first:  # WHY: the other ranks never sample, so never constrain
             self.grammars.submit(batch.compile_grammars)
@@ -224,7 +227,9 @@ class ExecutorCore:
             before = self.lora.num_swap_ins
             lora = self.lora.batch([s.lora_id for s in states], counts)
             swap_ins = self.lora.num_swap_ins - before
+        self.stages.mark("inputs")
         hidden = self.forward(ids_t, pos_t, self.kv_caches, meta, lora=lora)
+        self.stages.mark("forward")  # NOTE: on CUDA the launch only; the sync lands in "sample"
 
         sampled = np.full(len(states), -1, dtype=np.int32)
         logprobs: dict[str, TokenLogprobs] = {}
@@ -243,8 +248,10 @@ class ExecutorCore:
                 self._awaiting_tokens.extend(sample_states)
             else:
                 self._sample(logits, sample_states, sample_index, sampled, logprobs)
+        self.stages.mark("sample")
         prompt_results = tuple(r for r in (self._prompt_logprobs(hidden, item) for item in prompt_lp) if r is not None)
         fetched = self.kv_stores.completions()
+        self.stages.mark("result")
         return BatchResult(
             step_id=batch.step_id,
             request_ids=tuple(s.request_id for s in states),

@@ -6,16 +6,43 @@
 Perfetto, TensorBoard). Like `observability.profiling.LoopProfiler`, a
 profile is bounded in time: the actor calls `expire` once `deadline` (its
 trio clock) has passed, and the next `stop` hands out that file.
+
+`StageClock` is the executor core's hook for a *timeline* profile
+(StartProfile.timeline): `begin()` at a step's start and `mark(stage)` at each
+stage's end record one span per stage into the running `LoopProfiler`; with
+none running each call is one attribute test.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import time
 
 import torch
 
-from trillium.observability.profiling import NotProfiling, profile_file_stem
+from trillium.observability.profiling import LoopProfiler, NotProfiling, profile_file_stem
+
+
+class StageClock:
+    """A step's stages (inputs, forward, sample, result) as spans of a timeline."""
+
+    __slots__ = ("profiler", "_last_ns")
+
+    def __init__(self) -> None:
+        self.profiler: LoopProfiler | None = None  # set while a timeline profile runs
+        self._last_ns = 0
+
+    def begin(self) -> None:
+        if self.profiler is not None:
+            self._last_ns = time.perf_counter_ns()
+
+    def mark(self, stage: str) -> None:
+        """The span from the previous mark (or begin) to now is `stage`."""
+        if self.profiler is not None:
+            now = time.perf_counter_ns()
+            self.profiler.record(stage, self._last_ns, now)
+            self._last_ns = now
 
 
 class TorchProfiler:

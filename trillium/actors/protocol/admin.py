@@ -152,6 +152,9 @@ class StartProfile:
     record_shapes: bool = False
     with_stack: bool = False
     max_duration_s: float = 300.0
+    # A step timeline: spans only, no cProfile / torch.profiler (the engine runs at
+    # its normal speed); the executor records its step's stages (bench/step_timeline.py).
+    timeline: bool = False
 
 
 @attrs.frozen

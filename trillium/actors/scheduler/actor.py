@@ -17,6 +17,8 @@ import trio
 from trillium.actors.assembly import ActorConfig
 from trillium.actors.links import Links
 from trillium.actors.mailbox import Mailbox
+from trillium.actors.protocol.execute import ExecuteBatch
+from trillium.actors.protocol.outputs import TokenDeltas
 from trillium.actors.scheduler.control import EngineControl
 from trillium.actors.scheduler.core import build_scheduler
 from trillium.actors.scheduler.loop import EngineStopped, Peer, SchedulerLoop, Send
@@ -49,10 +51,17 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
         close_provider(provider)
 
 
+_SEND_SPANS = {ExecuteBatch: "send ExecuteBatch", TokenDeltas: "send TokenDeltas"}
+
+
 async def _serve(loop: SchedulerLoop, mailbox: Mailbox, outboxes: dict[Peer, Outbox]) -> None:
+    profiler = loop.profiler
+
     async def send(effects: list[Send]) -> None:
         for effect in effects:
-            await outboxes[effect.to].send(effect.message)
+            # A profile's span per send (encode, sign, zmq): free while none runs.
+            with profiler.span(_SEND_SPANS.get(type(effect.message), "send")):
+                await outboxes[effect.to].send(effect.message)
 
     while True:
         await send(loop.before_wait(trio.current_time()))

@@ -67,7 +67,7 @@ class ProfileCoordinator:
             raise ControlError(409, "a profile is already running: stop it first")
         if "scheduler" in actors:
             try:
-                self.profiler.start(msg.profile_dir, now, msg.max_duration_s)
+                self.profiler.start(msg.profile_dir, now, msg.max_duration_s, python_profile=not msg.timeline)
             except OSError as exc:
                 raise ControlError(400, f"cannot use profile_dir {msg.profile_dir!r}: {exc}") from None
         self._session = _Session(actors, now + msg.max_duration_s)

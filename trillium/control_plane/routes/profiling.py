@@ -1,11 +1,15 @@
 """POST /start_profile and POST /stop_profile: torch.profiler traces per actor.
 
     /start_profile {"actors"?: ["executor", "scheduler", "detokenizer"],
-                    "record_shapes": false, "with_stack": false, "max_duration_s": 300}
+                    "record_shapes": false, "with_stack": false, "max_duration_s": 300,
+                    "timeline": false}
     /stop_profile  -> {"success": true, "files": [paths], "profile_dir": str}
 
 Traces go to --profile-dir (files per actor). A profile that is not stopped
-ends by itself after max_duration_s (its files are written then). Starting
+ends by itself after max_duration_s (its files are written then).
+"timeline": true records spans only (each actor's `.trace.json`, the
+executor's step stages among them) without cProfile or torch.profiler, so
+the engine runs at its normal speed: what bench/step_timeline.py reads. Starting
 while one runs, or stopping when none runs, is the engine's 409.
 """
 
@@ -43,7 +47,7 @@ def blueprint(state: AdminState) -> Blueprint:
         actors = tuple(dict.fromkeys(req.actors)) if req.actors else ALL_ACTORS
         command = StartProfile(new_command_id(), profile_dir=profile_dir, actors=actors,
                                record_shapes=req.record_shapes, with_stack=req.with_stack,
-                               max_duration_s=req.max_duration_s)
+                               max_duration_s=req.max_duration_s, timeline=req.timeline)
         reply = await state.run(command)
         state.profiling_until_s = time.monotonic() + req.max_duration_s
         return success(reply, f"profiling {', '.join(actors)}", actors=list(actors), profile_dir=profile_dir)
