@@ -361,3 +361,29 @@ def test_lifecycle_words_travel_as_their_values_and_come_back_as_enums():
     assert codec.decode(codec.encode(ControlReply("c", data=data))).data == {"state": "paused", "asleep": ["weights"]}
     assert json.dumps(data) == '{"state": "paused", "asleep": ["weights"]}'
     assert f"{EngineState.UPDATING_WEIGHTS} {PauseMode.ABORT}" == "updating_weights abort"
+
+
+def test_defaults_stay_off_the_wire_and_come_back():
+    """Per-step deltas leave their default fields out of the envelope (smaller, faster);
+    decoding restores them, and a field holding an array (however deep) always travels."""
+    from trillium.actors.protocol import ALL_MESSAGE_TYPES
+    from trillium.actors.protocol.admin import Sleep
+    from trillium.actors.protocol.outputs import DetokenizeSpec, RequestDelta, TokenDeltas
+
+    codec = Codec(ALL_MESSAGE_TYPES)
+    plain = RequestDelta("r0", (5,))
+    first = RequestDelta("r1", (6, 7), num_prompt_tokens=3, spec=DetokenizeSpec(
+        np.arange(3, dtype=np.int32), skip_special_tokens=True, stop=("x",), include_stop_str_in_output=False))
+    message = TokenDeltas(4, (plain, first))
+    frames = codec.encode(message)
+    _, payload = msgpack.unpackb(frames[0], raw=False)
+    sent = payload["deltas"]
+    assert "finish_reason" not in sent[0] and "logprobs" not in sent[0] and "num_prompt_tokens" not in sent[0]
+    assert sent[1]["num_prompt_tokens"] == 3 and "min_tokens" not in sent[1]["spec"]
+    assert "pooled" in sent[0] and "spec" in sent[0], "array-holding fields travel even at their default"
+    decoded = codec.decode(frames)
+    assert decoded.deltas[0] == plain and decoded.deltas[0].logprobs == ()
+    assert decoded.deltas[1].spec.stop == ("x",) and decoded.deltas[1].spec.prompt_token_ids.tolist() == [0, 1, 2]
+    slept = codec.decode(codec.encode(Sleep("s", 1)))  # kv: a KvTransfers of arrays, at its default
+    assert (slept.command_id, slept.level, slept.keep_prefix_cache) == ("s", 1, False)
+    assert slept.kv.load_block_ids.size == 0
