@@ -42,7 +42,7 @@ EXECUTOR_STAGES = ("inputs", "forward", "sample", "result")
 # good bound: trio may run other tasks before the send call returns, after the
 # peer has the message.)
 CRITICAL = (
-    "executor: inputs + metadata", "executor: forward", "executor: sampling", "executor: result build",
+    "executor: inputs + metadata", "executor: forward", "executor: lm head + sampling", "executor: result build",
     "executor: torch-thread hop", "hop executor->scheduler", "scheduler: process result",
     "scheduler: other (stats, drain)", "scheduler: schedule()", "hop scheduler->executor", "unaccounted",
 )
