@@ -121,6 +121,12 @@ def test_cp_profiling(server):
         assert os.path.isfile(path) and os.path.getsize(path) > 0, path
         assert path.startswith(stopped["profile_dir"])
 
+    # "timeline": spans only (what bench/step_timeline.py reads): no cProfile, no torch.profiler.
+    server.admin_ok("POST", "/start_profile", json={"timeline": True})
+    assert server.complete(PROMPTS[0], 4).status_code == 200
+    files = server.admin_ok("POST", "/stop_profile")["files"]
+    assert len(files) == 3 and all(p.endswith(".trace.json") and not p.endswith(".pt.trace.json") for p in files)
+
 
 def test_cp_reset_prefix_cache_and_info(server):
     server.greedy(PROMPTS[:1], 4)
