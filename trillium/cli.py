@@ -108,6 +108,11 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, model_required: bool = 
                               "LAST (default) | MEAN | CLS (MEAN / CLS turn prefix caching off), "
                               "use_activation (alias normalize): normalize embeddings / softmax scores by "
                               "default, dimensions: default Matryoshka size")
+    spec = parser.add_argument_group("speculative decoding (vLLM's flag)")
+    spec.add_argument("--speculative-config", default=None, metavar="JSON",
+                      help='e.g. \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, '
+                           '"prompt_lookup_max": 5}\': propose up to k tokens per step by prompt lookup and '
+                           "verify them exactly in one forward (output unchanged, faster when text repeats)")
     lora = parser.add_argument_group("LoRA adapters (PEFT format)")
     lora.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters next to the base model")
     lora.add_argument("--max-loras", type=int, default=1,
@@ -170,6 +175,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         gguf_dequantize=args.gguf_dequantize, quantization=getattr(args, "quantization", None),
         tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
         tp_collective_timeout_s=args.tp_collective_timeout_s,
+        speculative_config=args.speculative_config,
     )
 
 
