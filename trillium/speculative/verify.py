@@ -103,17 +103,19 @@ def _position(rows: torch.Tensor, runs: Sequence[DraftRun], j: int, accept: Acce
         sub = rows[random_rows]
         sub_states = [states[i] for i in random_rows]
         probs = target_probs(sub, sub_states)
-        for k, i in enumerate(random_rows):
+        drafted = [k for k, i in enumerate(random_rows) if drafts[i] >= 0]  # the rest: bonus, plain sampling
+        for i in random_rows:
             accepted[i] = False
-            draft = drafts[i]
-            if draft < 0:
-                continue  # bonus position: plain sampling
-            u = _uniform(states[i], probs.device)
-            if bool(accept(probs[k, draft], u)) or float(probs[k].sum() - probs[k, draft]) <= 0.0:
-                # WHY the second test: p(x) == 1 up to rounding leaves no other token to draw.
-                accepted[i] = True
-            else:
-                probs[k, draft] = 0.0  # the residual: p without x
+        if drafted:
+            index = torch.tensor(drafted, dtype=torch.long, device=probs.device)
+            x = torch.tensor([drafts[random_rows[k]] for k in drafted], dtype=torch.long, device=probs.device)
+            p_x = probs[index, x]
+            u = _uniforms([sub_states[k] for k in drafted], probs.device)
+            # WHY the second test: p(x) == 1 up to rounding leaves no other token to draw.
+            ok = accept(p_x, u) | (probs[index].sum(dim=-1) - p_x <= 0.0)
+            probs[index, x] = torch.where(ok, probs[index, x], 0.0)  # rejected rows: the residual, p without x
+            for k, good in zip(drafted, ok.tolist()):
+                accepted[random_rows[k]] = good
         draw = [k for k, i in enumerate(random_rows) if not accepted[i]]
         if draw:
             picks = race(probs[draw], [sub_states[k] for k in draw]).tolist()
@@ -127,10 +129,13 @@ def _position(rows: torch.Tensor, runs: Sequence[DraftRun], j: int, accept: Acce
     return tokens, accepted
 
 
-def _uniform(state: SamplingState, device) -> torch.Tensor:
-    if state.generator is not None:
-        return torch.rand((), generator=state.generator, device=device)
-    return torch.rand((), device=device)
+def _uniforms(states: Sequence[SamplingState], device) -> torch.Tensor:
+    """One U(0, 1) per row; seeded rows from their own generator (batch-independent)."""
+    u = torch.rand(len(states), device=device)
+    for k, state in enumerate(states):
+        if state.generator is not None:
+            u[k] = torch.rand((), generator=state.generator, device=device)
+    return u
 
 
 def _record_logprobs(raw: torch.Tensor, lp_rows: list[int], tokens: list[int], runs, states) -> None:
