@@ -114,3 +114,16 @@ def test_sampled_tokens_keep_the_target_distribution(engines):
     df = int((total > 0).sum()) - 1
     p_value = float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))
     assert p_value > 1e-3, (p_value, tokens, ca.tolist(), cb.tolist())
+
+
+def test_a_request_can_opt_out(engines):
+    _, spec = engines
+    counts = []
+    for speculative in (True, False):
+        before = _stats(spec).spec_decode_num_drafts_total
+        params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, speculative=speculative)
+        spec.generate(_prompts(), params)
+        counts.append(_stats(spec).spec_decode_num_drafts_total - before)
+    assert counts[0] > 0 and counts[1] == 0
+    with pytest.raises(ValueError, match="speculative"):
+        spec.generate(_prompts()[:1], SamplingParams(max_tokens=2, speculative="no"))

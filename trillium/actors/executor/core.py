@@ -324,6 +324,8 @@ class ExecutorCore:
         """Drafts for each request just sampled, kept for its next step; their counts."""
         counts = {}
         for state in states:
+            if not state.sampling.params.speculative:
+                continue  # the request opted out (SamplingParams.speculative)
             if state.depth is None:
                 state.depth = AdaptiveDepth(self.num_speculative_tokens)
             state.draft_token_ids = self.proposer.propose(state.token_ids, state.depth.depth)
