@@ -2,7 +2,7 @@
 
 Greedy output with ngram speculation is token for token the output without it
 (vLLM's own check, tests/v1/e2e/test_spec_decode.py: ngram vs reference
-greedy), with stop strings, max_tokens, n > 1, logprobs, and under a KV cache
+greedy), with stop strings, max_tokens, n > 1, logprobs, a grammar, a penalty, and under a KV cache
 small enough that requests are preempted and recompute. Sampled output has
 the target's distribution: many seeds at a fixed prefix, the second token's
 frequencies with and without speculation agree (two-sample chi-square).
@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from trillium import LLM, SamplingParams
+from trillium.structured_outputs import StructuredOutputsParams
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 # 20 blocks of 16 tokens: the identity test's batch needs ~40.
@@ -60,6 +61,11 @@ def test_greedy_identity_with_stops_lengths_n_logprobs_and_preemption(engines):
     stop = text[len(text) // 2 : len(text) // 2 + 3]
     stops = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop])
     _same(base.generate(_prompts()[1:2], stops), spec.generate(_prompts()[1:2], stops))
+    # A grammar: the matcher sees each position's accepted prefix; a penalty: likewise.
+    grammar = SamplingParams(temperature=0, max_tokens=24, structured_outputs=StructuredOutputsParams(
+        grammar='root ::= ("a" | "b")+ "."'))
+    penalty = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, repetition_penalty=1.3)
+    _same(base.generate(_prompts()[:2], [grammar, penalty]), spec.generate(_prompts()[:2], [grammar, penalty]))
     stats = _stats(spec)
     drafts = stats.spec_decode_num_drafts_total - before.spec_decode_num_drafts_total
     draft_tokens = stats.spec_decode_num_draft_tokens_total - before.spec_decode_num_draft_tokens_total

