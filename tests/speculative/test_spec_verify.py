@@ -181,3 +181,16 @@ def test_seeded_runs_repeat():
     a, _ = _run_trials(params, [0, 1, 2], trials=100)
     b, _ = _run_trials(params, [0, 1, 2], trials=100)
     assert [r.tokens for r in a] == [r.tokens for r in b]
+
+
+def test_serve_flag_reaches_the_config_and_bad_keys_stop_start_up(tmp_path):
+    from trillium.cli import _serve_engine_config, build_parser
+
+    def parse(value: str):
+        args = build_parser().parse_args(["serve", str(tmp_path), "--speculative-config", value])
+        return _serve_engine_config(args, str(tmp_path), ())
+
+    good = parse('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2}')
+    assert (good.speculative_config.num_speculative_tokens, good.speculative_config.prompt_lookup_max) == (2, 2)
+    with pytest.raises(SystemExit, match="bogus"):
+        parse('{"method": "ngram", "num_speculative_tokens": 2, "bogus": 1}')

@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lookup", default="2,5", help="prompt_lookup_min,max")
     parser.add_argument("--no-chat", action="store_true", help="a base model: plain-text prompts, no chat template")
     parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="executor torch threads (WHY 1: OpenMP spin-waits on a small shared CPU; 0: default)")
     args = parser.parse_args(argv)
 
     import torch
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     lo, hi = (int(x) for x in args.lookup.split(","))
     spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": lo, "prompt_lookup_max": hi}
     engine = dict(device=args.device, max_model_len=args.max_model_len, max_num_seqs=8, max_num_batched_tokens=1024,
-                  enable_prefix_caching=False)
+                  enable_prefix_caching=False, num_threads=args.threads)
     rows = []
     outputs: dict[tuple, list] = {}
     for name, config in (("none", None), ("ngram", spec)):
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {workload} batch {batch} {name}: {tps:.1f} tok/s, acceptance {rate:.2f}", flush=True)
     base = {(w, b): tps for w, b, n, tps, *_ in rows if n == "none"}
     print()
-    print(f"{model} on {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
+    print(f"{model} on {args.device}, torch {torch.__version__}, {args.threads or torch.get_num_threads()} executor threads; "
           f"{args.num_prompts} prompts x {args.max_tokens} tokens, greedy; ngram k={args.k}, lookup {lo}..{hi}")
     print(f"{'workload':<12}{'batch':>6}{'spec':>7}{'tok/s':>9}{'ITL ms':>9}{'speedup':>9}{'accept':>8}"
           f"{'mean len':>10}{'same out':>10}")
