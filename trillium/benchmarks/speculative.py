@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             llm.generate([{"prompt_token_ids": _prompts(tokenizer, "free", 1, not args.no_chat)[0]}], None)  # warm-up
             for workload in ("repetition", "free"):
                 prompts = _prompts(tokenizer, workload, args.num_prompts, not args.no_chat)
-                for batch in (1, 8):
+                for batch in sorted({1, min(8, args.num_prompts)}):  # 8 at once (fewer with fewer prompts)
                     before = llm.get_stats()
                     tps, itl_ms, outs = _run(llm, prompts, batch, args.max_tokens)
                     rate, length = _acceptance(before, llm.get_stats()) if config else (0.0, 1.0)
