@@ -78,15 +78,18 @@ def test_draft_budget_bounds_and_counters():
     assert stats["spec_decode_num_accepted_tokens_per_pos_total"] == (1, 1, 0, 0)
 
 
-def test_adaptive_depth_goes_down_when_drafts_fail():
+def test_adaptive_depth_goes_down_when_drafts_fail_and_probes_back():
     depth = AdaptiveDepth(4)
-    assert depth.depth == 4
-    for _ in range(6):
+    assert depth.next_depth() == 4
+    for _ in range(3):
         depth.observe(4, 0)
-    assert depth.depth == 1
+    assert depth.next_depth() == 1  # ema 0.34: one draft a step
+    for _ in range(3):
+        depth.observe(1, 0)
+    assert [depth.next_depth() for _ in range(8)] == [0] * 7 + [1]  # stopped: a probe every 8th step
     for _ in range(10):
         depth.observe(1, 1)
-    assert depth.depth == 4
+    assert depth.next_depth() == 4
 
 
 def _state(seed=None, **params) -> SamplingState:

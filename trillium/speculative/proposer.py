@@ -13,7 +13,10 @@ how fast: every draft is verified against the target (verify.py).
 `AdaptiveDepth` is the per-request k: an exponential moving average of the
 fraction of drafts accepted (starts at 1, weight 0.3 per verified step);
 the next proposal is k_eff = max(1, round(k * ema)) tokens, so a request
-whose drafts keep failing verifies one draft per step instead of k.
+whose drafts keep failing verifies one draft per step. Below an ema of 0.15
+it stops drafting and only probes with one draft every 8th step (so it can
+recover): where a verified token costs compute (CPUs), drafts that fail
+would otherwise slow it down.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import numpy as np
 from trillium.speculative.config import SpeculativeConfig
 
 _EMA_WEIGHT = 0.3
+_STOP_BELOW = 0.15  # ema under which a request stops drafting ...
+_PROBE_EVERY = 8  # ... but for one draft every this many steps
 
 
 class Proposer(Protocol):
@@ -61,18 +66,25 @@ class NgramProposer:
 class AdaptiveDepth:
     """One request's draft depth (see the module docstring)."""
 
-    __slots__ = ("k", "ema")
+    __slots__ = ("k", "ema", "_idle")
 
     def __init__(self, k: int) -> None:
         self.k = k
         self.ema = 1.0
+        self._idle = 0  # steps without drafts since the last probe
 
     def observe(self, num_drafts: int, num_accepted: int) -> None:
         if num_drafts > 0:
             self.ema = (1 - _EMA_WEIGHT) * self.ema + _EMA_WEIGHT * (num_accepted / num_drafts)
 
-    @property
-    def depth(self) -> int:
+    def next_depth(self) -> int:
+        """Drafts to propose for the next step (0: none this step)."""
+        if self.ema < _STOP_BELOW:
+            self._idle += 1
+            if self._idle < _PROBE_EVERY:
+                return 0
+            self._idle = 0
+            return 1
         return max(1, min(self.k, round(self.k * self.ema)))
 
 

@@ -328,7 +328,8 @@ class ExecutorCore:
                 continue  # the request opted out (SamplingParams.speculative)
             if state.depth is None:
                 state.depth = AdaptiveDepth(self.num_speculative_tokens)
-            state.draft_token_ids = self.proposer.propose(state.token_ids, state.depth.depth)
+            depth = state.depth.next_depth()
+            state.draft_token_ids = self.proposer.propose(state.token_ids, depth) if depth else []
             if state.draft_token_ids:
                 counts[state.request_id] = len(state.draft_token_ids)
         return counts
