@@ -197,3 +197,11 @@ def test_serve_flag_reaches_the_config_and_bad_keys_stop_start_up(tmp_path):
     assert (good.speculative_config.num_speculative_tokens, good.speculative_config.prompt_lookup_max) == (2, 2)
     with pytest.raises(SystemExit, match="bogus"):
         parse('{"method": "ngram", "num_speculative_tokens": 2, "bogus": 1}')
+
+
+def test_tensor_parallel_with_speculation_is_a_start_up_error():
+    from trillium.config import EngineConfig
+
+    with pytest.raises(ValueError, match="tensor-parallel-size"):
+        EngineConfig.build(model="m", tensor_parallel_size=2,
+                           speculative_config={"method": "ngram", "num_speculative_tokens": 2})
