@@ -124,16 +124,19 @@ def main(argv: list[str] | None = None) -> int:
                   enable_prefix_caching=False, num_threads=args.threads)
     rows = []
     outputs: dict[tuple, list] = {}
-    for name, config in (("none", None), ("ngram", spec)):
-        with LLM(model, speculative_config=config, **engine) as llm:
-            tokenizer = llm.get_tokenizer()
-            llm.generate([{"prompt_token_ids": _prompts(tokenizer, "free", 1, not args.no_chat)[0]}], None)  # warm-up
-            for workload in ("repetition", "free"):
-                prompts = _prompts(tokenizer, workload, args.num_prompts, not args.no_chat)
-                for batch in sorted({1, min(8, args.num_prompts)}):  # 8 at once (fewer with fewer prompts)
+    # WHY both engines at once, each row run back to back on both: on a shared machine the
+    # load drifts; comparing rows measured minutes apart would measure the drift.
+    with LLM(model, **engine) as plain, LLM(model, speculative_config=spec, **engine) as fast:
+        tokenizer = plain.get_tokenizer()
+        for llm in (plain, fast):  # warm-up
+            llm.generate([{"prompt_token_ids": _prompts(tokenizer, "free", 1, not args.no_chat)[0]}], None)
+        for workload in ("repetition", "free"):
+            prompts = _prompts(tokenizer, workload, args.num_prompts, not args.no_chat)
+            for batch in sorted({1, min(8, args.num_prompts)}):  # 8 at once (fewer with fewer prompts)
+                for name, llm in (("none", plain), ("ngram", fast)):
                     before = llm.get_stats()
                     tps, itl_ms, outs = _run(llm, prompts, batch, args.max_tokens)
-                    rate, length = _acceptance(before, llm.get_stats()) if config else (0.0, 1.0)
+                    rate, length = _acceptance(before, llm.get_stats()) if llm is fast else (0.0, 1.0)
                     rows.append((workload, batch, name, tps, itl_ms, rate, length))
                     outputs[(workload, batch, name)] = outs
                     print(f"  {workload} batch {batch} {name}: {tps:.1f} tok/s, acceptance {rate:.2f}", flush=True)
