@@ -116,6 +116,11 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, model_required: bool = 
                               "returned_token_ids, both on /pooling only), "
                               "use_activation (alias normalize): normalize embeddings / softmax scores by "
                               "default, dimensions: default Matryoshka size")
+    spec = parser.add_argument_group("speculative decoding (vLLM's flag)")
+    spec.add_argument("--speculative-config", default=None, metavar="JSON",
+                      help='e.g. \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, '
+                           '"prompt_lookup_max": 5}\': propose up to k tokens per step by prompt lookup and '
+                           "verify them exactly in one forward (output unchanged, faster when text repeats)")
     lora = parser.add_argument_group("LoRA adapters (PEFT format)")
     lora.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters next to the base model")
     lora.add_argument("--max-loras", type=int, default=1,
@@ -192,6 +197,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         # None: TRILLIUM_ENFORCE_EAGER decides (config.py), else compiled decode
         enforce_eager=True if getattr(args, "enforce_eager", False) else None,
         compile_batch_sizes=args.compile_batch_sizes,
+        speculative_config=args.speculative_config,
     )
 
 

@@ -16,6 +16,8 @@ import re
 import attrs
 import cattrs
 
+from trillium.speculative.config import SpeculativeConfig, parse_speculative_config
+
 _converter = cattrs.Converter()
 
 DEFAULT_KV_CACHE_MEMORY = "512MiB"
@@ -183,6 +185,8 @@ class EngineConfig:
     # enforce_eager None resolves from TRILLIUM_ENFORCE_EAGER (1: eager; the test suite sets it), else False.
     enforce_eager: bool | None = None
     compile_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    # Speculative decoding (trillium/speculative/): vLLM's --speculative-config, parsed in `build`.
+    speculative_config: SpeculativeConfig = attrs.field(factory=SpeculativeConfig)
 
     def __attrs_post_init__(self) -> None:
         if self.enable_lora and (self.max_loras < 1 or self.max_lora_rank < 1 or self.max_cpu_loras < 0):
@@ -191,6 +195,9 @@ class EngineConfig:
             raise ValueError(f"--max-queue-time-s must be >= 0, got {self.max_queue_time_s}")
         if self.collect_detailed_traces and not self.otlp_traces_endpoint:
             raise ValueError("--collect-detailed-traces needs --otlp-traces-endpoint")
+        if self.speculative_config.enabled and self.tensor_parallel_size > 1:
+            raise ValueError("--speculative-config with --tensor-parallel-size above 1 is not supported yet "
+                             "(the ranks would have to share each step's drafts and accepted tokens)")
         _check_host_tier(self)
         _check_preemption(self)
         if not 0.0 <= self.gpu_memory_utilization <= 1.0:
@@ -219,6 +226,8 @@ class EngineConfig:
         tiers = {field: args.pop(flat) for flat, field in KV_TIER_ARGS.items() if flat in args}
         if tiers:
             args["kv_tiers"] = KvTierConfig(**tiers)
+        if "speculative_config" in args:  # a dict, its JSON text, or None (vLLM's forms)
+            args["speculative_config"] = parse_speculative_config(args["speculative_config"])
         return cls(**args)
 
     def to_bytes(self) -> bytes:
@@ -268,6 +277,8 @@ class EngineConfig:
             max_len = min(max_len, int(num_blocks) * self.block_size)
         name = self.served_model_name or _default_served_name(self.model)
         runner, pooler, prefix_caching = _resolve_runner(self, model_config)
+        if runner == "pooling" and self.speculative_config.enabled:
+            raise ValueError("--speculative-config: pooling models do not generate; drop it")
 
         def fingerprint() -> str:
             from trillium.actors.kv_tiers.disk import model_fingerprint

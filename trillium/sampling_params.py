@@ -63,6 +63,9 @@ class SamplingParams:
     thinking_token_budget: int | None = None
     think_start_token_ids: tuple[int, ...] = ()
     think_end_token_ids: tuple[int, ...] = ()
+    # False: this request never gets speculative drafts when the server speculates
+    # (--speculative-config); its output is the same either way, only the speed differs.
+    speculative: bool = True
 
     def __attrs_post_init__(self) -> None:
         # WHY: callers pass lists (JSON, vLLM habits); store tuples so the
@@ -120,6 +123,8 @@ class SamplingParams:
             bad("min_tokens", f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
         if self.seed is not None and not isinstance(self.seed, int):
             bad("seed", f"must be an integer, got {self.seed!r}")
+        if not isinstance(self.speculative, bool):
+            bad("speculative", f"must be true or false, got {self.speculative!r}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0 or value > 20):

@@ -53,6 +53,7 @@ COMPLETION_CASES = [
     ({"prompt": "a", "stop_token_ids": [99999]}, "stop_token_ids"),
     ({"prompt": "a", "stop_token_ids": ["x"]}, "stop_token_ids[0]"),
     ({"prompt": "a", "seed": "x"}, "seed"),
+    ({"prompt": "a", "speculative": "no"}, "speculative"),
     ({"prompt": "a", "seed": 2**63}, "seed"),
     ({"prompt": "a", "priority": 2**70}, "priority"),
     ({"prompt": "a", "stream": "yes"}, "stream"),

@@ -65,6 +65,9 @@ CONTRACT_METRICS = [
     "trillium:lora_unloads_total", "trillium:lora_swap_ins_total",
     # the stall watchdog (trillium serve, every actor at 0 from the start)
     "trillium:engine_stalled", "trillium:engine_stalls_total",
+    # speculative decoding (at 0 without --speculative-config; the per-position family has series only with it)
+    "trillium:spec_decode_num_drafts_total", "trillium:spec_decode_num_draft_tokens_total",
+    "trillium:spec_decode_num_accepted_tokens_total",
 ]
 
 # Grafana's variables as Prometheus would see them for this server and a 1 s scrape interval.

@@ -121,6 +121,7 @@ class SamplingRequest(_Body):
     cache_salt: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
     request_id: str | None = None
     add_special_tokens: bool | None = None  # default: True for a completion prompt, False for chat
+    speculative: bool | None = None  # Trillium: false opts this request out of speculative decoding
     # Structured outputs, every way clients send them (data_plane/structured_fields.py)
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None

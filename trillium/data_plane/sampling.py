@@ -67,6 +67,7 @@ def _common(req: SamplingRequest, defaults: SamplingDefaults) -> dict:
         stop_token_ids=tuple(req.stop_token_ids or ()),
         allowed_token_ids=None if req.allowed_token_ids is None else tuple(req.allowed_token_ids),
         structured_outputs=_structured_outputs(req),
+        speculative=req.speculative is not False,
     )
     if req.top_k is not None:
         kwargs["top_k"] = req.top_k

@@ -28,6 +28,9 @@ scrape time. Names and semantics follow vLLM's, under `trillium:`:
                 copies into the device; disk, a request's wait in the loading state); tier is
                 "device", "host" or "disk"; kv_swaps_total{direction} (out, in: swap preemption)
                 -- the tiers that are off (host, disk) are exported at 0
+    spec decode spec_decode_num_drafts_total, spec_decode_num_draft_tokens_total,
+                spec_decode_num_accepted_tokens_total, spec_decode_num_accepted_tokens_per_pos_total{position}
+                (vLLM's names; observability/spec_decode_metrics.py)
     links       engine_rejected_frames_total{actor,reason}: frames an engine inbox dropped
                 (observability/link_metrics.py; from start-up, at 0)
     liveness    engine_stalled{actor} (1 while the watchdog finds the actor stalled),
@@ -276,6 +279,9 @@ class EngineMetrics:
         for tier in ("host", "disk"):
             self._kv_load.labels(model_name, tier)
         registry.register(_StateCollector(model_name, stats, api_mailbox_depth, actors_alive))
+        from trillium.observability.spec_decode_metrics import SpecDecodeCollector
+
+        registry.register(SpecDecodeCollector(model_name, stats))  # speculative decoding
         # WHY without --enable-lora too: the LoRA panels read 0 instead of "no data".
         self._swap_ins = counter("trillium:lora_swap_ins", "LoRA adapters loaded into a device slot.")
         self._swap_ins.labels(model_name)

@@ -37,6 +37,8 @@ from trillium.actors.protocol.execute import (
 )
 from trillium.config import EngineConfig
 from trillium.kernels import AttentionMetadata
+from trillium.speculative.proposer import AdaptiveDepth, build_proposer
+from trillium.speculative.verify import DraftRun, verify_drafts
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,10 @@ class RequestState:
     num_computed_tokens: int
     sampling: SamplingState
     lora_id: int = 0
+    # Speculative decoding: drafts proposed for the next step, and this request's depth.
+    draft_token_ids: list[int] = attrs.Factory(list)
+    depth: AdaptiveDepth | None = None
+    stop_ids: frozenset[int] = frozenset()  # EOS (unless ignore_eos) and stop token ids: end a draft run
 
 
 class ExecutorCore:
@@ -101,6 +107,9 @@ class ExecutorCore:
         self.kv_stores = KvStores.build(config, self.kv_caches, self.device)
         self.requests: dict[str, RequestState] = {}
         self.stages = StageClock()  # a step's stages as timeline spans; a no-op unless one runs
+        # Speculative decoding (trillium/speculative/): proposes after sampling; None when off.
+        self.proposer = build_proposer(config.speculative_config)
+        self.num_speculative_tokens = config.speculative_config.num_speculative_tokens
         # Structured outputs: compiles on its own threads (executor/grammar.py).
         self.grammars = GrammarCompiler(config.model, self.model_config.vocab_size)
         self.lora = None
@@ -155,6 +164,8 @@ class ExecutorCore:
             num_computed_tokens=new.num_computed_tokens,
             sampling=sampling,
             lora_id=new.lora_id,
+            depth=None if old is None else old.depth,
+            stop_ids=frozenset((*new.sampling.stop_token_ids, *(() if new.sampling.ignore_eos else new.eos_token_ids))),
         )
         self.requests[new.request_id] = state
         return state
@@ -168,6 +179,7 @@ class ExecutorCore:
             state = self.requests.get(rid)
             if state is not None:
                 state.block_ids = []
+                state.draft_token_ids = []
         order = [self._add(new) for new in batch.new_requests]
         cached = batch.cached
         offsets = cached.new_block_offsets
@@ -196,6 +208,8 @@ class ExecutorCore:
         if not states:
             return self._transfer_only(batch, start)
         counts = batch.num_scheduled_tokens.tolist()
+        num_drafts = batch.num_draft_tokens.tolist() if len(batch.num_draft_tokens) else [0] * len(counts)
+        runs: list[tuple[RequestState, DraftRun, int]] = []  # speculative: verified, not sampled
         input_ids: list[int] = []
         positions: list[int] = []
         seq_lens: list[int] = []
@@ -204,16 +218,21 @@ class ExecutorCore:
         sample_index: list[int] = []  # position of each sampled request in the batch
         prompt_lp: list[tuple[RequestState, int, int]] = []  # state, first row, num rows
         row = 0
-        for index, (state, n) in enumerate(zip(states, counts)):
+        for index, (state, n, d) in enumerate(zip(states, counts, num_drafts)):
             begin = state.num_computed_tokens
             end = begin + n
-            input_ids.extend(state.token_ids[begin:end])
+            input_ids.extend(state.token_ids[begin : end - d])
+            if d:  # the drafts follow the known tokens: scored in the same forward
+                input_ids.extend(state.draft_token_ids[:d])
             positions.extend(range(begin, end))
             seq_lens.append(end)
             if state.sampling.params.prompt_logprobs is not None and begin < state.num_prompt_tokens - 1:
                 prompt_lp.append((state, row, min(end, state.num_prompt_tokens - 1) - begin))
             row += n
-            if end >= len(state.token_ids):
+            if d:
+                runs.append((state, DraftRun(state.sampling, state.draft_token_ids[:d], row - d - 1,
+                                             state.stop_ids), index))
+            elif end >= len(state.token_ids):
                 sample_rows.append(row - 1)
                 sample_states.append(state)
                 sample_index.append(index)
@@ -248,6 +267,9 @@ class ExecutorCore:
                 self._awaiting_tokens.extend(sample_states)
             else:
                 self._sample(logits, sample_states, sample_index, sampled, logprobs)
+        spec = self._verify(hidden, runs, sampled, logprobs) if runs else {}
+        if self.proposer is not None and self.pooler is None:
+            spec["proposed_drafts"] = self._propose([*sample_states, *(r[0] for r in runs)])
         self.stages.mark("sample")
         prompt_results = tuple(r for r in (self._prompt_logprobs(hidden, item) for item in prompt_lp) if r is not None)
         fetched = self.kv_stores.completions()
@@ -264,6 +286,7 @@ class ExecutorCore:
             kv_host_load_s=host_load_s,
             **fetched,
             **self.grammars.completions(),
+            **spec,
         )
 
     def _sample(self, logits, states: list[RequestState], indices: list[int], sampled: np.ndarray,
@@ -280,6 +303,46 @@ class ExecutorCore:
             sampled[index] = token
             if rows_lp is not None and rows_lp[j] is not None:
                 logprobs[state.request_id] = rows_lp[j]
+
+    def _verify(self, hidden, runs, sampled: np.ndarray, logprobs: dict) -> dict:
+        """Speculative requests: score every draft position, accept a prefix exactly
+        (speculative/verify.py), keep the emitted tokens; the BatchResult fields."""
+        rows = [run.first_row + j for _, run, _ in runs for j in range(len(run.drafts) + 1)]
+        logits = self.model.compute_logits(hidden.index_select(0, torch.tensor(rows, device=self.device)))
+        offset = 0
+        for _, run, _ in runs:  # rows of the compacted logits
+            run.first_row, offset = offset, offset + len(run.drafts) + 1
+        verify_drafts(logits, [run for _, run, _ in runs])
+        more, more_lp, accepted = {}, {}, {}
+        for state, run, index in runs:
+            rid = state.request_id
+            state.token_ids.extend(run.tokens)
+            sampled[index] = run.tokens[0]
+            more[rid] = tuple(run.tokens[1:])
+            accepted[rid] = run.num_accepted
+            if run.logprobs:
+                logprobs[rid] = run.logprobs[0]
+                more_lp[rid] = tuple(run.logprobs[1:])
+            state.depth.observe(len(run.drafts), run.num_accepted)
+            # Rollback: KV is valid for every token but the last; the scheduler frees the
+            # same blocks (Scheduler._take_tokens, BlockPool.trim).
+            keep = -(-(len(state.token_ids) - 1) // self.config.block_size)
+            del state.block_ids[keep:]
+        return {"more_token_ids": more, "more_logprobs": more_lp, "num_accepted_drafts": accepted}
+
+    def _propose(self, states: list[RequestState]) -> dict[str, int]:
+        """Drafts for each request just sampled, kept for its next step; their counts."""
+        counts = {}
+        for state in states:
+            if not state.sampling.params.speculative:
+                continue  # the request opted out (SamplingParams.speculative)
+            if state.depth is None:
+                state.depth = AdaptiveDepth(self.num_speculative_tokens)
+            depth = state.depth.next_depth()
+            state.draft_token_ids = self.proposer.propose(state.token_ids, depth) if depth else []
+            if state.draft_token_ids:
+                counts[state.request_id] = len(state.draft_token_ids)
+        return counts
 
     def _pool(self, hidden, rows, states, indices, sampled: np.ndarray) -> dict:
         """BatchResult fields of the requests whose prompts are done: their pooled outputs."""

@@ -242,7 +242,7 @@ def compute_prompt_logprobs(
         raise ValueError(f"logits {tuple(logits.shape)} vs next ids {tuple(next_token_ids.shape)}")
     logprobs = logits.float().log_softmax(dim=-1)
     ids = next_token_ids.to(device=logits.device, dtype=torch.long)
-    return _gather_logprobs(logprobs, ids, (num_logprobs,) * logits.shape[0])
+    return gather_logprobs(logprobs, ids, (num_logprobs,) * logits.shape[0])
 
 
 # --- stages ---------------------------------------------------------------
@@ -331,6 +331,13 @@ def _sample_tokens(logits: torch.Tensor, states: Sequence[SamplingState]) -> tor
 
 def _sample_random(logits: torch.Tensor, states: Sequence[SamplingState]) -> torch.Tensor:
     """Temperature, min_p, top_k, top_p, then the exponential race; rows all random."""
+    return race(target_probs(logits, states), states)
+
+
+def target_probs(logits: torch.Tensor, states: Sequence[SamplingState]) -> torch.Tensor:
+    """The distribution a random row samples from (rows all random, logits already
+    through `process_logits`): temperature, min_p, top_k, top_p, softmax. In place
+    on `logits`. Speculative verification (trillium/speculative/verify.py) reads it."""
     device = logits.device
     vocab_size = logits.shape[1]
     params = [s.params for s in states]
@@ -347,7 +354,12 @@ def _sample_random(logits: torch.Tensor, states: Sequence[SamplingState]) -> tor
     k = _long_tensor(top_k, device) if any(k < vocab_size for k in top_k) else None
     p = torch.tensor(top_p, dtype=torch.float32, device=device) if any(x < 1.0 for x in top_p) else None
     logits = _apply_top_k_top_p(logits, k, p, max_k=max(top_k))
-    probs = logits.softmax(dim=-1)
+    return logits.softmax(dim=-1)
+
+
+def race(probs: torch.Tensor, states: Sequence[SamplingState]) -> torch.Tensor:
+    """One token per row drawn from `probs` [R, V] (weights: need not sum to 1)
+    by the exponential race, seeded rows from their own generator. In place."""
     q = torch.empty_like(probs)
     if any(s.generator is None for s in states):
         q.exponential_()
@@ -385,7 +397,7 @@ def _apply_top_k_top_p(
 # --- logprobs -------------------------------------------------------------
 
 
-def _gather_logprobs(
+def gather_logprobs(
     logprobs: torch.Tensor, token_ids: torch.Tensor, num_logprobs: Sequence[int]
 ) -> LogprobsTensors:
     max_num = min(max([0, *num_logprobs]), logprobs.shape[1])
@@ -411,9 +423,9 @@ def _batch_logprobs(
     """Gather over the rows that asked, laid out over all B rows (-1 = none)."""
     nums = [states[i].params.logprobs for i in lp_rows]
     if len(lp_rows) == len(states):
-        return _gather_logprobs(raw_logprobs, token_ids, nums)  # type: ignore[arg-type]
+        return gather_logprobs(raw_logprobs, token_ids, nums)  # type: ignore[arg-type]
     index = _long_tensor(lp_rows, token_ids.device)
-    part = _gather_logprobs(raw_logprobs, token_ids.index_select(0, index), nums)  # type: ignore[arg-type]
+    part = gather_logprobs(raw_logprobs, token_ids.index_select(0, index), nums)  # type: ignore[arg-type]
     batch = len(states)
 
     def spread(t: torch.Tensor) -> torch.Tensor:

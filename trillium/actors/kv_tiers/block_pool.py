@@ -461,6 +461,20 @@ class BlockPool:
                 if self._hash[block_id] is None:
                     self._free.move_to_end(block_id, last=False)
 
+    def trim(self, request: PoolRequest, num_tokens: int) -> int:
+        """Free the request's blocks past the first `num_tokens` tokens (speculative
+        decoding: blocks that held only rejected drafts). They were allocated fresh
+        for this step and never cached. Returns the number freed."""
+        blocks = self._req_blocks.get(request.request_id)
+        if blocks is None:
+            return 0
+        keep = self.blocks_needed(num_tokens)
+        extra = blocks[keep:]
+        del blocks[keep:]
+        self._release(reversed(extra))
+        self._req_num_cached_blocks[request.request_id] = min(self._req_num_cached_blocks[request.request_id], keep)
+        return len(extra)
+
     def _load_from_lower(self, request: PoolRequest, slots: Sequence[int], first: int) -> list[BlockId]:
         """Fresh blocks for the lower tier's hits `slots` (block `first` on),
         cached under their hashes now (their content arrives before the step's forward)."""

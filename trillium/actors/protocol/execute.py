@@ -107,6 +107,11 @@ class ExecuteBatch:
     # Structured outputs (scheduler/grammar_gate.py): grammars to compile off
     # the step's path, by StructuredOutputsParams.key; answered in a later BatchResult.
     compile_grammars: tuple[str, ...] = ()
+    # Speculative decoding (trillium/speculative/): of request i's scheduled tokens, the
+    # last num_draft_tokens[i] are the first drafts the executor proposed for it (the
+    # executor holds them). Empty: no drafts in this step. Request i is sampled (verified)
+    # iff num_computed_tokens + num_scheduled_tokens - num_draft_tokens == its known tokens.
+    num_draft_tokens: np.ndarray = attrs.field(factory=_int32s)
 
 
 @attrs.frozen
@@ -159,6 +164,14 @@ class BatchResult:
     # Token pooling (ALL / STEP): request i's rows are pooled[offsets[i]:offsets[i + 1]]
     # (int64 [N + 1]); empty: one row per request.
     pooled_row_offsets: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int64))
+    # Speculative decoding: a verified request emitted sampled_token_ids[i] and then
+    # more_token_ids[id] (with more_logprobs[id] when it asked for logprobs), after
+    # accepting num_accepted_drafts[id] of its drafts. proposed_drafts[id]: drafts the
+    # executor now holds for the request's next step (only requests that have some).
+    more_token_ids: dict[str, tuple[int, ...]] = attrs.field(factory=dict)
+    more_logprobs: dict[str, tuple[TokenLogprobs, ...]] = attrs.field(factory=dict)
+    num_accepted_drafts: dict[str, int] = attrs.field(factory=dict)
+    proposed_drafts: dict[str, int] = attrs.field(factory=dict)
 
 
 @attrs.frozen

