@@ -27,18 +27,11 @@ loaded (same soname), so `torch.get_num_threads()` bounds both.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
-log = logging.getLogger(__name__)
+from trillium.kernels.c_library import CLibrary
 
 Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 8, 12, 13, 14
 BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20, Q4_K: 144, Q5_K: 176, Q6_K: 210}  # bytes per block
@@ -46,69 +39,22 @@ BLOCK_VALUES = {Q8_0: 32, Q4_0: 32, Q4_1: 32, Q4_K: 256, Q5_K: 256, Q6_K: 256}  
 FORMAT_NAMES = {Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
 BLOCK_SIZE = 32  # the legacy formats' block; K-quant super-blocks are BLOCK_VALUES[t] = 256
 _SOURCE = Path(__file__).with_name("gguf_cpu.c")
-_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC", "-std=c11")
-
-_lib: ctypes.CDLL | None = None
-_build_error: str | None = None
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _library_path(compiler: str) -> Path:
-    key = hashlib.sha256()
-    for part in (_SOURCE.read_bytes(), " ".join(_FLAGS).encode(), compiler.encode(), _cpu_flags().encode()):
-        key.update(part)
-    from trillium.local_cache import cache_dir
-
-    return cache_dir() / "kernels" / f"gguf_cpu-{key.hexdigest()[:16]}.so"
-
-
-def _build() -> ctypes.CDLL:
-    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if compiler is None:
-        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
-    target = _library_path(compiler)
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # WHY a temporary name: several executors may build at once; rename is atomic.
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        try:
-            subprocess.run([compiler, *_FLAGS, str(_SOURCE), "-o", tmp], check=True, capture_output=True, text=True)
-            os.replace(tmp, target)
-        except subprocess.CalledProcessError as exc:
-            raise RuntimeError(f"{compiler} failed on {_SOURCE.name}: {exc.stderr.strip()[:500]}") from None
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        log.info("built the GGUF CPU kernel: %s", target)
-    lib = ctypes.CDLL(str(target))
+def _declare(lib: ctypes.CDLL) -> None:
     lib.trillium_gguf_matmul.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long,
                                          ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
     lib.trillium_gguf_matmul.restype = ctypes.c_int
     lib.trillium_gguf_dequantize.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
                                              ctypes.c_void_p, ctypes.c_int]
     lib.trillium_gguf_dequantize.restype = ctypes.c_int
-    return lib
+
+
+_LIBRARY = CLibrary(_SOURCE, "the GGUF CPU kernel", _declare)
 
 
 def _library() -> ctypes.CDLL | None:
-    global _lib, _build_error
-    if _lib is None and _build_error is None:
-        try:
-            _lib = _build()
-        except (RuntimeError, OSError) as exc:
-            _build_error = str(exc)
-            log.warning("GGUF CPU kernel unavailable (%s); GGUF weights will be dequantized", exc)
-    return _lib
+    return _LIBRARY.get()
 
 
 def available() -> bool:
@@ -117,7 +63,7 @@ def available() -> bool:
 
 def unavailable_reason() -> str | None:
     _library()
-    return _build_error
+    return _LIBRARY.error
 
 
 def row_bytes(ggml_type: int, k: int) -> int:

@@ -18,73 +18,22 @@ change the model's numbers. Built like gguf_cpu.py (same flags, cached
 under `local_cache.cache_dir()`/kernels keyed by source, flags, compiler
 and CPU flags; nothing downloaded); where no compiler is found,
 `available()` is False and the loader dequantizes instead (and says so).
-NOTE: the build code repeats gguf_cpu.py's on purpose: that module is
-being extended in parallel (K-quants) and the two kernels stay separable.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
-log = logging.getLogger(__name__)
+from trillium.kernels.c_library import CLibrary
 
 CHUNK = 32  # inputs per 16-byte chunk of nibbles; a group is a whole number of chunks
 _SOURCE = Path(__file__).with_name("int4_cpu.c")
-_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC", "-std=c11")
-
-_lib: ctypes.CDLL | None = None
-_build_error: str | None = None
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _library_path(compiler: str) -> Path:
-    from trillium.local_cache import cache_dir
-
-    key = hashlib.sha256()
-    for part in (_SOURCE.read_bytes(), " ".join(_FLAGS).encode(), compiler.encode(), _cpu_flags().encode()):
-        key.update(part)
-    return cache_dir() / "kernels" / f"int4_cpu-{key.hexdigest()[:16]}.so"
-
-
-def _build() -> ctypes.CDLL:
-    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if compiler is None:
-        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
-    target = _library_path(compiler)
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # WHY a temporary name: several executors may build at once; rename is atomic.
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        try:
-            subprocess.run([compiler, *_FLAGS, str(_SOURCE), "-o", tmp], check=True, capture_output=True, text=True)
-            os.replace(tmp, target)
-        except subprocess.CalledProcessError as exc:
-            raise RuntimeError(f"{compiler} failed on {_SOURCE.name}: {exc.stderr.strip()[:500]}") from None
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        log.info("built the int4 CPU kernel: %s", target)
-    lib = ctypes.CDLL(str(target))
+def _declare(lib: ctypes.CDLL) -> None:
     lib.trillium_int4_matmul.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long,
                                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
                                          ctypes.c_void_p, ctypes.c_int]
@@ -92,18 +41,13 @@ def _build() -> ctypes.CDLL:
     lib.trillium_int4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
                                              ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
     lib.trillium_int4_dequantize.restype = ctypes.c_int
-    return lib
+
+
+_LIBRARY = CLibrary(_SOURCE, "the int4 CPU kernel", _declare)
 
 
 def _library() -> ctypes.CDLL | None:
-    global _lib, _build_error
-    if _lib is None and _build_error is None:
-        try:
-            _lib = _build()
-        except (RuntimeError, OSError) as exc:
-            _build_error = str(exc)
-            log.warning("int4 CPU kernel unavailable (%s); AWQ/GPTQ weights will be dequantized", exc)
-    return _lib
+    return _LIBRARY.get()
 
 
 def available() -> bool:
@@ -112,7 +56,7 @@ def available() -> bool:
 
 def unavailable_reason() -> str | None:
     _library()
-    return _build_error
+    return _LIBRARY.error
 
 
 def check_packed(qs: torch.Tensor, sz: torch.Tensor, group: int) -> int:
