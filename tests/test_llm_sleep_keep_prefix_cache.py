@@ -127,7 +127,8 @@ def fake_core(kv_cache_dtype: str):
     model_config = SimpleNamespace(num_layers=2, num_kv_heads=1, head_dim=4)
     core = SimpleNamespace(
         model_config=model_config, config=SimpleNamespace(num_blocks=4, block_size=2),
-        kv_cache_dtype=kv_cache_dtype, device=torch.device("cpu"), host_kv=None, model=None,
+        kv_cache_dtype=kv_cache_dtype, device=torch.device("cpu"), host_kv=None,
+        model=SimpleNamespace(local_config=model_config),  # a rank's KV shape (one rank here)
     )
     core.kv_caches = allocate_kv_caches(model_config, 4, 2, kv_cache_dtype, "cpu")
     return core
