@@ -1,7 +1,7 @@
 """The C kernels' build: compile a kernel source once per machine, load it with ctypes.
 
-    CLibrary(source, what).get() -> ctypes.CDLL | None   (None: no compiler, or the build failed)
-    CLibrary.error                                        why it is None (logged once)
+    CLibrary(source, what, declare).get() -> ctypes.CDLL | None   (None: no compiler, or the build failed)
+    .available() -> bool, .unavailable_reason() -> str | None     (why get() is None; logged once)
 
 Used by gguf_cpu.py and int4_cpu.py. Each source is compiled with the same
 flags (`-O3 -march=native -fopenmp`, shared), at first use, into
@@ -59,6 +59,13 @@ class CLibrary:
                 self.error = str(exc)
                 log.warning("%s is unavailable (%s); its weights will be dequantized", self.what, exc)
         return self._lib
+
+    def available(self) -> bool:
+        return self.get() is not None
+
+    def unavailable_reason(self) -> str | None:
+        self.get()
+        return self.error
 
     def _path(self, compiler: str) -> Path:
         from trillium.local_cache import cache_dir

@@ -53,17 +53,8 @@ def _declare(lib: ctypes.CDLL) -> None:
 _LIBRARY = CLibrary(_SOURCE, "the GGUF CPU kernel", _declare)
 
 
-def _library() -> ctypes.CDLL | None:
-    return _LIBRARY.get()
-
-
-def available() -> bool:
-    return _library() is not None
-
-
-def unavailable_reason() -> str | None:
-    _library()
-    return _LIBRARY.error
+available = _LIBRARY.available  # a C compiler built the kernel here
+unavailable_reason = _LIBRARY.unavailable_reason  # why not (None when it built)
 
 
 def row_bytes(ggml_type: int, k: int) -> int:
@@ -85,7 +76,7 @@ def _check(blocks: torch.Tensor, ggml_type: int, k: int) -> None:
 
 def matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor:
     """x [M, K] float32 @ dequantize(blocks)^T -> [M, N] float32."""
-    lib = _library()
+    lib = _LIBRARY.get()
     if lib is None:
         raise RuntimeError(f"GGUF CPU kernel unavailable: {_build_error}")
     _check(blocks, ggml_type, k)
@@ -101,7 +92,7 @@ def matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int) -> tor
 
 def dequantize(blocks: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor:
     """The float32 [N, K] weights the blocks hold."""
-    lib = _library()
+    lib = _LIBRARY.get()
     if lib is None:
         raise RuntimeError(f"GGUF CPU kernel unavailable: {_build_error}")
     _check(blocks, ggml_type, k)

@@ -46,17 +46,8 @@ def _declare(lib: ctypes.CDLL) -> None:
 _LIBRARY = CLibrary(_SOURCE, "the int4 CPU kernel", _declare)
 
 
-def _library() -> ctypes.CDLL | None:
-    return _LIBRARY.get()
-
-
-def available() -> bool:
-    return _library() is not None
-
-
-def unavailable_reason() -> str | None:
-    _library()
-    return _LIBRARY.error
+available = _LIBRARY.available  # a C compiler built the kernel here
+unavailable_reason = _LIBRARY.unavailable_reason  # why not (None when it built)
 
 
 def check_packed(qs: torch.Tensor, sz: torch.Tensor, group: int) -> int:
@@ -73,7 +64,7 @@ def check_packed(qs: torch.Tensor, sz: torch.Tensor, group: int) -> int:
 
 
 def _lib_or_raise() -> ctypes.CDLL:
-    lib = _library()
+    lib = _LIBRARY.get()
     if lib is None:
         raise RuntimeError(f"int4 CPU kernel unavailable: {_build_error}")
     return lib
