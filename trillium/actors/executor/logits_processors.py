@@ -79,17 +79,6 @@ class BadWords:
             logits[torch.as_tensor(banned, dtype=torch.long).to(logits.device)] = float("-inf")
 
 
-def _ends_with(prompt: Sequence[int], output: Sequence[int], end: int, pattern: tuple[int, ...]) -> bool:
-    """prompt + output[:end] ends with `pattern` (without building the concatenation)."""
-    k = len(pattern)
-    for i in range(k):
-        pos = end - k + i  # index in output; negative reaches back into the prompt
-        token = output[pos] if pos >= 0 else (prompt[len(prompt) + pos] if -pos <= len(prompt) else None)
-        if token != pattern[i]:
-            return False
-    return True
-
-
 class ThinkingBudget:
     """vLLM's `thinking_token_budget` (its ThinkingTokenBudgetLogitsProcessor,
     vllm/v1/sample/logits_processor/builtin.py): at most `budget` tokens after
@@ -97,50 +86,44 @@ class ThinkingBudget:
     sequence is forced one token at a time; a start in the prompt (templates
     that open `<think>` for the model) counts the prompt's thinking tokens too.
 
-    State is a function of the tokens shown: `_scanned` tokens have been read,
-    `_think_from` is where the open thinking's content starts (an index into
-    prompt + output; None when not thinking). Shown fewer tokens than it has
-    read (a sequence rolled back), it reads them again from the start.
+    State is a function of the tokens shown: `_tokens` is the prompt and the
+    output read so far, `_think_from` where the open thinking's content starts
+    in it (None when not thinking). Shown fewer tokens than it has read (a
+    sequence rolled back), it reads them again from the start.
     """
 
     def __init__(self, budget: int, start_ids: Sequence[int], end_ids: Sequence[int],
                  prompt_token_ids: Sequence[int]) -> None:
         self.budget = budget
-        self.start = tuple(int(t) for t in start_ids)
-        self.end = tuple(int(t) for t in end_ids)
-        self.prompt = list(prompt_token_ids)
+        self.start = [int(t) for t in start_ids]
+        self.end = [int(t) for t in end_ids]
+        self.prompt = [int(t) for t in prompt_token_ids]
         self._reset()
 
     def _reset(self) -> None:
-        self._scanned = 0
-        self._think_from = self._open_thinking_in_prompt()
+        self._tokens: list[int] = []
+        self._think_from: int | None = None
+        self._read(self.prompt)
 
-    def _open_thinking_in_prompt(self) -> int | None:
-        think_from = None
-        for end in range(1, len(self.prompt) + 1):
-            think_from = self._advance(think_from, (), end - len(self.prompt))
-        return think_from
-
-    def _advance(self, think_from: int | None, output: Sequence[int], end: int) -> int | None:
-        """The state after the token ending at output index `end` (exclusive)."""
-        if think_from is None:
-            if _ends_with(self.prompt, output, end, self.start):
-                return len(self.prompt) + end
-            return None
-        if _ends_with(self.prompt, output, end, self.end):
-            return None
-        return think_from
+    def _read(self, new_tokens: Sequence[int]) -> None:
+        for token in new_tokens:
+            self._tokens.append(int(token))
+            if self._think_from is None:
+                if self._tokens[-len(self.start):] == self.start:
+                    self._think_from = len(self._tokens)
+            elif self._tokens[-len(self.end):] == self.end:
+                self._think_from = None
 
     def forced_token(self, output_token_ids: Sequence[int]) -> int | None:
         """The token the next position must be, or None when sampling is free."""
-        if len(output_token_ids) < self._scanned:
+        read = len(self._tokens) - len(self.prompt)
+        if len(output_token_ids) < read:
             self._reset()
-        for end in range(self._scanned + 1, len(output_token_ids) + 1):
-            self._think_from = self._advance(self._think_from, output_token_ids, end)
-        self._scanned = len(output_token_ids)
+            read = 0
+        self._read(output_token_ids[read:])
         if self._think_from is None:
             return None
-        written = len(self.prompt) + len(output_token_ids) - self._think_from
+        written = len(self._tokens) - self._think_from
         if written < self.budget:
             return None
         # The budget is spent: the end sequence is written after `budget`
