@@ -130,6 +130,16 @@ class ChoiceReply:
             self.reasoning_tokens += num_tokens
         return reasoning, content
 
+    def feed_last(self, text: str, num_tokens: int, finished: bool) -> dict[str, Any]:
+        """`feed`, followed on a choice's last delta by `finish`'s fields (text joined, tool
+        call entries appended): what one streamed chunk carries."""
+        fields = self.feed(text, num_tokens)
+        if not finished:
+            return fields
+        for key, value in self.finish().items():
+            fields[key] = fields[key] + value if key in fields else value
+        return fields
+
     def finish(self) -> dict[str, Any]:
         reasoning, content = self._reasoning.finish() if self._reasoning is not None else ("", "")
         return self._fields(reasoning, content, final=True)

@@ -9,6 +9,10 @@ delta, send content deltas, end each choice with a chunk carrying its
 finish_reason, then (with stream_options.include_usage) a usage chunk and
 `[DONE]`.
 
+The request-start steps (template, sampling params, tools, constraint,
+truncation, bad_words, admission) are chat_turn.py's, shared with
+/v1/responses and /v1/messages; this route keeps the chat wire format.
+
 Every response reports the weight version current when it was admitted:
 `weight_version` in the body (in each chunk when streamed) and the
 `X-Weight-Version` header.
@@ -34,36 +38,19 @@ from __future__ import annotations
 
 import time
 
-import attrs
 import trio
 from quart import Blueprint, request
 
-from trillium.data_plane.chat_reply import (
-    ChoiceReply,
-    ReplyFormat,
-    constrain,
-    finish_reason,
-    reply_format,
-    template_arguments,
-    template_kwargs,
-)
-from trillium.data_plane.errors import bad_request, internal_error, rejection_error
+from trillium.data_plane.chat_reply import ChoiceReply, ReplyFormat, finish_reason
+from trillium.data_plane.chat_turn import start_chat_turn
+from trillium.data_plane.errors import internal_error, rejection_error
 from trillium.data_plane.generation import Choice, Generation
 from trillium.data_plane.logprobs import chat_logprobs
 from trillium.data_plane.protocol import ChatCompletionRequest, parse_request
-from trillium.data_plane.rollout_fields import (
-    REQUEST_ID_HEADER,
-    RequestIds,
-    bad_words_token_ids,
-    logprob_token_text,
-    prompt_logprobs_json,
-    truncate_prompt,
-)
-from trillium.data_plane.sampling import chat_params, chat_renames, check_priority, check_prompt
+from trillium.data_plane.rollout_fields import REQUEST_ID_HEADER, RequestIds, logprob_token_text, prompt_logprobs_json
+from trillium.data_plane.sampling import chat_renames
 from trillium.data_plane.state import WEIGHT_VERSION_HEADER, AppState
 from trillium.data_plane.streaming import DONE, ChunkEvents, error_event, event, json_response, sse_response, usage
-from trillium.data_plane.tool_choice import plan_tools
-from trillium.observability.tracing import sample_request
 
 
 class _Chat:
@@ -136,41 +123,13 @@ def blueprint(state: AppState) -> Blueprint:
     @bp.post("/v1/chat/completions")
     async def create_chat_completion():
         req = parse_request(ChatCompletionRequest, await request.get_data())
-        model = state.resolve_model(req.model)
         ids = RequestIds("chatcmpl", request.headers, req.request_id)
-        trace = sample_request(state.engine.tracing, request.headers, model)  # None unless traced
-        params = chat_params(req, state.engine.defaults, state.engine.max_logprobs)
-        tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, state.engine.chat)
-        engine = state.engine
-        if req.priority:
-            check_priority(req.priority, engine.client.config.engine.scheduling_policy)
-        add_generation_prompt = _add_generation_prompt(req)
-        prompt_text, prompt_ids = await state.tokenizer.render_chat(
-            [m.to_template() for m in req.messages],
-            add_generation_prompt=add_generation_prompt,
-            add_special_tokens=bool(req.add_special_tokens),
-            template_kwargs=template_kwargs(req),
-            continue_final_message=bool(req.continue_final_message),
-            template_arguments=template_arguments(req, state.engine.chat, tools),
-        )
-        reply = reply_format(req, state.engine.chat, tools, prompt_text)
-        params = await constrain(params, reply, state.tokenizer.encode_plain)
-        prompt_ids = truncate_prompt(prompt_ids, req.truncate_prompt_tokens, req.truncation_side,
-                                     engine.max_model_len)
-        words = await bad_words_token_ids(req.bad_words, state.tokenizer.encode_plain)
-        if words:
-            params = attrs.evolve(params, bad_words_token_ids=words)
-        checked = check_prompt(prompt_ids, params, vocab_size=engine.vocab_size,
-                               max_model_len=engine.max_model_len, renames=chat_renames(req),
-                               default_max_tokens=engine.defaults.default_max_tokens)
+        turn = await start_chat_turn(state, req, ids, chat_renames(req))
         # vLLM's get_chat_request_role: without a generation prompt the reply continues the last message.
-        role = engine.response_role if add_generation_prompt else req.messages[-1].role
-        chat = _Chat(state, req, ids, model, prompt_ids, role, reply)
-        generation = state.admit([checked])
+        role = state.engine.response_role if turn.add_generation_prompt else req.messages[-1].role
+        chat = _Chat(state, req, ids, turn.model, turn.prompt_ids, role, turn.reply)
+        generation = turn.generation
         chat.weight_version = generation.weight_version
-        await generation.submit(ids.engine_id, [prompt_ids], [checked], engine.resolved_eos_token_ids,
-                                priority=req.priority or 0, trace=trace, lora_id=state.lora_id(model),
-                                cache_salt=req.cache_salt)
         if req.stream:
             response = sse_response(_stream(state, generation, chat))
         else:
@@ -180,17 +139,6 @@ def blueprint(state: AppState) -> Blueprint:
         return response
 
     return bp
-
-
-def _add_generation_prompt(req: ChatCompletionRequest) -> bool:
-    """add_generation_prompt as rendered: off when continuing the final message
-    (sending both as true is vLLM's 400)."""
-    if not req.continue_final_message:
-        return req.add_generation_prompt is not False
-    if "add_generation_prompt" in req.model_fields_set and req.add_generation_prompt:
-        raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
-                          "continue_final_message")
-    return False
 
 
 async def _respond(generation: Generation, chat: _Chat):
@@ -235,9 +183,7 @@ async def _stream(state: AppState, generation: Generation, chat: _Chat):
                 return
             entries = chat.add(choice, delta)
             reply = chat.choice_reply(choice.index)
-            fields = reply.feed(delta.text, len(delta.new_token_ids))
-            if delta.finished:
-                fields = _merge(fields, reply.finish())
+            fields = reply.feed_last(delta.text, len(delta.new_token_ids), delta.finished)
             # vLLM: with return_token_ids every token id goes out, text or not.
             token_ids = list(delta.new_token_ids) if chat.return_token_ids else None
             if not fields and not delta.finished and not entries and not token_ids:
@@ -259,10 +205,3 @@ async def _stream(state: AppState, generation: Generation, chat: _Chat):
             yield event({**header, "choices": [], "usage": chat.usage(generation)})
     yield DONE
 
-
-def _merge(fields: dict, last: dict) -> dict:
-    """A delta's fields followed by the reply's last ones (text joined, tool call entries appended)."""
-    merged = dict(fields)
-    for key, value in last.items():
-        merged[key] = merged[key] + value if key in merged else value
-    return merged

@@ -39,17 +39,15 @@ from trillium.data_plane.anthropic_messages import (
 )
 from trillium.data_plane.anthropic_protocol import CountTokensRequest, MessagesRequest
 from trillium.data_plane.anthropic_stream import BlockEvents, sse
-from trillium.data_plane.chat_reply import ChoiceReply, ReplyFormat, constrain, reply_format, template_arguments
-from trillium.data_plane.chat_reply import template_kwargs
+from trillium.data_plane.chat_reply import ChoiceReply, ReplyFormat
+from trillium.data_plane.chat_turn import render_chat_prompt, start_chat_turn
 from trillium.data_plane.errors import ApiError, bad_request, engine_failed, internal_error, rejection_error
 from trillium.data_plane.generation import Generation
-from trillium.data_plane.protocol import ChatCompletionRequest, parse_request
+from trillium.data_plane.protocol import parse_request
 from trillium.data_plane.rollout_fields import REQUEST_ID_HEADER, RequestIds
-from trillium.data_plane.sampling import chat_params, check_prompt
 from trillium.data_plane.state import WEIGHT_VERSION_HEADER, AppState
 from trillium.data_plane.streaming import json_response, sse_response
-from trillium.data_plane.tool_choice import ToolPlan, plan_tools
-from trillium.observability.tracing import sample_request
+from trillium.data_plane.tool_choice import plan_tools
 
 log = logging.getLogger(__name__)
 
@@ -81,16 +79,6 @@ class _Message:
                 "usage": usage(self.num_prompt_tokens, choice.num_generated_tokens)}
 
 
-async def _render(state: AppState, chat: ChatCompletionRequest, tools: ToolPlan) -> tuple[str, list[int]]:
-    return await state.tokenizer.render_chat(
-        [m.to_template() for m in chat.messages],
-        add_generation_prompt=chat.add_generation_prompt is not False,
-        template_kwargs=template_kwargs(chat),
-        continue_final_message=bool(chat.continue_final_message),
-        template_arguments=template_arguments(chat, state.engine.chat, tools),
-    )
-
-
 def blueprint(state: AppState) -> Blueprint:
     bp = Blueprint("messages", __name__)
 
@@ -98,22 +86,11 @@ def blueprint(state: AppState) -> Blueprint:
     async def create_message():
         _check_query()
         req = parse_request(MessagesRequest, await request.get_data())
-        engine = state.engine
-        chat = chat_request(req, engine.chat)
-        model = state.resolve_model(req.model)
+        chat = chat_request(req, state.engine.chat)
         ids = RequestIds("msg", request.headers, None)
-        trace = sample_request(engine.tracing, request.headers, model)
-        params = chat_params(chat, engine.defaults, engine.max_logprobs)
-        tools = plan_tools(chat.tools, chat.tool_choice, chat.parallel_tool_calls, engine.chat)
-        prompt_text, prompt_ids = await _render(state, chat, tools)
-        reply = reply_format(chat, engine.chat, tools, prompt_text)
-        params = await constrain(params, reply, state.tokenizer.encode_plain)
-        checked = check_prompt(prompt_ids, params, vocab_size=engine.vocab_size, max_model_len=engine.max_model_len,
-                               renames=_RENAMES, default_max_tokens=engine.defaults.default_max_tokens)
-        message = _Message(message_id(ids.base), model, len(prompt_ids), reply, req.max_tokens)
-        generation = state.admit([checked])
-        await generation.submit(ids.engine_id, [prompt_ids], [checked], engine.resolved_eos_token_ids,
-                                trace=trace, lora_id=state.lora_id(model))
+        turn = await start_chat_turn(state, chat, ids, _RENAMES)
+        generation = turn.generation
+        message = _Message(message_id(ids.base), turn.model, len(turn.prompt_ids), turn.reply, req.max_tokens)
         if req.stream:
             response = sse_response(_guarded(_stream(state, generation, message)))
         else:
@@ -130,7 +107,7 @@ def blueprint(state: AppState) -> Blueprint:
         state.resolve_model(req.model)
         # WHY "none": counting needs the tools in the template, not a tool parser or grammar.
         tools = plan_tools(chat.tools, "none", None, state.engine.chat)
-        _, prompt_ids = await _render(state, chat, tools)
+        _, prompt_ids = await render_chat_prompt(state, chat, tools)
         return json_response({"input_tokens": len(prompt_ids)})
 
     return bp
@@ -167,9 +144,7 @@ async def _stream(state: AppState, generation: Generation, message: _Message):
             if choice.rejection:
                 yield _error_event(rejection_error(choice.rejection))
                 return
-            fields = message.reply.feed(delta.text, len(delta.new_token_ids))
-            if delta.finished:
-                fields = _merge(fields, message.reply.finish())
+            fields = message.reply.feed_last(delta.text, len(delta.new_token_ids), delta.finished)
             for event in blocks.feed(fields):
                 yield event
         if not generation.finished:
@@ -199,10 +174,3 @@ async def _guarded(body):
             log.exception("error while streaming a message")
             yield _error_event(internal_error())
 
-
-def _merge(fields: dict, last: dict) -> dict:
-    """A delta's fields followed by the reply's last ones (text joined, tool call entries appended)."""
-    merged = dict(fields)
-    for key, value in last.items():
-        merged[key] = merged[key] + value if key in merged else value
-    return merged

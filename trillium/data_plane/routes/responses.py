@@ -2,7 +2,7 @@
 
 A body becomes the chat request the chat route would run
 (responses_request.py) and goes through the same steps as
-/v1/chat/completions (routes/chat.py): chat template, sampling params, tool
+/v1/chat/completions (chat_turn.py, shared with routes/chat.py): chat template, sampling params, tool
 plan, reasoning split, structured-output constraint, admission. Its reply
 is read by a `ChoiceReply` and written as Response output items, whole or
 as the typed event stream (responses_output.py); greedy, both APIs answer
@@ -32,7 +32,8 @@ import trio
 from quart import Blueprint, request
 
 from trillium.actors.client import EngineFailed
-from trillium.data_plane.chat_reply import ChoiceReply, constrain, reply_format, template_arguments, template_kwargs
+from trillium.data_plane.chat_reply import ChoiceReply
+from trillium.data_plane.chat_turn import start_chat_turn
 from trillium.data_plane.errors import ApiError, bad_request, internal_error, rejection_error
 from trillium.data_plane.protocol import ChatCompletionRequest, parse_request
 from trillium.data_plane.responses_output import (
@@ -40,11 +41,8 @@ from trillium.data_plane.responses_output import (
 from trillium.data_plane.responses_request import ResponsesRequest, chat_request, conversation, reasoning_effort
 from trillium.data_plane.responses_store import ResponseStore, StoredResponse
 from trillium.data_plane.rollout_fields import REQUEST_ID_HEADER, RequestIds
-from trillium.data_plane.sampling import chat_params, check_priority, check_prompt
 from trillium.data_plane.state import WEIGHT_VERSION_HEADER, AppState
 from trillium.data_plane.streaming import error_event, json_response, sse_response
-from trillium.data_plane.tool_choice import plan_tools
-from trillium.observability.tracing import sample_request
 
 log = logging.getLogger(__name__)
 
@@ -92,28 +90,11 @@ class _Turn:
 
 async def _submit(state: AppState, req: ResponsesRequest, chat: ChatCompletionRequest, response_id: str,
                   ids: RequestIds, store: bool) -> _Turn:
-    """routes/chat.py's steps for `chat`, up to the engine request."""
-    engine = state.engine
-    model = state.resolve_model(chat.model)
-    trace = sample_request(engine.tracing, request.headers, model)
-    params = chat_params(chat, engine.defaults, engine.max_logprobs)
-    tools = plan_tools(chat.tools, chat.tool_choice, chat.parallel_tool_calls, engine.chat)
-    if chat.priority:
-        check_priority(chat.priority, engine.client.config.engine.scheduling_policy)
-    prompt_text, prompt_ids = await state.tokenizer.render_chat(
-        [m.to_template() for m in chat.messages], add_generation_prompt=True, add_special_tokens=False,
-        template_kwargs=template_kwargs(chat), template_arguments=template_arguments(chat, engine.chat, tools))
-    reply = reply_format(chat, engine.chat, tools, prompt_text)
-    params = await constrain(params, reply, state.tokenizer.encode_plain)
-    checked = check_prompt(prompt_ids, params, vocab_size=engine.vocab_size, max_model_len=engine.max_model_len,
-                           renames=_ENGINE_RENAMES, default_max_tokens=engine.defaults.default_max_tokens)
-    generation = state.admit([checked])
-    await generation.submit(ids.engine_id, [prompt_ids], [checked], engine.resolved_eos_token_ids,
-                            priority=chat.priority or 0, trace=trace, lora_id=state.lora_id(model),
-                            cache_salt=chat.cache_salt)
-    base = echo_fields(req, response_id, model, checked, store, reasoning_effort(req.reasoning))
-    base["weight_version"] = generation.weight_version  # as chat's bodies report it (routes/chat.py)
-    return _Turn(generation, reply, prompt_ids, base)
+    """The chat path's steps (chat_turn.py) for `chat`, and what the Response echoes."""
+    turn = await start_chat_turn(state, chat, ids, _ENGINE_RENAMES)
+    base = echo_fields(req, response_id, turn.model, turn.params, store, reasoning_effort(req.reasoning))
+    base["weight_version"] = turn.generation.weight_version  # as chat's bodies report it (routes/chat.py)
+    return _Turn(turn.generation, turn.reply, turn.prompt_ids, base)
 
 
 async def _collect(turn: _Turn) -> dict:
@@ -139,11 +120,8 @@ async def _stream(state: AppState, turn: _Turn, store: ResponseStore | None, mes
             if choice.rejection:
                 yield error_event(rejection_error(choice.rejection))
                 return
-            for event in events.feed(turn.reply.feed(delta.text, len(delta.new_token_ids))):
+            for event in events.feed(turn.reply.feed_last(delta.text, len(delta.new_token_ids), delta.finished)):
                 yield event
-            if delta.finished:
-                for event in events.feed(turn.reply.finish()):
-                    yield event
     if not turn.generation.finished:
         yield error_event(internal_error())
         return
