@@ -106,3 +106,29 @@ def test_replica_configs_own_sockets_secrets_devices_and_cores(tmp_path):
     assert configs[0].link_secret != configs[1].link_secret
     assert all(c.engine.num_threads >= 1 for c in configs)
     assert (tmp_path / "r1").stat().st_mode & 0o777 == 0o700
+
+
+def test_replicas_of_a_tensor_parallel_engine_have_their_own_ranks(tmp_path):
+    """--data-parallel-size 2 --tensor-parallel-size 2: each replica's executor and executor-rank1 share
+    that replica's store port, devices and link secret, and no other replica's (vLLM's DP x TP layout:
+    replica i on devices i*tp .. i*tp + tp - 1)."""
+    import os
+
+    from trillium.actors.assembly import ActorConfig, engine_specs
+    from trillium.config import EngineConfig
+    from trillium.data_parallel.processes import replica_configs
+
+    engine = EngineConfig(model="m", tensor_parallel_size=2, device="cuda")
+    configs = replica_configs(engine, str(tmp_path), 2)
+    assert [c.engine.device for c in configs] == ["cuda:0", "cuda:2"]
+    ports = [c.engine.tp_master_port for c in configs]
+    assert 0 not in ports and ports[0] != ports[1]
+    for config in configs:
+        specs = {s.name: ActorConfig.from_bytes(s.config) for s in engine_specs(config)}
+        assert list(specs) == ["executor", "executor-rank1", "detokenizer", "scheduler"]
+        assert [specs[n].tp_rank for n in ("executor", "executor-rank1")] == [0, 1]
+        assert {s.engine.tp_master_port for s in specs.values()} == {config.engine.tp_master_port}
+        assert {s.link_secret for s in specs.values()} == {config.link_secret}
+    (tmp_path / "cpu").mkdir()
+    cpu = replica_configs(EngineConfig(model="m", tensor_parallel_size=2), str(tmp_path / "cpu"), 2)
+    assert all(c.engine.num_threads == max(1, (os.cpu_count() or 1) // 4) for c in cpu)  # 4 ranks share the cores
