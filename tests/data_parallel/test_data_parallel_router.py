@@ -6,7 +6,8 @@ load gap is within the prefix it saves, and to the least-loaded replica
 beyond that; the KV usage of a replica's stats counts as load; a replica
 out of `live` is never chosen. Merge: every replica's data is listed, the
 first failure's status wins and the message names each replica;
-StartProfile gets a directory per replica; the update group is refused.
+StartProfile gets a directory per replica; the update group's rank offsets
+per replica (and a world_size too small for them is refused).
 replica_configs gives each replica its own 0700 ipc dir, link secret,
 device and a share of the cores.
 """
@@ -88,9 +89,15 @@ def test_merge_lists_replicas_and_names_failures():
 def test_per_replica_commands_refusals_and_resume_guard():
     start = control.per_replica(cmd.StartProfile("c", profile_dir="/p"), 1)
     assert start.profile_dir == "/p/replica-1"
-    refused = control.refusal(cmd.InitWeightsUpdateGroup("c", "127.0.0.1", 1, 1, 2), 2)
+    refused = control.refusal(cmd.InitWeightsUpdateGroup("c", "127.0.0.1", 1, 1, 2), 2, 1, {})
     assert refused.status == 400 and "--data-parallel-size 2" in refused.message
-    assert control.refusal(cmd.Resume("c"), 2) is None
+    assert "ranks 1..2 join; the trainer's world_size is 3" in refused.message
+    # slime's layout for N engines of T ranks: replica i's ranks from rank_offset + i * T, world 1 + N * T
+    init = cmd.InitWeightsUpdateGroup("c", "127.0.0.1", 1, rank_offset=1, world_size=5)
+    assert control.refusal(init, 2, 2, {}) is None
+    assert [control.per_replica(init, i, 2).rank_offset for i in (0, 1)] == [1, 3]
+    assert control.refusal(init, 2, 2, {1: "executor died"}).status == 503
+    assert control.refusal(cmd.Resume("c"), 2, 1, {}) is None
     assert control.version_conflict(cmd.Resume("c"), {0: "1", 1: "2"}).status == 409
     assert control.version_conflict(cmd.Resume("c"), {0: "2", 1: "2"}) is None
 
