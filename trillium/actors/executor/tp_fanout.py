@@ -30,7 +30,9 @@ Commands under TP:
   lora/tensor_parallel.py). A rank that fails makes the reply a 500 naming it.
 - InitWeightsUpdateGroup: every rank joins the trainer's group, rank r at
   `rank_offset + r` (SGLang's convention: the trainer counts world_size =
-  1 + tp_size); rank 0 answers when its join ends. A world_size that leaves
+  1 + tp_size; under --data-parallel-size the api has already moved
+  rank_offset by replica * tp_size: data_parallel/control.py); rank 0
+  answers when its join ends. A world_size that leaves
   no room for every rank is a 400.
 - rank 0 only: StartProfile / StopProfile (the trace is rank 0's).
 """
