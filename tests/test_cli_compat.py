@@ -96,7 +96,6 @@ def test_config_file_errors(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["-pp", "2"], "--pipeline-parallel-size 2"),
     (["--dp-size", "0"], "--data-parallel-size 0: must be >= 1"),
-    (["--dp", "2", "--tp", "2"], "--data-parallel-size 2 with --tensor-parallel-size 2: replicas"),
     (["--quantization", "fp8"], "--quantization fp8: .*awq, gptq.*--kv-cache-dtype fp8"),
     (["--load-format", "pt"], "never pickle"),
     (["--swap-space", "4"], "--kv-host-bytes"),
@@ -107,6 +106,13 @@ def test_config_file_errors(tmp_path):
 def test_unsupported_flags_say_what_trillium_does(argv, message):
     with pytest.raises(SystemExit, match=message):
         check_serve_args(parse("m", *argv))
+
+
+def test_data_parallel_replicas_of_a_tensor_parallel_engine_are_accepted():
+    """vLLM's `--data-parallel-size 2 --tensor-parallel-size 2` (tests/data_parallel: the replicas' ranks)."""
+    args = parse("m", "--dp", "2", "--tp", "2")
+    check_serve_args(args)
+    assert (args.data_parallel_size, args.tensor_parallel_size) == (2, 2)
 
 
 def test_accepted_flags_pass_the_checks(caplog):
@@ -132,8 +138,8 @@ def test_tensor_parallel_aliases_reach_the_engine_and_refusals_name_the_feature(
         args = parse("m", flag, "2")
         check_serve_args(args)
         assert args.tensor_parallel_size == 2
-    with pytest.raises(SystemExit, match="--tensor-parallel-size 2: not supported together with --enable-lora"):
-        main(["serve", str(tmp_path), "--tp", "2", "--enable-lora"])
+    with pytest.raises(SystemExit, match="--tensor-parallel-size 2: not supported together with --kv-cache-dtype fp8"):
+        main(["serve", str(tmp_path), "--tp", "2", "--kv-cache-dtype", "fp8"])
 
 
 def test_gpu_memory_utilization_is_cuda_only():

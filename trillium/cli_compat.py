@@ -243,9 +243,6 @@ def check_serve_args(args) -> None:
                          "parallelism; use 1, with --tensor-parallel-size or --data-parallel-size")
     refusals = (
         (args.data_parallel_size < 1, f"--data-parallel-size {args.data_parallel_size}: must be >= 1"),
-        (args.data_parallel_size > 1 and args.tensor_parallel_size > 1,
-         f"--data-parallel-size {args.data_parallel_size} with --tensor-parallel-size {args.tensor_parallel_size}: "
-         "replicas of a tensor-parallel engine are not supported yet; use one of the two"),
         (args.quantization not in (None, "gguf", "awq", "gptq"),
          f"--quantization {args.quantization}: not supported; Trillium loads float safetensors, GGUF "
          "(--quantization gguf) and 4-bit AWQ / GPTQ safetensors (awq, gptq); use --kv-cache-dtype fp8 for a "

@@ -6,8 +6,8 @@ routed counts, /metrics' request_success_total by `engine`) and equal
 `trillium.LLM` (one engine) token for token; a conversation's turns all go
 to one replica, where their prefix is cached; a weight update from disk
 under load reaches both replicas with no response mixing versions, and
-every later request runs on the new weights; the update group is refused
-naming the flag; /v1/loads lists a dp_rank per replica; an executor that
+every later request runs on the new weights; a trainer's distributed push
+(every replica's ranks in its one group) reaches both replicas; /v1/loads lists a dp_rank per replica; an executor that
 dies takes only its replica down.
 
 Mirrors: vLLM's data-parallel metrics label every series with
@@ -87,11 +87,56 @@ def test_cp_dp_conversation_turns_stay_on_one_replica(dp_server):
     assert sorted(grew) == [0, 3], grew
 
 
-def test_cp_dp_update_group_is_refused_naming_the_flag(dp_server):
-    reply = dp_server.admin("POST", "/init_weights_update_group", json={
-        "master_address": "127.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 3,
-        "group_name": "g", "backend": "gloo"})
-    assert reply.status_code == 400 and "--data-parallel-size 2" in reply.json()["message"]
+def test_cp_dp_trainer_push_reaches_every_replica(dp_server, weights_root, references):
+    """A trainer written as SGLang's RL test writes it (support/sglang_trainer.py: its group recipe and
+    push), sized for the whole server as slime sizes its group for N engines (THUDM/slime,
+    slime/backends/megatron_utils/update_weight/update_weight_from_distributed.py: world_size
+    N * gpus + 1, engine i at rank_offset i * gpus + 1): world_size 3, replica i joins at 1 + i. One
+    broadcast per tensor reaches both replicas; after the call returns both serve the new version.
+    WHY the trainer in this process: torch (and LLM, for the references) are loaded here already."""
+    import concurrent.futures
+    import datetime
+
+    import httpx
+    import torch.distributed
+
+    from support.oracles import transformers_model
+    from support.serve_process import free_port
+    from support.sglang_trainer import GROUP_NAME, init_custom_process_group, push
+
+    def init(world_size: int, port: int):
+        return dp_server.admin("POST", "/init_weights_update_group", json={
+            "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": world_size,
+            "group_name": GROUP_NAME, "backend": "gloo", "timeout_s": 60})
+
+    too_small = init(2, free_port())  # the one-engine recipe's world: no room for replica 1
+    assert too_small.status_code == 400 and "--data-parallel-size 2" in too_small.text, too_small.text
+    model, port, result = transformers_model(weights_root / "next"), free_port(), {}
+    admin = httpx.Client(base_url=dp_server.admin_url, headers={"Authorization": f"Bearer {dp_server.token}"},
+                         timeout=120)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            joined = pool.submit(init, 3, port)
+            group = init_custom_process_group("gloo", f"tcp://127.0.0.1:{port}", datetime.timedelta(seconds=60),
+                                              3, 0, GROUP_NAME)
+            try:
+                assert joined.result().status_code == 200, joined.result().text
+                push(admin, pool, group, model, "dp-dist", result)
+                destroyed = admin.post("/destroy_weights_update_group", json={"group_name": GROUP_NAME})
+            finally:
+                torch.distributed.destroy_process_group(group)
+        assert (result["update_status"], destroyed.status_code) == (200, 200), (result, destroyed.text)
+        replicas = dp_server.admin_ok("GET", "/server_info")["replicas"]
+        assert [r["weight_version"] for r in replicas] == ["dp-dist"] * 2
+        before = routed(dp_server)
+        response = dp_server.complete([PROMPTS[i % len(PROMPTS)] for i in range(8)], MAX_TOKENS)
+        assert response.status_code == 200, response.text
+        texts = [c["text"] for c in sorted(response.json()["choices"], key=lambda c: c["index"])]
+        assert texts == [references["next"][i % len(PROMPTS)] for i in range(8)]
+        assert min(a - b for a, b in zip(routed(dp_server), before)) > 0  # both replicas answered
+    finally:
+        admin.close()
+        dp_server.admin_ok("POST", "/update_weights_from_disk", json={"model_path": str(weights_root / "base")})
 
 
 def test_cp_dp_update_under_load_is_one_version(dp_server, weights_root, references):

@@ -6,7 +6,8 @@ and its abort reaches its owner only; stats aggregate into one view (the
 first non-serving state, the versions joined when they differ); a weight
 update that one replica refuses pauses both and `Resume` is then a 409
 until the versions agree; a LoRA load that one replica refuses is unloaded
-from the other; a failed replica is out of routing and of the fan-out.
+from the other; a failed replica is out of routing and of the fan-out; the
+update group's init reaches each replica with its own rank offset.
 """
 
 from __future__ import annotations
@@ -14,19 +15,22 @@ from __future__ import annotations
 import attrs
 import pytest
 
+from trillium.actors.assembly import ActorConfig, Addresses
 from trillium.actors.protocol import admin as cmd
 from trillium.actors.protocol.admin import ControlReply
 from trillium.actors.protocol.outputs import RequestOutputDelta, SchedulerStats
 from trillium.actors.protocol.vocabulary import EngineState
 from trillium.data_parallel.client import ReplicaClient
+from trillium.config import EngineConfig
 from trillium.data_parallel.router import ReplicaRouter
 from trillium.sampling_params import SamplingParams
 
 
 class Replica:
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, tensor_parallel_size: int = 1) -> None:
         self.index = index
-        self.config = None
+        self.config = ActorConfig(EngineConfig(model="m", tensor_parallel_size=tensor_parallel_size),
+                                  Addresses.inproc())
         self.stats_listeners: list = []
         self.finish_listeners: list = []
         self.last_stats = None
@@ -73,8 +77,8 @@ class Replica:
             listener(delta)
 
 
-def make() -> tuple[ReplicaClient, list[Replica]]:
-    replicas = [Replica(0), Replica(1)]
+def make(tensor_parallel_size: int = 1) -> tuple[ReplicaClient, list[Replica]]:
+    replicas = [Replica(0, tensor_parallel_size), Replica(1, tensor_parallel_size)]
     return ReplicaClient(replicas, ReplicaRouter(2, 4, 100)), replicas
 
 
@@ -140,6 +144,15 @@ async def test_a_failed_replica_is_out_of_routing_and_fan_out():
     assert (await client.control(cmd.ResetPrefixCache("q"))).status == 503
     with pytest.raises(Exception, match="no replica is serving"):
         await client.generate("d", [1], GREEDY, ())
+
+
+async def test_the_update_group_gives_each_replica_its_ranks():
+    """2 replicas x 2 ranks, world_size 5 (slime's layout): replica i from rank_offset 1 + 2i."""
+    client, replicas = make(tensor_parallel_size=2)
+    reply = await client.control(cmd.InitWeightsUpdateGroup("g", "127.0.0.1", 29500, rank_offset=1, world_size=5))
+    assert reply.ok and [r.commands[-1].rank_offset for r in replicas] == [1, 3]
+    small = await client.control(cmd.InitWeightsUpdateGroup("h", "127.0.0.1", 29500, rank_offset=1, world_size=4))
+    assert small.status == 400 and len(replicas[0].commands) == 1  # refused before reaching any replica
 
 
 def test_aggregate_keeps_the_events_out():

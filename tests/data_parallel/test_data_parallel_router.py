@@ -6,7 +6,8 @@ load gap is within the prefix it saves, and to the least-loaded replica
 beyond that; the KV usage of a replica's stats counts as load; a replica
 out of `live` is never chosen. Merge: every replica's data is listed, the
 first failure's status wins and the message names each replica;
-StartProfile gets a directory per replica; the update group is refused.
+StartProfile gets a directory per replica; the update group's rank offsets
+per replica (and a world_size too small for them is refused).
 replica_configs gives each replica its own 0700 ipc dir, link secret,
 device and a share of the cores.
 """
@@ -88,9 +89,15 @@ def test_merge_lists_replicas_and_names_failures():
 def test_per_replica_commands_refusals_and_resume_guard():
     start = control.per_replica(cmd.StartProfile("c", profile_dir="/p"), 1)
     assert start.profile_dir == "/p/replica-1"
-    refused = control.refusal(cmd.InitWeightsUpdateGroup("c", "127.0.0.1", 1, 1, 2), 2)
+    refused = control.refusal(cmd.InitWeightsUpdateGroup("c", "127.0.0.1", 1, 1, 2), 2, 1, {})
     assert refused.status == 400 and "--data-parallel-size 2" in refused.message
-    assert control.refusal(cmd.Resume("c"), 2) is None
+    assert "ranks 1..2 join; the trainer's world_size is 3" in refused.message
+    # slime's layout for N engines of T ranks: replica i's ranks from rank_offset + i * T, world 1 + N * T
+    init = cmd.InitWeightsUpdateGroup("c", "127.0.0.1", 1, rank_offset=1, world_size=5)
+    assert control.refusal(init, 2, 2, {}) is None
+    assert [control.per_replica(init, i, 2).rank_offset for i in (0, 1)] == [1, 3]
+    assert control.refusal(init, 2, 2, {1: "executor died"}).status == 503
+    assert control.refusal(cmd.Resume("c"), 2, 1, {}) is None
     assert control.version_conflict(cmd.Resume("c"), {0: "1", 1: "2"}).status == 409
     assert control.version_conflict(cmd.Resume("c"), {0: "2", 1: "2"}) is None
 
@@ -106,3 +113,29 @@ def test_replica_configs_own_sockets_secrets_devices_and_cores(tmp_path):
     assert configs[0].link_secret != configs[1].link_secret
     assert all(c.engine.num_threads >= 1 for c in configs)
     assert (tmp_path / "r1").stat().st_mode & 0o777 == 0o700
+
+
+def test_replicas_of_a_tensor_parallel_engine_have_their_own_ranks(tmp_path):
+    """--data-parallel-size 2 --tensor-parallel-size 2: each replica's executor and executor-rank1 share
+    that replica's store port, devices and link secret, and no other replica's (vLLM's DP x TP layout:
+    replica i on devices i*tp .. i*tp + tp - 1)."""
+    import os
+
+    from trillium.actors.assembly import ActorConfig, engine_specs
+    from trillium.config import EngineConfig
+    from trillium.data_parallel.processes import replica_configs
+
+    engine = EngineConfig(model="m", tensor_parallel_size=2, device="cuda")
+    configs = replica_configs(engine, str(tmp_path), 2)
+    assert [c.engine.device for c in configs] == ["cuda:0", "cuda:2"]
+    ports = [c.engine.tp_master_port for c in configs]
+    assert 0 not in ports and ports[0] != ports[1]
+    for config in configs:
+        specs = {s.name: ActorConfig.from_bytes(s.config) for s in engine_specs(config)}
+        assert list(specs) == ["executor", "executor-rank1", "detokenizer", "scheduler"]
+        assert [specs[n].tp_rank for n in ("executor", "executor-rank1")] == [0, 1]
+        assert {s.engine.tp_master_port for s in specs.values()} == {config.engine.tp_master_port}
+        assert {s.link_secret for s in specs.values()} == {config.link_secret}
+    (tmp_path / "cpu").mkdir()
+    cpu = replica_configs(EngineConfig(model="m", tensor_parallel_size=2), str(tmp_path / "cpu"), 2)
+    assert all(c.engine.num_threads == max(1, (os.cpu_count() or 1) // 4) for c in cpu)  # 4 ranks share the cores

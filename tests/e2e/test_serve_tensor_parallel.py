@@ -11,7 +11,10 @@ compare TP=2 against TP=1 (vllm-project/vllm, tests/distributed/
 test_pipeline_parallel.py / tests/models/utils.py check_logprobs_close).
 Sleep / wake, an update from disk and a trainer's distributed push (every
 rank joins the group at rank_offset + tp_rank, SGLang's convention) run on
-both ranks. Last, a rank killed takes the
+both ranks. A PEFT LoRA adapter loaded at run time (/v1/load_lora_adapter)
+reaches both ranks, each keeping its shard (vLLM's layout: vllm-project/vllm,
+vllm/lora/layers/column_parallel_linear.py and row_parallel_linear.py), and
+its requests equal transformers + peft beside base requests in one batch. Last, a rank killed takes the
 server down with a logged cause (the supervisor watches every rank). SGLang's /get_server_info
 reports tp_size (sgl-project/sglang, python/sglang/srt/server_args.py
 `tp_size`).
@@ -26,6 +29,7 @@ import signal
 import pytest
 
 from support.admin_server import API_KEY, AdminServer
+from support.lora_adapters import ADAPTERS, make_peft_adapter
 from support.oracles import hf_greedy, transformers_model
 
 PROMPTS = [[5, 17, 99, 250, 31], [400, 3, 77, 12, 8, 190, 44], [9, 9, 300]]
@@ -39,10 +43,19 @@ def weights(checkpoint):
 
 
 @pytest.fixture(scope="module")
-def server(weights):
+def adapter(weights, tmp_path_factory):
+    """A PEFT adapter (r=16, rsLoRA) on all seven projections of the base checkpoint."""
+    pytest.importorskip("peft")
+    return make_peft_adapter(weights["base"], tmp_path_factory.mktemp("tp-lora") / "all", 3, **ADAPTERS["all"])
+
+
+@pytest.fixture(scope="module")
+def server(weights, adapter):
     root = str(weights["base"].parent.parent)
     proc = AdminServer(str(weights["base"]), "--tensor-parallel-size", "2", "--kv-cache-memory", "2MiB",
-                       "--max-num-seqs", "8", "--allowed-weight-paths", root).wait_ready(timeout_s=300)
+                       "--max-num-seqs", "8", "--allowed-weight-paths", root, "--enable-lora",
+                       "--max-loras", "1", "--max-lora-rank", "16", "--allowed-lora-paths", str(adapter.parent),
+                       ).wait_ready(timeout_s=300)
     proc.rank_killed = False
     yield proc
     code = proc.stop()
@@ -136,6 +149,24 @@ def test_trainer_push_reaches_every_rank(server, weights, hf_reference):
     finally:
         admin.close()
         server.admin_ok("POST", "/update_weights_from_disk", json={"model_path": str(weights["base"])})
+
+
+def test_lora_adapter_loaded_at_run_time_reaches_every_rank(server, weights, adapter, hf_reference):
+    from peft import PeftModel
+
+    tuned = PeftModel.from_pretrained(transformers_model(weights["base"]), str(adapter)).eval()
+    reference = [hf_greedy(tuned, ids, N_TOKENS, top_n=5) for ids in PROMPTS[:2]]
+    assert [r[0] for r in reference] != [r[0] for r in hf_reference["base"][:2]]  # the adapter changes tokens
+    server.admin_ok("POST", "/v1/load_lora_adapter", json={"lora_name": "tp-all", "lora_path": str(adapter)})
+    try:
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:  # one batch: two adapter rows, one base row
+            tuned = [pool.submit(generate, server, ids, lora_path="tp-all") for ids in PROMPTS[:2]]
+            base = pool.submit(generate, server, PROMPTS[2])
+            for out, ref in zip(tuned, reference):
+                assert_matches(out.result(), ref)
+            assert_matches(base.result(), hf_reference["base"][2])
+    finally:
+        server.admin_ok("POST", "/v1/unload_lora_adapter", json={"lora_name": "tp-all"})
 
 
 def test_a_dead_rank_stops_the_server(server):

@@ -101,8 +101,19 @@ def engine_specs(config: ActorConfig) -> list[ActorSpec]:
 
 def free_loopback_port() -> int:
     """A TCP port free on 127.0.0.1 now (the tensor-parallel ranks' store)."""
+    return free_loopback_ports(1)[0]
+
+
+def free_loopback_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports free on 127.0.0.1 now (one store per data-parallel replica).
+
+    WHY all bound at once: ports picked one by one may come back the same.
+    """
+    import contextlib
     import socket
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]

@@ -127,14 +127,15 @@ class ReplicaClient:
 
     async def control(self, command, timeout_s: float = 300.0) -> ControlReply:
         live = self.live
-        refused = dp_control.refusal(command, len(self.replicas)) or dp_control.version_conflict(
+        ranks = self.config.engine.tensor_parallel_size
+        refused = dp_control.refusal(command, len(self.replicas), ranks, self.failed) or dp_control.version_conflict(
             command, {i: self.replicas[i].last_stats.weight_version for i in live
                       if self.replicas[i].last_stats is not None})
         if refused is not None:
             return refused
         if not live:
             return ControlReply(command.command_id, 503, "no replica is serving: " + self._failures())
-        replies = await dp_control.fan_out({i: self.replicas[i] for i in live}, command, timeout_s)
+        replies = await dp_control.fan_out({i: self.replicas[i] for i in live}, command, timeout_s, ranks)
         merged = dp_control.merge(command, replies)
         if merged.ok or len(replies) == 1:
             return merged

@@ -19,9 +19,19 @@ Rules, per command (protocol/admin.py):
   every replica is paused (mode keep) and the reply says so; `Resume` is a 409
   while the replicas' versions differ: the operator sends the update again
   (it reaches every replica), then resumes.
-- the distributed update group (init / update / destroy) is refused with a
-  400 under data parallelism: each replica's executor would need its own
-  ranks in the trainer's group (SGLang's rank offsets), which is not built.
+- the distributed update group: every rank of every replica joins the
+  trainer's one group. Replica i of N (T tensor-parallel ranks each) gets
+  the init with rank_offset + i * T, so its rank r is rank_offset + i * T + r:
+  the layout slime gives N SGLang engines of T GPUs (THUDM/slime,
+  slime/backends/megatron_utils/update_weight/update_weight_from_distributed.py:
+  engine i at rank_offset i * T + 1, world_size N * T + 1). SGLang itself
+  refuses the group with dp_size > 1 (sgl-project/sglang,
+  python/sglang/srt/managers/tokenizer_manager.py asserts dp_size == 1); here
+  a trainer sized for the whole server (world_size >= rank_offset + N * T,
+  else a 400 naming the ranks) broadcasts each tensor once and every replica
+  receives it. The init needs every replica serving (503 otherwise: the group
+  could never form). `UpdateWeightsFromDistributed` is a weight update like
+  the others (one version, split handling below).
 
 WHY a weight update is one version: the admin route closes admission for
 the whole server (EngineStatus.closing) before the command reaches any
@@ -42,18 +52,26 @@ import trio
 from trillium.actors.protocol import admin as cmd
 from trillium.actors.protocol.admin import ControlReply
 
-WEIGHT_UPDATES = (cmd.UpdateWeightsFromDisk, cmd.UpdateWeightsFromTensors, cmd.SetWeightVersion)
-GROUP_COMMANDS = (cmd.InitWeightsUpdateGroup, cmd.UpdateWeightsFromDistributed, cmd.DestroyWeightsUpdateGroup)
+WEIGHT_UPDATES = (cmd.UpdateWeightsFromDisk, cmd.UpdateWeightsFromTensors, cmd.SetWeightVersion,
+                  cmd.UpdateWeightsFromDistributed)
 
 
-def refusal(command, num_replicas: int) -> ControlReply | None:
-    """The reply for a command that is not served under data parallelism, else None."""
-    if isinstance(command, GROUP_COMMANDS):
+def refusal(command, num_replicas: int, ranks_per_replica: int, failed: dict[int, str]) -> ControlReply | None:
+    """The reply for a command that cannot be served as sent under data parallelism, else None."""
+    if not isinstance(command, cmd.InitWeightsUpdateGroup):
+        return None
+    needed = num_replicas * ranks_per_replica
+    last = command.rank_offset + needed - 1
+    if last >= command.world_size:
         return ControlReply(command.command_id, 400, (
-            f"{type(command).__name__}: the distributed weight-update group is not supported with "
-            f"--data-parallel-size {num_replicas} (each replica would need its own ranks in the trainer's "
-            "group); push weights with /update_weights_from_disk or /update_weights_from_tensor, or serve "
-            "with --data-parallel-size 1"))
+            f"world_size {command.world_size} leaves no room for the {needed} ranks of "
+            f"--data-parallel-size {num_replicas} x --tensor-parallel-size {ranks_per_replica} from rank_offset "
+            f"{command.rank_offset} (ranks {command.rank_offset}..{last} join; the trainer's world_size is "
+            f"{command.rank_offset + needed})"))
+    if failed:
+        return ControlReply(command.command_id, 503, (
+            "the weight-update group needs every replica's ranks, and "
+            + "; ".join(f"replica {i}: {why}" for i, why in sorted(failed.items()))))
     return None
 
 
@@ -67,19 +85,22 @@ def version_conflict(command, versions: dict[int, str]) -> ControlReply | None:
     return None
 
 
-def per_replica(command, replica: int):
+def per_replica(command, replica: int, ranks_per_replica: int = 1):
     """The command as replica `replica` gets it."""
     if isinstance(command, cmd.StartProfile):
         return attrs.evolve(command, profile_dir=os.path.join(command.profile_dir, f"replica-{replica}"))
+    if isinstance(command, cmd.InitWeightsUpdateGroup):
+        return attrs.evolve(command, rank_offset=command.rank_offset + replica * ranks_per_replica)
     return command
 
 
-async def fan_out(clients: dict[int, object], command, timeout_s: float) -> dict[int, ControlReply]:
+async def fan_out(clients: dict[int, object], command, timeout_s: float,
+                  ranks_per_replica: int = 1) -> dict[int, ControlReply]:
     """Send `command` to every client at once; {replica: its reply}."""
     replies: dict[int, ControlReply] = {}
 
     async def one(index: int, client) -> None:
-        replies[index] = await client.control(per_replica(command, index), timeout_s)
+        replies[index] = await client.control(per_replica(command, index, ranks_per_replica), timeout_s)
 
     async with trio.open_nursery() as nursery:
         for index, client in clients.items():

@@ -7,6 +7,11 @@
       │    └─ scheduler
       └─ replica 1 ...     <ipc dir>/r1/..., link secret 1, cuda:1
 
+With `--tensor-parallel-size T` each replica is a tensor-parallel engine:
+executor (rank 0) and executor-rank1..T-1, on devices cuda:i*T .. i*T+T-1,
+in a torch.distributed group of its own (its own store port). Commands reach
+a replica's rank 0, which fans them out to its ranks (executor/tp_fanout.py).
+
 `replica_configs` gives each replica its own ActorConfig: its own ipc://
 addresses under a 0700 subdirectory of the server's ipc dir, a fresh link
 secret (a frame signed for one replica is refused by every other), and its
@@ -32,7 +37,7 @@ import os
 import attrs
 import trio
 
-from trillium.actors.assembly import ActorConfig, Addresses
+from trillium.actors.assembly import ActorConfig, Addresses, free_loopback_ports
 from trillium.actors.supervisor import Supervision
 from trillium.config import EngineConfig
 
@@ -54,15 +59,22 @@ def replica_configs(engine: EngineConfig, ipc_dir: str, num_replicas: int) -> li
         return [ActorConfig(engine, Addresses.ipc(ipc_dir))]
     # Tensor parallelism inside a replica (when the engine has it): replica i's ranks take the devices
     # from i * tp on (each rank r then adds r), and every rank of every replica shares the cores.
-    ranks = getattr(engine, "tensor_parallel_size", 1)
+    ranks = engine.tensor_parallel_size
     threads = engine.num_threads
     if not threads and not engine.device.startswith("cuda"):
         threads = max(1, (os.cpu_count() or 1) // (num_replicas * ranks))  # WHY: not every core each
+    # Each replica's ranks form their own torch.distributed group, on their own store port
+    # (a port already set in the config, P: replica i on P + i).
+    ports = [0] * num_replicas
+    if ranks > 1:
+        ports = ([engine.tp_master_port + i for i in range(num_replicas)] if engine.tp_master_port
+                 else free_loopback_ports(num_replicas))
     configs = []
     for replica in range(num_replicas):
         directory = os.path.join(ipc_dir, f"r{replica}")
         os.mkdir(directory, 0o700)
-        config = attrs.evolve(engine, device=replica_device(engine.device, replica * ranks), num_threads=threads)
+        config = attrs.evolve(engine, device=replica_device(engine.device, replica * ranks), num_threads=threads,
+                              tp_master_port=ports[replica])
         configs.append(ActorConfig(config, Addresses.ipc(directory)))  # a fresh link secret each
     return configs
 

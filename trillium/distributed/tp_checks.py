@@ -5,7 +5,7 @@
 
 Under `--tensor-parallel-size N > 1` the dense Llama family (Llama, Mistral,
 Qwen2, Qwen3: GQA, tied embeddings, qkv bias, q/k norm) is sharded over N
-executor ranks. What is not sharded is refused here, before anything starts,
+executor ranks, LoRA adapters with it (lora/tensor_parallel.py). What is not sharded is refused here, before anything starts,
 never served wrong: a feature is either split correctly or named.
 """
 
@@ -25,7 +25,6 @@ def refuse_engine(config) -> None:
     if config.tp_collective_timeout_s <= 0:
         raise ValueError(f"--tp-collective-timeout-s must be > 0, got {config.tp_collective_timeout_s}")
     refused = [
-        (config.enable_lora, "--enable-lora (LoRA adapters)"),
         (config.kv_tiers.has_host, "--kv-host-bytes (host KV tier)"),
         (bool(config.kv_tiers.disk_path), "--kv-disk-path (disk KV tier)"),
         (config.kv_cache_dtype.startswith("fp8"), "--kv-cache-dtype fp8 (fp8 KV cache)"),

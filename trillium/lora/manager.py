@@ -15,6 +15,12 @@ Three levels, as vLLM's LoRA runtime:
   (a "swap-in", counted). The scheduler never puts more distinct adapters
   in one step than there are slots.
 
+Tensor parallel (`tp_shard` of more than one rank): the adapter is read and
+validated whole, then each rank keeps its shard (`lora/tensor_parallel.py`)
+in slots sized for its layers. Every rank registers the same adapters (the
+load/unload commands are fanned out: executor/tp_fanout.py) and sees the same
+steps, so the slot choices below come out the same on every rank.
+
 Runs on the executor's torch thread (like every weight operation).
 """
 
@@ -27,6 +33,7 @@ from collections.abc import Sequence
 from trillium.lora.adapter import AdapterError, LoRAAdapter, load_adapter
 from trillium.lora.batch import LoRABatch
 from trillium.lora.slots import LoRASlots
+from trillium.lora.tensor_parallel import shard_adapter
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +42,13 @@ BASE = 0  # lora_id of the base model
 
 class LoRAManager:
     def __init__(self, model_config, max_loras: int, max_rank: int, max_cpu_loras: int,
-                 dtype=None, device="cpu") -> None:
-        self.model_config = model_config
+                 dtype=None, device="cpu", tp_shard=None) -> None:
+        self.model_config = model_config  # the whole model's: adapters are validated against it
         self.max_rank = max_rank
         self.max_cpu_loras = max(max_cpu_loras, max_loras)
-        self.slots = LoRASlots(model_config, max_loras, max_rank, dtype, device)
+        self.tp_shard = tp_shard  # None: one rank
+        local = model_config if tp_shard is None else tp_shard.local_config
+        self.slots = LoRASlots(local, max_loras, max_rank, dtype, device)
         self._registered: dict[int, tuple[str, str]] = {}
         self._host: OrderedDict[int, LoRAAdapter] = OrderedDict()
         self._slot_of: OrderedDict[int, int] = OrderedDict()  # lora_id -> slot, LRU first
@@ -51,7 +60,7 @@ class LoRAManager:
         """Read and validate the adapter; AdapterError (nothing registered) if it cannot be served."""
         if lora_id <= BASE:
             raise ValueError(f"lora_id must be >= 1, got {lora_id}")
-        adapter = load_adapter(path, self.model_config, self.max_rank)
+        adapter = self._read(path)
         self.unregister(lora_id)
         self._registered[lora_id] = (name, path)
         self._cache(lora_id, adapter)
@@ -115,11 +124,16 @@ class LoRAManager:
             return adapter
         name, path = self._registered[lora_id]
         try:
-            adapter = load_adapter(path, self.model_config, self.max_rank)
+            adapter = self._read(path)
         except (AdapterError, OSError) as exc:
             raise RuntimeError(f"LoRA adapter {name!r} could not be read again from {path}: {exc}") from exc
         self._cache(lora_id, adapter)
         return adapter
+
+    def _read(self, path: str) -> LoRAAdapter:
+        """Read and validate the whole adapter; keep this rank's shard of it."""
+        adapter = load_adapter(path, self.model_config, self.max_rank)
+        return adapter if self.tp_shard is None else shard_adapter(adapter, self.tp_shard)
 
     def _cache(self, lora_id: int, adapter: LoRAAdapter) -> None:
         self._host[lora_id] = adapter

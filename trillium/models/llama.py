@@ -106,10 +106,40 @@ def _(x, weight, bias):
 
 
 class Linear(nn.Linear):
-    """nn.Linear (same parameters and loading) whose forward is `linear`."""
+    """nn.Linear (same parameters and loading) whose forward is `linear`.
+
+    `partial` / `reduce` split the forward at the point where a row-parallel
+    layer (`tensor_parallel.RowParallelLinear`) sums the ranks' products:
+    here `reduce` is the identity.
+    """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
+
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+    def reduce(self, out: torch.Tensor) -> torch.Tensor:
+        return out
+
+
+def project_with_lora(module: nn.Module, projection: str, x: torch.Tensor, lora: LayerLoRA) -> torch.Tensor:
+    """module(x) plus the LoRA delta of `projection`.
+
+    WHY the delta joins before `reduce`: under tensor parallelism a
+    row-parallel layer's output on each rank is a partial sum; the adapter's
+    A is sharded on the input dim like the weight (lora/tensor_parallel.py),
+    so its delta is a partial sum too and the layer's one all-reduce adds both
+    (vLLM's RowParallelLinearWithLoRA applies base + LoRA, then all-reduces).
+    Quantized layers (GGUF, int4) never run sharded: plain forward, then the delta.
+    """
+    if isinstance(module, Linear):
+        out = module.partial(x)
+        lora.apply(projection, x, out)
+        return module.reduce(out)
+    out = module(x)
+    lora.apply(projection, x, out)
+    return out
 
 
 class RMSNorm(nn.Module):
@@ -164,10 +194,9 @@ class Attention(nn.Module):
         # NOTE: a compiled decode graph passes a GraphKvSlot here (graph_attention.py), same `attend`.
         out = kv_cache.attend(q, k, v, meta, self.scale, sliding_window=self.sliding_window, softcap=self.softcap)
         out = out.reshape(num_tokens, self.q_size)
-        projected = self.o_proj(out)
-        if lora is not None:
-            lora.apply("o_proj", out, projected)
-        return projected
+        if lora is None:
+            return self.o_proj(out)
+        return project_with_lora(self.o_proj, "o_proj", out, lora)
 
 
 def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -191,10 +220,7 @@ class MLP(nn.Module):
             return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
         gate_up = self.gate_up_proj(x)
         lora.apply("gate_up_proj", x, gate_up)
-        act = self.act_and_mul(gate_up)
-        down = self.down_proj(act)
-        lora.apply("down_proj", act, down)
-        return down
+        return project_with_lora(self.down_proj, "down_proj", self.act_and_mul(gate_up), lora)
 
 
 class DecoderLayer(nn.Module):

@@ -3,6 +3,7 @@
     TpShard(group, config): what rank `group.rank` of `group.size` holds
       .local_config        ModelConfig with this rank's heads, KV heads, MLP width, vocab rows
       .shard(name, full)   an HF tensor -> this rank's slice (views; zero-padded vocab rows)
+      .split_dim(name)     0 / 1: the dim it is cut on (LoRA pairs follow it: lora/tensor_parallel.py)
       .read(name, slice)   the same slice read straight from a safetensors `get_slice`
       .parallelize(model)  o_proj / down_proj become RowParallelLinear (all-reduce)
 
@@ -102,6 +103,11 @@ class TpShard:
                 return split
         return None
 
+    def split_dim(self, name: str) -> int | None:
+        """0 (rows) or 1 (columns) where the HF tensor `name` is cut; None when it is not (or only its bias)."""
+        split = self._split(name)
+        return None if split is None else split[0]
+
     def splits(self, name: str) -> bool:
         """Whether the HF tensor `name` differs between the ranks (False without TP)."""
         return self._split(name) is not None
@@ -176,3 +182,7 @@ class RowParallelLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.group.all_reduce(linear(x, self.weight, self.bias))
+
+    def reduce(self, out: torch.Tensor) -> torch.Tensor:
+        """The partial product (plus a LoRA delta: llama.project_with_lora) summed over the ranks."""
+        return self.group.all_reduce(out)

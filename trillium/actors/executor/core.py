@@ -117,7 +117,7 @@ class ExecutorCore:
             from trillium.lora.manager import LoRAManager
 
             self.lora = LoRAManager(self.model_config, config.max_loras, config.max_lora_rank,
-                                    config.max_cpu_loras, self.dtype, self.device)
+                                    config.max_cpu_loras, self.dtype, self.device, tp_shard=self.model.tp)
         self.tp.barrier()  # WHY: rank 0 is ready (and steps come) only once every rank has loaded
         log.info(
             "executor ready: %s (%s), KV cache %d blocks x %d tokens (%s)",

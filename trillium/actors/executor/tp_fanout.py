@@ -25,14 +25,16 @@ Commands under TP:
 - fanned out, run on every rank, answered once: Sleep, WakeUp (sleep/wake on
   every rank), UpdateWeightsFromDisk, UpdateWeightsFromTensors,
   UpdateWeightsFromDistributed (each rank slices the full tensors:
-  `TpShard.shard`), DestroyWeightsUpdateGroup. A rank that fails makes the
-  reply a 500 naming it.
+  `TpShard.shard`), DestroyWeightsUpdateGroup, LoadLoRAAdapter and
+  UnloadLoRAAdapter (every rank reads the adapter and keeps its shard:
+  lora/tensor_parallel.py). A rank that fails makes the reply a 500 naming it.
 - InitWeightsUpdateGroup: every rank joins the trainer's group, rank r at
   `rank_offset + r` (SGLang's convention: the trainer counts world_size =
-  1 + tp_size); rank 0 answers when its join ends. A world_size that leaves
+  1 + tp_size; under --data-parallel-size the api has already moved
+  rank_offset by replica * tp_size: data_parallel/control.py); rank 0
+  answers when its join ends. A world_size that leaves
   no room for every rank is a 400.
-- rank 0 only: StartProfile / StopProfile (the trace is rank 0's), LoRA
-  commands (LoRA is refused at start; they answer "not enabled").
+- rank 0 only: StartProfile / StopProfile (the trace is rank 0's).
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ from trillium.actors.protocol.admin import (
     ControlReply,
     DestroyWeightsUpdateGroup,
     InitWeightsUpdateGroup,
+    LoadLoRAAdapter,
     Sleep,
+    UnloadLoRAAdapter,
     UpdateWeightsFromDisk,
     UpdateWeightsFromDistributed,
     UpdateWeightsFromTensors,
@@ -62,7 +66,7 @@ from trillium.actors.protocol.execute import ExecuteBatch
 log = logging.getLogger(__name__)
 
 FANNED_OUT = (Sleep, WakeUp, UpdateWeightsFromDisk, UpdateWeightsFromTensors, UpdateWeightsFromDistributed,
-              DestroyWeightsUpdateGroup)
+              DestroyWeightsUpdateGroup, LoadLoRAAdapter, UnloadLoRAAdapter)
 
 
 def pack(tokens: np.ndarray, frames) -> bytes:
