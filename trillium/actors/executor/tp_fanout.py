@@ -58,6 +58,7 @@ from trillium.actors.protocol.admin import (
     WakeUp,
 )
 from trillium.actors.protocol.execute import ExecuteBatch
+from trillium.distributed.nodes import local_rank
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
 
     cfg = ActorConfig.from_bytes(config)
     torch_thread = TorchThread(f"trillium-executor-rank{cfg.tp_rank}")
-    core = await torch_thread.run(ExecutorCore, cfg.engine, cfg.tp_rank)
+    core = await torch_thread.run(ExecutorCore, cfg.engine, cfg.tp_rank, cfg.link_key())
     control = ExecutorControl(core, torch_thread)
     codec = engine_codec()
     try:
@@ -180,6 +181,10 @@ async def _follow(rank: int, core, control, torch_thread, codec) -> None:
         await torch_thread.run(core.apply_sampled, tokens)
         if not frames:  # rank 0 is shutting down: so is this process's supervisor
             log.info("tensor-parallel rank %d: rank 0 stopped", rank)
+            if local_rank(rank, core.tp.size, core.config.tp_nnodes) != rank:
+                # WHY exit: on a headless node no api will stop this process; exit 0 tells its
+                # supervisor (distributed/headless.py) that the head node ended the engine.
+                raise SystemExit(0)
             await trio.sleep_forever()
         message = codec.decode(frames)
         if isinstance(message, ExecuteBatch):
