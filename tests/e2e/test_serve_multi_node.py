@@ -114,14 +114,27 @@ def test_the_store_listens_on_the_master_address_only(deployment):
 
 
 def test_a_dead_headless_node_fails_requests_and_stops_the_head(deployment):
-    """Runs last: it ends the module's deployment."""
+    """Runs last: it ends the module's deployment. A streamed completion is running when node 1
+    dies: its stream ends with an error event (not a hang), and node 0 stops with the cause."""
     ranks = child_pids(deployment.headless.pid)
     assert ranks, "node 1 runs its rank as a child process"
-    deployment.headless.kill()  # SIGKILL its supervisor: its rank sees its stdin close and exits
+    body = {"model": "cp-model", "prompt": PROMPTS[0], "max_tokens": 200, "ignore_eos": True, "temperature": 0,
+            "stream": True}
+    events = []
+    with deployment.http.stream("POST", deployment.base_url + "/v1/completions", json=body, timeout=120,
+                                headers={"Authorization": f"Bearer {API_KEY}"}) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            events.append(line)
+            if len(events) == 2:
+                deployment.headless.kill()  # SIGKILL its supervisor: its rank sees its stdin close and exits
+    last = [e for e in events if e != "data: [DONE]"][-1]
+    assert '"error"' in last and "engine_failed" in last, events[-3:]
+    assert not any('"finish_reason":"length"' in e.replace(" ", "") for e in events), events[-3:]
     wait_until(lambda: not any(is_alive(pid) for pid in ranks), timeout_s=30, interval_s=0.2,
                what="node 1's rank to exit")
-    response = generate(deployment, PROMPTS[0])
-    assert response.status_code >= 500 and "engine" in response.text, response.text
     wait_until(lambda: deployment.process.poll() is not None, timeout_s=60, interval_s=0.2,
                what="node 0 to stop after node 1 died", detail=deployment.log)
     assert deployment.process.returncode != 0

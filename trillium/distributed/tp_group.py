@@ -142,14 +142,21 @@ class TpGroup:
 
             dist.barrier(group=self.steps)
 
-    def all_ok(self, ok: bool) -> list[bool]:
-        """Every rank's `ok`, on every rank (a command's outcome; over the step group)."""
+    def all_ok(self, ok: bool, timeout_s: float | None = None) -> list[bool]:
+        """Every rank's `ok`, on every rank (a command's outcome; over the step group).
+
+        `timeout_s`: a RuntimeError when some rank has not answered by then (the step
+        group's own timeout is a week: followers wait there between steps)."""
         if self.size == 1:
             return [ok]
         import torch.distributed as dist
 
         flags = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
-        dist.all_gather(flags, torch.tensor([int(ok)], dtype=torch.int64), group=self.steps)
+        work = dist.all_gather(flags, torch.tensor([int(ok)], dtype=torch.int64), group=self.steps, async_op=True)
+        if timeout_s is None:
+            work.wait()
+        elif not work.wait(datetime.timedelta(seconds=timeout_s)):
+            raise RuntimeError(f"a tensor-parallel rank did not answer within {timeout_s:.0f} s")
         return [bool(f.item()) for f in flags]
 
     def close(self) -> None:
