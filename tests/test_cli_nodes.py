@@ -70,9 +70,10 @@ def test_each_node_runs_its_own_ranks():
     config = ActorConfig(engine, Addresses.inproc())
     head = [spec.name for spec in engine_specs(config, 0)]
     assert head == ["executor", "executor-rank1", "detokenizer", "scheduler"]
-    assert [spec.name for spec in engine_specs(config, 1)] == ["executor-rank2", "executor-rank3"]
+    node1 = engine_specs(config, 1)
+    assert [spec.name for spec in node1] == ["executor-rank2", "executor-rank3"]
+    assert [ActorConfig.from_bytes(spec.config).tp_rank for spec in node1] == [2, 3]
     assert list(ranks_on_node(4, 2, 1)) == [2, 3]
-    assert engine_specs(config, 1)[0].config and ActorConfig.from_bytes(engine_specs(config, 1)[0].config).tp_rank == 2
 
 
 class _MemoryGroup:

@@ -206,9 +206,10 @@ async def _follow(rank: int, core, control, torch_thread, codec) -> None:
         if not frames:  # rank 0 is shutting down: so is this process's supervisor
             log.info("tensor-parallel rank %d: rank 0 stopped", rank)
             if local_rank(rank, core.tp.size, core.config.tp_nnodes) != rank:
-                # WHY exit: on a headless node no api will stop this process; exit 0 tells its
-                # supervisor (distributed/headless.py) that the head node ended the engine.
-                raise SystemExit(0)
+                # WHY return: on a headless node no api will stop this process; the actor's end
+                # exits it with 0, which tells its supervisor (distributed/headless.py) that the
+                # head node ended the engine.
+                return
             await trio.sleep_forever()
         message = codec.decode(frames)
         if isinstance(message, ExecuteBatch):
