@@ -19,7 +19,10 @@ What travels: `[tokens][codec frames...]` as one byte string. `tokens` are
 the ids rank 0 sampled since the last broadcast, in its order: the other
 ranks never sample (`compute_logits` gathers the vocab shards to rank 0), so
 they append these to their copies of the requests before the next step
-(`ExecutorCore.apply_sampled`). No frames: stop.
+(`ExecutorCore.apply_sampled`). No frames: stop. The one frame HEARTBEAT:
+answer `all_ok` (more than one host: an idle rank 0 checks every
+HEARTBEAT_S that the other hosts' ranks are alive; a headless node's rank
+returns on stop, which ends its process with 0).
 
 Commands under TP:
 - fanned out, run on every rank, answered once: Sleep, WakeUp (sleep/wake on
