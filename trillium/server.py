@@ -107,6 +107,8 @@ class ServerConfig:
     engine_stall_timeout_s: float = 60.0  # no pong / no step with work queued for this long: stalled (0: off)
     responses_store_size: int = 1000  # /v1/responses kept in memory (data_plane/responses_store.py)
     data_parallel_size: int = 1  # engine replicas behind this api (data_parallel/; README "Scaling out")
+    # --link-secret-file (more than one host, cli_nodes.py): the deployment's secret, hex; None: a fresh one
+    link_secret: str | None = attrs.field(default=None, repr=False)
 
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
@@ -285,6 +287,8 @@ def _build_engine(engine_config, server_config, ipc_dir, registry, loras, shutdo
 
     num_replicas, stall_s = server_config.data_parallel_size, server_config.engine_stall_timeout_s
     configs = replica_configs(engine_config, ipc_dir, num_replicas)
+    if server_config.link_secret is not None:  # every host's ranks prove the one they share
+        configs = [attrs.evolve(config, link_secret=server_config.link_secret) for config in configs]
     clients = [EngineClient(config) for config in configs]
     if num_replicas == 1:
         client = clients[0]

@@ -76,21 +76,27 @@ def engine_codec() -> Codec:
     return Codec(ALL_MESSAGE_TYPES)
 
 
-def engine_specs(config: ActorConfig) -> list[ActorSpec]:
+def engine_specs(config: ActorConfig, node_rank: int = 0) -> list[ActorSpec]:
     """Actors in start order (in one process; as subprocesses they start together): the
     executor (slowest start: loads weights), then the detokenizer and the scheduler,
     which connect to it. Tensor parallel: the executor is rank 0, and ranks 1.. are
     `executor-rank<r>` (no inbox: they follow rank 0's broadcasts), on a store port
-    chosen here when the config has none."""
-    size = config.engine.tensor_parallel_size
+    chosen here when the config has none. More than one host (`tp_nnodes`,
+    distributed/nodes.py): node 0 runs all of the above but only its own ranks;
+    node `node_rank` > 0 (`--headless`) runs only its ranks' `executor-rank<r>`."""
+    from trillium.distributed.nodes import ranks_on_node
+
+    size, nnodes = config.engine.tensor_parallel_size, config.engine.tp_nnodes
     if size > 1 and not config.engine.tp_master_port:
         config = attrs.evolve(config, engine=attrs.evolve(config.engine, tp_master_port=free_loopback_port()))
     blob = config.to_bytes()
     followers = [
         ActorSpec(name=f"executor-rank{rank}", target="trillium.actors.executor.tp_fanout:run",
                   config=attrs.evolve(config, tp_rank=rank).to_bytes())
-        for rank in range(1, size)
+        for rank in ranks_on_node(size, nnodes, node_rank) if rank > 0
     ]
+    if node_rank > 0:
+        return followers
     return [
         ActorSpec(name="executor", target="trillium.actors.executor.actor:run", config=blob),
         *followers,

@@ -20,6 +20,9 @@ def refuse_engine(config) -> None:
     size = config.tensor_parallel_size
     if size < 1:
         raise ValueError(f"--tensor-parallel-size must be >= 1, got {size}")
+    nnodes = config.tp_nnodes
+    if nnodes < 1 or size % nnodes:
+        raise ValueError(f"--nnodes {nnodes}: --tensor-parallel-size {size} must be a multiple of it")
     if size == 1:
         return
     if config.tp_collective_timeout_s <= 0:

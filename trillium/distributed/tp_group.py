@@ -3,8 +3,10 @@
     TpGroup.join(rank, size, master_port, device, timeout_s) -> TpGroup
     NO_TP: the one-rank null object (every collective is the identity)
 
-Two process groups over one TCPStore on loopback (rank 0 hosts it at the
-port the server chose, `assembly.engine_specs`):
+Two process groups over one TCPStore (rank 0 hosts it at the port the
+server chose, `assembly.engine_specs`, or `--master-port`; bound on
+`--master-addr` alone, 127.0.0.1 on one host: torch's own store would
+listen on every interface):
 
 - `compute`: the model's collectives (the all-reduce after each row-parallel
   layer and the vocab-parallel embedding, the gather of the LM head's
@@ -17,6 +19,10 @@ port the server chose, `assembly.engine_specs`):
   group" beside its NCCL one). WHY its own, much longer timeout: a follower
   waits here between steps, and an idle server sends no step for hours. A
   rank 0 that dies still ends the wait at once (the connection closes).
+
+Right after the groups form every rank proves the deployment's link
+secret and engine config to the others (`distributed/nodes.py`
+`prove_membership`): the store and gloo are unauthenticated.
 
 The model layers (`models/tensor_parallel.py`) call `all_reduce` and
 `gather_to_first`; only this module imports torch.distributed for TP.
@@ -50,21 +56,30 @@ class TpGroup:
         return self.rank == 0
 
     @staticmethod
-    def join(rank: int, size: int, master_port: int, device: torch.device, timeout_s: float) -> "TpGroup":
-        """Form the group; every rank calls this (rank 0 hosts the store). TimeoutError if one never comes."""
+    def join(rank: int, size: int, master_port: int, device: torch.device, timeout_s: float,
+             master_addr: str = "127.0.0.1", membership=None) -> "TpGroup":
+        """Form the group; every rank calls this (rank 0 hosts the store). TimeoutError if one never comes.
+
+        `membership`: (LinkKey, config fingerprint) every rank proves before anything else moves
+        (`nodes.prove_membership`); None only where a test builds a core without a deployment."""
         import torch.distributed as dist
 
         timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore("127.0.0.1", master_port, size, is_master=rank == 0, timeout=timeout)
+        store = _store(rank, size, master_addr, master_port, timeout)
         backend = "nccl" if device.type == "cuda" else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(device)  # WHY: NCCL runs its collectives on the current device
         dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
         compute = dist.group.WORLD
         steps = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=STEP_WAIT_S))
-        log.info("tensor-parallel rank %d of %d joined (%s; collective timeout %.0f s)", rank, size, backend,
-                 timeout_s)
-        return TpGroup(rank, size, compute, steps)
+        group = TpGroup(rank, size, compute, steps)
+        if membership is not None:
+            from trillium.distributed.nodes import prove_membership
+
+            prove_membership(group, *membership)
+        log.info("tensor-parallel rank %d of %d joined %s:%d (%s; collective timeout %.0f s%s)", rank, size,
+                 master_addr, master_port, backend, timeout_s, "; members proved" if membership else "")
+        return group
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over the ranks, in place."""
@@ -111,6 +126,15 @@ class TpGroup:
         dist.broadcast(tail, src=0, group=self.steps)
         return payload if self.is_first else head[8:].numpy().tobytes() + tail.numpy().tobytes()
 
+    def all_gather_bytes(self, data: bytes) -> list[bytes]:
+        """Every rank's `data` (the same length on every rank), on every rank, over the step group."""
+        import torch.distributed as dist
+
+        mine = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        parts = [torch.empty_like(mine) for _ in range(self.size)]
+        dist.all_gather(parts, mine, group=self.steps)
+        return [part.numpy().tobytes() for part in parts]
+
     def barrier(self) -> None:
         """Wait for every rank (over the step group: no timeout while a slow rank loads)."""
         if self.size > 1:
@@ -118,14 +142,21 @@ class TpGroup:
 
             dist.barrier(group=self.steps)
 
-    def all_ok(self, ok: bool) -> list[bool]:
-        """Every rank's `ok`, on every rank (a command's outcome; over the step group)."""
+    def all_ok(self, ok: bool, timeout_s: float | None = None) -> list[bool]:
+        """Every rank's `ok`, on every rank (a command's outcome; over the step group).
+
+        `timeout_s`: a RuntimeError when some rank has not answered by then (the step
+        group's own timeout is a week: followers wait there between steps)."""
         if self.size == 1:
             return [ok]
         import torch.distributed as dist
 
         flags = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
-        dist.all_gather(flags, torch.tensor([int(ok)], dtype=torch.int64), group=self.steps)
+        work = dist.all_gather(flags, torch.tensor([int(ok)], dtype=torch.int64), group=self.steps, async_op=True)
+        if timeout_s is None:
+            work.wait()
+        elif not work.wait(datetime.timedelta(seconds=timeout_s)):
+            raise RuntimeError(f"a tensor-parallel rank did not answer within {timeout_s:.0f} s")
         return [bool(f.item()) for f in flags]
 
     def close(self) -> None:
@@ -137,3 +168,26 @@ class TpGroup:
 
 
 NO_TP = TpGroup(rank=0, size=1)
+
+
+def _store(rank: int, size: int, master_addr: str, master_port: int, timeout: datetime.timedelta):
+    """Rank 0: the TCPStore on a socket bound to `master_addr` only; the others: a client of it."""
+    import socket
+
+    import torch.distributed as dist
+
+    if rank != 0:
+        return dist.TCPStore(master_addr, master_port, size, is_master=False, timeout=timeout)
+    family = socket.AF_INET6 if ":" in master_addr else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((master_addr, master_port))
+    except OSError as exc:
+        listener.close()
+        raise RuntimeError(f"tensor-parallel store: cannot bind {master_addr}:{master_port} ({exc.strerror}); "
+                           "--master-addr must be an address of the head node (--node-rank 0)") from None
+    listener.listen(128)
+    # WHY detach: the store serves on the fd; a Python socket object would close it when collected.
+    return dist.TCPStore(master_addr, master_port, size, is_master=True, timeout=timeout,
+                         master_listen_fd=listener.detach())

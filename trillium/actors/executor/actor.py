@@ -11,7 +11,9 @@ neighbours) never block on torch; the one exception is the rendezvous of
 InitWeightsUpdateGroup, which runs on a thread of its own while steps go
 on (`executor/control.py`). Under tensor parallelism this is rank 0: it
 alone binds the executor inbox and answers; every step and command reaches
-the other ranks first (`executor/tp_fanout.py`).
+the other ranks first (`executor/tp_fanout.py`); with ranks on other hosts
+(`--nnodes`), an idle rank 0 also checks every HEARTBEAT_S that they all
+answer, and stops the engine when one does not.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
     cfg = ActorConfig.from_bytes(config)
     links = Links(cfg, "executor")
     torch_thread = TorchThread("trillium-executor")
-    core = await torch_thread.run(ExecutorCore, cfg.engine)
+    core = await torch_thread.run(ExecutorCore, cfg.engine, 0, cfg.link_key())
     mailbox = links.mailbox()
     to_scheduler = links.outbox("scheduler")
     control = ExecutorControl(core, torch_thread)
@@ -71,8 +73,18 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
 
 async def _serve(ranks: OneRank, control: ExecutorControl, torch_thread: TorchThread, mailbox: Mailbox,
                  send: Callable[[object], Awaitable[None]]) -> None:
+    beat_at = trio.current_time() + ranks.heartbeat_s
     while True:
-        message = await mailbox.receive(deadline=control.profile_deadline)
+        message = await mailbox.receive(deadline=min(control.profile_deadline, beat_at))
+        if message is None and trio.current_time() >= beat_at:  # idle: are the other hosts' ranks alive?
+            try:
+                await torch_thread.run(ranks.heartbeat)
+            except Exception:  # WHY re-raise: this actor ending stops the engine (supervisor.py)
+                log.exception("executor: a tensor-parallel rank on another host is gone; stopping the engine")
+                raise
+            beat_at = trio.current_time() + ranks.heartbeat_s
+            continue
+        beat_at = trio.current_time() + ranks.heartbeat_s
         if message is None:  # the profile's time is up
             await control.expire_profile()
             continue

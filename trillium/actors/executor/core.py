@@ -69,22 +69,29 @@ class ExecutorCore:
     this rank's shard of the weights and KV cache (`models/tensor_parallel.py`); rank 0
     alone samples, the others take its tokens through `apply_sampled` (tp_fanout.py)."""
 
-    def __init__(self, config: EngineConfig, tp_rank: int = 0) -> None:
+    def __init__(self, config: EngineConfig, tp_rank: int = 0, link_key=None) -> None:
+        """`link_key`: the deployment's secret, which every TP rank proves to the others
+        (distributed/nodes.py); None only for a core a test builds without a deployment."""
+        from trillium.distributed.nodes import config_fingerprint, local_rank
         from trillium.distributed.tp_group import NO_TP, TpGroup
         from trillium.models.llama import allocate_kv_caches
         from trillium.models.loader import load_model
 
         self.config = config
         size = config.tensor_parallel_size
-        self.device = _rank_device(config.device, tp_rank, size)
+        # More than one host: device index and cores count the ranks on this host only.
+        on_host = size // config.tp_nnodes
+        self.device = _rank_device(config.device, local_rank(tp_rank, size, config.tp_nnodes), size)
         self.dtype = _DTYPES[config.dtype]
-        threads = config.num_threads or (_rank_threads(size) if size > 1 else 0)
+        threads = config.num_threads or (_rank_threads(on_host) if size > 1 else 0)
         if threads:
             torch.set_num_threads(threads)
         # vLLM's --seed: requests without their own seed draw from the default generator.
         torch.manual_seed(config.seed)
+        membership = None if link_key is None else (link_key, config_fingerprint(config))
         self.tp = NO_TP if size == 1 else TpGroup.join(
-            tp_rank, size, config.tp_master_port, self.device, config.tp_collective_timeout_s)
+            tp_rank, size, config.tp_master_port, self.device, config.tp_collective_timeout_s,
+            master_addr=config.tp_master_addr, membership=membership)
         # Rank 0 samples; the others keep the states it sampled for, until its tokens come.
         self.last_sampled = np.zeros(0, np.int32)
         self._awaiting_tokens: list[RequestState] = []

@@ -19,7 +19,10 @@ What travels: `[tokens][codec frames...]` as one byte string. `tokens` are
 the ids rank 0 sampled since the last broadcast, in its order: the other
 ranks never sample (`compute_logits` gathers the vocab shards to rank 0), so
 they append these to their copies of the requests before the next step
-(`ExecutorCore.apply_sampled`). No frames: stop.
+(`ExecutorCore.apply_sampled`). No frames: stop. The one frame HEARTBEAT:
+answer `all_ok` (more than one host: an idle rank 0 checks every
+HEARTBEAT_S that the other hosts' ranks are alive; a headless node's rank
+returns on stop, which ends its process with 0).
 
 Commands under TP:
 - fanned out, run on every rank, answered once: Sleep, WakeUp (sleep/wake on
@@ -40,6 +43,7 @@ Commands under TP:
 from __future__ import annotations
 
 import logging
+import math
 import struct
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -62,8 +66,15 @@ from trillium.actors.protocol.admin import (
     WakeUp,
 )
 from trillium.actors.protocol.execute import ExecuteBatch
+from trillium.distributed.nodes import local_rank
 
 log = logging.getLogger(__name__)
+
+# More than one host: an idle rank 0 checks every this often that every rank still answers
+# (a host that died closes its connections: the check fails at once; one that hangs: after
+# --tp-collective-timeout-s). Its broadcast is this one frame, never a codec message.
+HEARTBEAT_S = 2.0
+HEARTBEAT = b"trillium-tp-heartbeat"
 
 FANNED_OUT = (Sleep, WakeUp, UpdateWeightsFromDisk, UpdateWeightsFromTensors, UpdateWeightsFromDistributed,
               DestroyWeightsUpdateGroup, LoadLoRAAdapter, UnloadLoRAAdapter)
@@ -94,8 +105,13 @@ def unpack(payload: bytes) -> tuple[np.ndarray, list[bytes]]:
 class OneRank:
     """No tensor parallelism: run here, nothing to reach."""
 
+    heartbeat_s = math.inf  # no rank on another host to watch
+
     def __init__(self, core) -> None:
         self.core = core
+
+    def heartbeat(self) -> None:
+        pass
 
     def step(self, batch: ExecuteBatch):
         return self.core.execute(batch)
@@ -114,11 +130,20 @@ class RankFanout(OneRank):
         super().__init__(core)
         self.codec = codec
         self.size = core.tp.size
+        # More than one host: no supervisor here watches the other hosts' ranks (distributed/nodes.py).
+        if core.config.tp_nnodes > 1:
+            self.heartbeat_s = HEARTBEAT_S
 
-    def _broadcast(self, message) -> None:
+    def _broadcast(self, message, frames=None) -> None:
         tokens, self.core.last_sampled = self.core.last_sampled, np.zeros(0, np.int32)
-        frames = () if message is None else self.codec.encode(message)
+        if frames is None:
+            frames = () if message is None else self.codec.encode(message)
         self.core.tp.broadcast_bytes(pack(tokens, frames))
+
+    def heartbeat(self) -> None:
+        """Every rank answers within the collective timeout, or this raises (the engine then stops)."""
+        self._broadcast(None, frames=[HEARTBEAT])
+        self.core.tp.all_ok(True, timeout_s=self.core.config.tp_collective_timeout_s)
 
     def step(self, batch: ExecuteBatch):
         self._broadcast(batch)
@@ -162,7 +187,7 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
 
     cfg = ActorConfig.from_bytes(config)
     torch_thread = TorchThread(f"trillium-executor-rank{cfg.tp_rank}")
-    core = await torch_thread.run(ExecutorCore, cfg.engine, cfg.tp_rank)
+    core = await torch_thread.run(ExecutorCore, cfg.engine, cfg.tp_rank, cfg.link_key())
     control = ExecutorControl(core, torch_thread)
     codec = engine_codec()
     try:
@@ -182,8 +207,16 @@ async def _follow(rank: int, core, control, torch_thread, codec) -> None:
         payload = await trio.to_thread.run_sync(core.tp.broadcast_bytes, None, abandon_on_cancel=True)
         tokens, frames = unpack(payload)
         await torch_thread.run(core.apply_sampled, tokens)
+        if frames == [HEARTBEAT]:
+            await torch_thread.run(core.tp.all_ok, True)
+            continue
         if not frames:  # rank 0 is shutting down: so is this process's supervisor
             log.info("tensor-parallel rank %d: rank 0 stopped", rank)
+            if local_rank(rank, core.tp.size, core.config.tp_nnodes) != rank:
+                # WHY return: on a headless node no api will stop this process; the actor's end
+                # exits it with 0, which tells its supervisor (distributed/headless.py) that the
+                # head node ended the engine.
+                return
             await trio.sleep_forever()
         message = codec.decode(frames)
         if isinstance(message, ExecuteBatch):
