@@ -69,7 +69,6 @@ def test_full_tensors_are_sliced_like_the_loader_reads(checkpoint):
 
 
 @pytest.mark.parametrize("kwargs, named", [
-    ({"kv_cache_dtype": "fp8"}, "--kv-cache-dtype fp8"),
     ({"kv_host_bytes": "1MiB"}, "--kv-host-bytes"),
     ({"runner": "pooling"}, "--runner pooling"),
 ])

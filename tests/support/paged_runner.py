@@ -34,12 +34,16 @@ def run_schedule(
     block_size: int = 4,
     num_blocks: int = 32,
     seed: int = 0,
+    kv_dtype: str | None = None,
 ) -> list[torch.Tensor]:
-    """Per-sequence logits [len(seq), vocab] (float32, CPU) computed step by step."""
+    """Per-sequence logits [len(seq), vocab] (float32, CPU) computed step by step.
+
+    kv_dtype: the KV cache's ('fp8_e4m3', ...); the model's dtype when None.
+    """
     rng = random.Random(seed)
     free_blocks = list(range(num_blocks))
     rng.shuffle(free_blocks)
-    kv_caches = model.allocate_kv_caches(num_blocks, block_size)
+    kv_caches = model.allocate_kv_caches(num_blocks, block_size, kv_dtype)
     computed = [0] * len(sequences)
     tables: list[list[int]] = [[] for _ in sequences]
     outputs: list[list[torch.Tensor]] = [[] for _ in sequences]

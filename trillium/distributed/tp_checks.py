@@ -5,8 +5,11 @@
 
 Under `--tensor-parallel-size N > 1` the dense Llama family (Llama, Mistral,
 Qwen2, Qwen3: GQA, tied embeddings, qkv bias, q/k norm) is sharded over N
-executor ranks, LoRA adapters with it (lora/tensor_parallel.py). What is not sharded is refused here, before anything starts,
-never served wrong: a feature is either split correctly or named.
+executor ranks, LoRA adapters with it (lora/tensor_parallel.py). An fp8 KV
+cache needs nothing more: each rank quantizes its own KV heads, with its own
+per-layer scales calibrated from them (models/kv_cache.py). What is not
+sharded is refused here, before anything starts, never served wrong: a
+feature is either split correctly or named.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ def refuse_engine(config) -> None:
     refused = [
         (config.kv_tiers.has_host, "--kv-host-bytes (host KV tier)"),
         (bool(config.kv_tiers.disk_path), "--kv-disk-path (disk KV tier)"),
-        (config.kv_cache_dtype.startswith("fp8"), "--kv-cache-dtype fp8 (fp8 KV cache)"),
         (config.runner == "pooling", "--runner pooling (embedding / classification models)"),
         (config.quantization == "gguf", "GGUF checkpoints"),
         (config.gpu_memory_utilization > 0, "--gpu-memory-utilization (give --kv-cache-memory per rank)"),
