@@ -7,7 +7,11 @@ Under `--tensor-parallel-size N > 1` the dense Llama family (Llama, Mistral,
 Qwen2, Qwen3: GQA, tied embeddings, qkv bias, q/k norm) is sharded over N
 executor ranks, LoRA adapters with it (lora/tensor_parallel.py). An fp8 KV
 cache needs nothing more: each rank quantizes its own KV heads, with its own
-per-layer scales calibrated from them (models/kv_cache.py). What is not
+per-layer scales calibrated from them (models/kv_cache.py). The host KV tier
+neither: the scheduler keeps one index (block ids and host slots are the same
+on every rank), every rank receives the same KvTransfers in its ExecuteBatch
+and copies its own shard of each block (executor/host_kv.py holds this
+rank's heads; --kv-host-bytes is per rank, like --kv-cache-memory). What is not
 sharded is refused here, before anything starts, never served wrong: a
 feature is either split correctly or named.
 """
@@ -31,7 +35,9 @@ def refuse_engine(config) -> None:
     if config.tp_collective_timeout_s <= 0:
         raise ValueError(f"--tp-collective-timeout-s must be > 0, got {config.tp_collective_timeout_s}")
     refused = [
-        (config.kv_tiers.has_host, "--kv-host-bytes (host KV tier)"),
+        # WHY the disk tier stays refused: its files are one directory per fingerprint (every rank's
+        # shard would share it) and its background reads finish per rank, while only rank 0's
+        # BatchResult tells the scheduler that a slot arrived.
         (bool(config.kv_tiers.disk_path), "--kv-disk-path (disk KV tier)"),
         (config.runner == "pooling", "--runner pooling (embedding / classification models)"),
         (config.quantization == "gguf", "GGUF checkpoints"),
