@@ -138,8 +138,8 @@ def test_tensor_parallel_aliases_reach_the_engine_and_refusals_name_the_feature(
         args = parse("m", flag, "2")
         check_serve_args(args)
         assert args.tensor_parallel_size == 2
-    with pytest.raises(SystemExit, match="--tensor-parallel-size 2: not supported together with --kv-cache-dtype fp8"):
-        main(["serve", str(tmp_path), "--tp", "2", "--kv-cache-dtype", "fp8"])
+    with pytest.raises(SystemExit, match="--tensor-parallel-size 2: not supported together with --runner pooling"):
+        main(["serve", str(tmp_path), "--tp", "2", "--runner", "pooling"])
 
 
 def test_gpu_memory_utilization_is_cuda_only():
