@@ -9,9 +9,10 @@ sequence's prefix is prefilled, offloaded to a two-slot host pool, the whole
 device cache is wiped (its blocks reused), the prefix is reloaded into other
 block ids, and the sequence goes on (prefill with context, then decode): its
 logits on 2 ranks equal one rank's doing the same, and the run that never left
-the device. vLLM's CPU offloading copies each rank's own KV heads the same way
-(vllm-project/vllm, vllm/v1/kv_offload/worker/cpu_gpu.py: per-worker swap of
-that worker's KV cache tensors by block ids the scheduler chose once).
+the device. vLLM's CPU offloading works the same way (vllm-project/vllm,
+vllm/v1/kv_offload/worker/cpu_gpu.py: each worker allocates CPU tensors shaped
+like its own GPU KV caches, i.e. its own KV heads, and swaps blocks by the
+block ids of the transfer spec it is handed).
 """
 
 from __future__ import annotations
