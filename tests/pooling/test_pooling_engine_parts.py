@@ -11,6 +11,8 @@ unless the model is Matryoshka-trained).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import attrs
 import numpy as np
 import pytest
@@ -118,11 +120,17 @@ class _Identity:
         return pooled.float()
 
 
+def _sampling(task: str | None = None) -> SimpleNamespace:
+    """What the pooling head reads of a request's sampling state: its pooling task."""
+    return SimpleNamespace(params=SimpleNamespace(pooling_task=task))
+
+
 @attrs.define
 class _State:
     request_id: str
     num_computed_tokens: int
     num_prompt_tokens: int
+    sampling: SimpleNamespace = attrs.Factory(_sampling)
 
 
 @pytest.mark.parametrize("pooling_type", ["LAST", "MEAN", "CLS"])
@@ -149,6 +157,7 @@ class _TokenState:
     num_computed_tokens: int
     num_prompt_tokens: int
     token_ids: list[int]
+    sampling: SimpleNamespace = attrs.Factory(_sampling)
 
 
 @pytest.mark.parametrize("pooler", [
@@ -174,6 +183,27 @@ def test_token_pooling_over_chunks(pooler):
     want_b = rows[5:7][:, keep_cols] if pooler.step_tag_id is None else rows[5:7][:0, keep_cols]  # no step tag in B
     np.testing.assert_array_equal(done_b["pooled"], want_b.numpy())
     assert not head._chunks
+
+
+def test_a_batch_mixes_sequence_and_token_tasks():
+    """vllm/model_executor/layers/pooler/special.py DispatchPooler: each request's task picks its
+    pooler; a token task under a MEAN server keeps every row (ALL), the others are MEANs. The
+    scheduler skips prefix-cache reads for token tasks (vllm/pooling_params.py
+    skip_reading_prefix_cache)."""
+    rows = torch.arange(14, dtype=torch.float32).reshape(7, 2)
+    head = PoolingHead(PoolerConfig(task="embed", pooling_type="MEAN"), _Identity())
+    a = _TokenState("a", 0, 5, [1] * 5, _sampling("token_embed"))
+    b = _TokenState("b", 0, 2, [2, 2], _sampling("embed"))
+    head.observe(torch.cat([rows[0:5], rows[5:7]]), [a, b], [5, 2])
+    done = head.result_fields(torch.cat([rows[0:5], rows[5:7]]), [4, 6], [a, b])
+    np.testing.assert_array_equal(done["pooled_row_offsets"], [0, 5, 6])
+    np.testing.assert_array_equal(done["pooled"][:5], rows[0:5].numpy())
+    np.testing.assert_array_equal(done["pooled"][5], rows[5:7].mean(0).numpy())
+    assert not head._chunks and not head._sums
+    sched = Scheduler(SchedulerConfig(num_blocks=16, block_size=4, max_model_len=64, max_num_batched_tokens=16))
+    for rid, task in (("t", "token_embed"), ("s", "embed")):
+        sched.add_request(add_req(rid, range(1, 10), max_tokens=1, temperature=0.0, pooling_task=task))
+    assert {r.request_id: r.reads_prefix_cache for r in sched.waiting_requests()} == {"t": False, "s": True}
 
 
 def test_scheduler_hands_each_request_its_token_rows():
