@@ -52,12 +52,22 @@ def test_pooling_checkpoints_keep_their_family_flags():
     ("auto", "auto", '{"pooling_type": "STEP", "step_tag_id": 5, "returned_token_ids": [0]}', "qwen3-reward",
      ("pooling", "classify", "STEP", True, False)),
     ("auto", "auto", '{"pooling_type": "ALL"}', "qwen3-embed", ("pooling", "embed", "ALL", True, False)),
+    ("auto", "auto", '{"task": "token_classify"}', "qwen3-reward", ("pooling", "classify", "ALL", True, False)),
 ])
 def test_resolve_pooler(runner, convert, pooler, variant, expected):
     resolved, config = resolve_pooler(runner, convert, pooler, _config(variant))
     assert (resolved, config.task, config.pooling_type, config.use_activation, config.reward) == expected
     again = resolve_pooler(resolved, "auto", config.to_json(), _config(variant))  # resolving twice is stable
     assert again == (resolved, config)
+
+
+def test_supported_and_default_tasks():
+    """vllm/model_executor/layers/pooler/special.py DispatchPooler: embed + token_embed, or
+    classify + token_classify; per token by default under ALL / STEP."""
+    embed, step = PoolerConfig(task="embed"), PoolerConfig(task="classify", pooling_type="STEP")
+    assert (embed.supported_tasks, embed.default_task) == (("embed", "token_embed"), "embed")
+    assert (step.supported_tasks, step.default_task) == (("classify", "token_classify"), "token_classify")
+    assert (step.sequence_pooling_type, step.token_pooling_type) == ("LAST", "STEP")
 
 
 def test_resolve_pooler_generate_and_refusals():
@@ -73,6 +83,8 @@ def test_resolve_pooler_generate_and_refusals():
         (("auto", "auto", "[1]", "qwen3-embed"), "JSON object"),
         (("auto", "classify", "", "qwen3-embed"), "needs a \\*ForSequenceClassification"),
         (("pooling", "auto", "", "qwen3-moe"), "not supported"),
+        (("auto", "auto", '{"task": "token_embed", "pooling_type": "MEAN"}', "qwen3-embed"), "ALL or STEP"),
+        (("auto", "auto", '{"task": "plugin"}', "qwen3-embed"), "task 'plugin'"),
         (("generate", "embed", "", "llama"), "need --runner pooling"),
     ]
     for (runner, convert, pooler, variant), match in cases:
