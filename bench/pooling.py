@@ -1,7 +1,7 @@
 """Pooling throughput: embeddings/s and rerank pairs/s, Trillium beside transformers in one run.
 
 Run: .venv/bin/python bench/pooling.py [--num-inputs 64] [--batch-size 32] [--max-num-seqs 256]
-     [--rounds 3] [--threads N]
+     [--rounds 3] [--threads N] [--only embed|rerank] [--lengths short,long,mixed]
 
 Checkpoints: the bench backbone (hidden 512, 8 layers, vocab 8192) built as
 `bench-embed` (LlamaModel, last-token pooling, normalized) and
@@ -159,12 +159,18 @@ def main() -> None:
     parser.add_argument("--step-tokens", type=int, default=4096, help="Trillium's --max-num-batched-tokens")
     parser.add_argument("--rounds", type=int, default=3, help="timed passes per side, alternating; the best is kept")
     parser.add_argument("--only", choices=("embed", "rerank"), help="run one task only")
+    parser.add_argument("--lengths", default="short,long,mixed",
+                        help="comma-separated input rows to run, of short, long, mixed")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    lengths = (("short", 16), ("long", 384), ("mixed", (16, 512)))
+    rows_by_name = {"short": 16, "long": 384, "mixed": (16, 512)}
+    unknown = set(args.lengths.split(",")) - set(rows_by_name)
+    if unknown:
+        parser.error(f"--lengths: unknown {sorted(unknown)}; choose from {', '.join(rows_by_name)}")
+    lengths = tuple((name, rows_by_name[name]) for name in args.lengths.split(","))
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as root:
         rows = []

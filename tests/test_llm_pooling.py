@@ -158,3 +158,45 @@ def test_mean_pooling_over_chunks_matches_transformers(checkpoint):
         for out, prompt in zip(outputs, PROMPTS):
             mean = _hf_hidden(hf, llm.tokenizer.encode(prompt)).mean(axis=0)
             np.testing.assert_allclose(out.outputs.embedding, mean / np.linalg.norm(mean), atol=TOL)
+
+
+def test_encode_token_embed_rows_never_read_the_prefix_cache(embed_llm):
+    """vllm/entrypoints/pooling/llm.py LLM.encode(pooling_task=...): token_embed gives every prompt
+    token's hidden state, each normalized (tokwise/heads.py TokenEmbeddingPoolerHead), also right
+    after `embed` cached the prompts' blocks (vllm/pooling_params.py: token tasks skip reading the
+    prefix cache) and across 32-token chunks."""
+    llm, path = embed_llm
+    hf = _hf_backbone(path)
+    llm.embed(PROMPTS)  # LAST: caches the prompts' full blocks
+    outputs = llm.encode(PROMPTS, pooling_task="token_embed")
+    for out, prompt in zip(outputs, PROMPTS):
+        hidden = _hf_hidden(hf, llm.tokenizer.encode(prompt))
+        rows = np.array(out.outputs.data)
+        assert rows.shape == hidden.shape
+        np.testing.assert_allclose(rows, hidden / np.linalg.norm(hidden, axis=-1, keepdims=True), atol=TOL)
+    cut = np.array(llm.encode(PROMPTS[2], pooling_task="token_embed", dimensions=16)[0].outputs.data)
+    np.testing.assert_allclose(cut, hidden[:, :16] / np.linalg.norm(hidden[:, :16], axis=-1, keepdims=True),
+                               atol=TOL)
+    (seq,) = llm.encode(PROMPTS[2], pooling_task="embed")
+    np.testing.assert_allclose(seq.outputs.data, hidden[-1] / np.linalg.norm(hidden[-1]), atol=TOL)
+    with pytest.raises(ValueError, match="Unsupported task: 'token_classify'"):
+        llm.encode("x", pooling_task="token_classify")
+    with pytest.raises(ValueError, match="pooling_task is required"):
+        llm.encode("x")
+
+
+def test_encode_token_classify_matches_the_score_head_per_token(classify_llm):
+    """DispatchPooler.for_seq_cls (vllm/model_executor/layers/pooler/special.py): token_classify is
+    the score head on every prompt row (AllPool), softmax per row unless use_activation is false."""
+    llm, path = classify_llm
+    hf = _hf_classifier(path)
+    ids = llm.tokenizer.encode(PROMPTS[2])
+    with torch.inference_mode():
+        logits = hf.score(hf.model(torch.tensor([ids])).last_hidden_state)[0].numpy()
+    (out,) = llm.encode(PROMPTS[2], pooling_task="token_classify")
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    np.testing.assert_allclose(out.outputs.data, e / e.sum(axis=-1, keepdims=True), atol=TOL)
+    (raw,) = llm.encode(PROMPTS[2], pooling_task="token_classify", use_activation=False)
+    np.testing.assert_allclose(raw.outputs.data, logits, atol=TOL)
+    with pytest.raises(ValueError, match="Unsupported task: 'token_embed'"):
+        llm.encode("x", pooling_task="token_embed")

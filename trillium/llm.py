@@ -191,6 +191,13 @@ class LLM:
 
     # -- pooling models (vLLM's names; trillium/pooling/offline.py) ----------
 
+    def encode(self, prompts, *, pooling_task: str | None = None, dimensions: int | None = None,
+               use_activation: bool | None = None):
+        """One PoolingRequestOutput per prompt (`.outputs.data`) for `pooling_task`: embed, classify,
+        or per token token_embed / token_classify (a row per prompt token; STEP: its filtered rows)."""
+        return self._pooling.encode(prompts, pooling_task=pooling_task, dimensions=dimensions,
+                                    use_activation=use_activation)
+
     def embed(self, prompts, *, dimensions: int | None = None, normalize: bool | None = None):
         """One EmbeddingRequestOutput per prompt (`.outputs.embedding`); `dimensions`: Matryoshka size."""
         return self._pooling.embed(prompts, dimensions=dimensions, normalize=normalize)

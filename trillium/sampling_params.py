@@ -66,6 +66,10 @@ class SamplingParams:
     # False: this request never gets speculative drafts when the server speculates
     # (--speculative-config); its output is the same either way, only the speed differs.
     speculative: bool = True
+    # Pooling models only (trillium/pooling): the request's pooling task, vLLM's names (embed |
+    # classify | token_embed | token_classify); None: the server's default. The pooling routes
+    # set it; the executor's pooling head reads it, and token tasks skip prefix-cache reads.
+    pooling_task: str | None = None
 
     def __attrs_post_init__(self) -> None:
         # WHY: callers pass lists (JSON, vLLM habits); store tuples so the
@@ -123,6 +127,8 @@ class SamplingParams:
             bad("min_tokens", f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
         if self.seed is not None and not isinstance(self.seed, int):
             bad("seed", f"must be an integer, got {self.seed!r}")
+        if self.pooling_task not in (None, "embed", "classify", "token_embed", "token_classify"):
+            bad("pooling_task", f"must be embed, classify, token_embed or token_classify, got {self.pooling_task!r}")
         if not isinstance(self.speculative, bool):
             bad("speculative", f"must be true or false, got {self.speculative!r}")
         for name in ("logprobs", "prompt_logprobs"):

@@ -265,3 +265,48 @@ def test_generative_model_refuses_pooling_routes(dp_server):
     for path, body in (("/v1/embeddings", {"input": "x"}), ("/classify", {"input": "x"}),
                        ("/rerank", {"query": "q", "documents": ["d"]}), ("/score", {"text_1": "a", "text_2": "b"})):
         assert "--runner pooling" in _error(_post(dp_server, path, body), "model")
+
+
+@torch.inference_mode()
+def _hf_token_logits(path, ids: list[int]) -> np.ndarray:
+    hf = _hf(str(path), "classify")
+    return hf.score(hf.model(torch.tensor([ids])).last_hidden_state)[0].numpy()
+
+
+def test_pooling_task_per_request(reward_server):
+    """vllm/entrypoints/pooling/pooling/protocol.py `task` and serving.py: a classifier serves
+    classify and token_classify (DispatchPooler.for_seq_cls: the score head on every row, AllPool);
+    any other task is a 400 naming it ("Unsupported task: ... Supported tasks: ...")."""
+    ids = reward_server.tokenizer.encode(TEXTS[1])
+    body = _post(reward_server, "/pooling", {"input": TEXTS[1], "task": "token_classify"}).json()
+    logits = _hf_token_logits(reward_server.model_path, ids)
+    np.testing.assert_allclose(body["data"][0]["data"], 1 / (1 + np.exp(-logits)), atol=TOL)
+    seq = _post(reward_server, "/pooling", {"input": TEXTS[1], "task": "classify", "use_activation": False}).json()
+    np.testing.assert_allclose(seq["data"][0]["data"], logits[-1], atol=TOL)
+    for task in ("token_embed", "embed", "plugin"):
+        message = _error(_post(reward_server, "/pooling", {"input": "x", "task": task}), "task")
+        assert f"Unsupported task: {task!r}" in message and "token_classify" in message
+
+
+def test_step_pooling_end_to_end(checkpoint):
+    """vllm/model_executor/layers/pooler/tokwise/methods.py StepPool with vllm/config/pooler.py's
+    step_tag_id / returned_token_ids: a process reward model's rows at the step-tag token, its
+    returned label columns; 8-token chunks. `task` "classify" on the same server pools LAST."""
+    from transformers import AutoTokenizer
+
+    path = checkpoint("qwen3-reward")
+    ids = AutoTokenizer.from_pretrained(str(path)).encode(TEXTS[2])
+    step = ids[3]
+    config = f'{{"pooling_type": "STEP", "step_tag_id": {step}, "returned_token_ids": [0]}}'
+    harness = ServerHarness(path, {"default": {}}, max_num_batched_tokens=8, kv_cache_memory="16MiB",
+                            pooler_config=config).start()
+    try:
+        logits = _hf_token_logits(path, ids)
+        body = _post(harness, "/pooling", {"input": [ids], "use_activation": False}).json()
+        want = logits[np.array(ids) == step][:, [0]]
+        assert len(ids) > 8 and len(want) >= 1
+        np.testing.assert_allclose(body["data"][0]["data"], want, atol=TOL)
+        seq = _post(harness, "/pooling", {"input": [ids], "task": "classify", "use_activation": False}).json()
+        np.testing.assert_allclose(seq["data"][0]["data"], logits[-1], atol=TOL)
+    finally:
+        harness.stop()

@@ -218,3 +218,21 @@ def test_grouped_decode_matches_sdpa_with_gqa(num_heads: int, num_kv_heads: int)
             enable_gqa=num_heads != num_kv_heads,
         )[:, 0]  # fmt: skip
         torch.testing.assert_close(out[b], expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("qlens", "slens"), [
+    ([16, 16, 16, 9, 16], [16, 16, 16, 9, 16]),  # one run of three, then single ones
+    ([16, 16, 1, 12, 16, 16, 5], [16, 16, 30, 40, 16, 16, 5]),  # runs beside a decode and a chunk with context
+])
+def test_context_free_prefills_attend_over_the_steps_own_keys(qlens, slens) -> None:
+    """fresh_prefill.py: with this step's k, v handed in, context-free prefills skip the cache
+    gather and equal-length neighbours share one SDPA call; the same output as gathering."""
+    batch = make_paged_batch(qlens, slens, num_heads=8, num_kv_heads=2, head_dim=64, block_size=16, seed=9)
+    k = torch.cat([keys[s - n:] for keys, n, s in zip(batch.keys, qlens, slens)])
+    v = torch.cat([values[s - n:] for values, n, s in zip(batch.values, qlens, slens)])
+    gathered = reference.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+    fresh = reference.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, batch.scale, k=k, v=v)
+    plan = batch.meta.derived[next(key for key in batch.meta.derived if key[-1] is True)]
+    assert plan.fresh and all(seq.mask is not None for seq in plan.prefill)  # only chunks with context gather
+    torch.testing.assert_close(fresh, gathered, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(fresh.double(), dense_causal_attention(batch), **TOLERANCE[torch.float32])

@@ -11,6 +11,8 @@ unless the model is Matryoshka-trained).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import attrs
 import numpy as np
 import pytest
@@ -50,12 +52,22 @@ def test_pooling_checkpoints_keep_their_family_flags():
     ("auto", "auto", '{"pooling_type": "STEP", "step_tag_id": 5, "returned_token_ids": [0]}', "qwen3-reward",
      ("pooling", "classify", "STEP", True, False)),
     ("auto", "auto", '{"pooling_type": "ALL"}', "qwen3-embed", ("pooling", "embed", "ALL", True, False)),
+    ("auto", "auto", '{"task": "token_classify"}', "qwen3-reward", ("pooling", "classify", "ALL", True, False)),
 ])
 def test_resolve_pooler(runner, convert, pooler, variant, expected):
     resolved, config = resolve_pooler(runner, convert, pooler, _config(variant))
     assert (resolved, config.task, config.pooling_type, config.use_activation, config.reward) == expected
     again = resolve_pooler(resolved, "auto", config.to_json(), _config(variant))  # resolving twice is stable
     assert again == (resolved, config)
+
+
+def test_supported_and_default_tasks():
+    """vllm/model_executor/layers/pooler/special.py DispatchPooler: embed + token_embed, or
+    classify + token_classify; per token by default under ALL / STEP."""
+    embed, step = PoolerConfig(task="embed"), PoolerConfig(task="classify", pooling_type="STEP")
+    assert (embed.supported_tasks, embed.default_task) == (("embed", "token_embed"), "embed")
+    assert (step.supported_tasks, step.default_task) == (("classify", "token_classify"), "token_classify")
+    assert (step.sequence_pooling_type, step.token_pooling_type) == ("LAST", "STEP")
 
 
 def test_resolve_pooler_generate_and_refusals():
@@ -71,6 +83,8 @@ def test_resolve_pooler_generate_and_refusals():
         (("auto", "auto", "[1]", "qwen3-embed"), "JSON object"),
         (("auto", "classify", "", "qwen3-embed"), "needs a \\*ForSequenceClassification"),
         (("pooling", "auto", "", "qwen3-moe"), "not supported"),
+        (("auto", "auto", '{"task": "token_embed", "pooling_type": "MEAN"}', "qwen3-embed"), "ALL or STEP"),
+        (("auto", "auto", '{"task": "plugin"}', "qwen3-embed"), "task 'plugin'"),
         (("generate", "embed", "", "llama"), "need --runner pooling"),
     ]
     for (runner, convert, pooler, variant), match in cases:
@@ -118,11 +132,17 @@ class _Identity:
         return pooled.float()
 
 
+def _sampling(task: str | None = None) -> SimpleNamespace:
+    """What the pooling head reads of a request's sampling state: its pooling task."""
+    return SimpleNamespace(params=SimpleNamespace(pooling_task=task))
+
+
 @attrs.define
 class _State:
     request_id: str
     num_computed_tokens: int
     num_prompt_tokens: int
+    sampling: SimpleNamespace = attrs.Factory(_sampling)
 
 
 @pytest.mark.parametrize("pooling_type", ["LAST", "MEAN", "CLS"])
@@ -149,6 +169,7 @@ class _TokenState:
     num_computed_tokens: int
     num_prompt_tokens: int
     token_ids: list[int]
+    sampling: SimpleNamespace = attrs.Factory(_sampling)
 
 
 @pytest.mark.parametrize("pooler", [
@@ -174,6 +195,27 @@ def test_token_pooling_over_chunks(pooler):
     want_b = rows[5:7][:, keep_cols] if pooler.step_tag_id is None else rows[5:7][:0, keep_cols]  # no step tag in B
     np.testing.assert_array_equal(done_b["pooled"], want_b.numpy())
     assert not head._chunks
+
+
+def test_a_batch_mixes_sequence_and_token_tasks():
+    """vllm/model_executor/layers/pooler/special.py DispatchPooler: each request's task picks its
+    pooler; a token task under a MEAN server keeps every row (ALL), the others are MEANs. The
+    scheduler skips prefix-cache reads for token tasks (vllm/pooling_params.py
+    skip_reading_prefix_cache)."""
+    rows = torch.arange(14, dtype=torch.float32).reshape(7, 2)
+    head = PoolingHead(PoolerConfig(task="embed", pooling_type="MEAN"), _Identity())
+    a = _TokenState("a", 0, 5, [1] * 5, _sampling("token_embed"))
+    b = _TokenState("b", 0, 2, [2, 2], _sampling("embed"))
+    head.observe(torch.cat([rows[0:5], rows[5:7]]), [a, b], [5, 2])
+    done = head.result_fields(torch.cat([rows[0:5], rows[5:7]]), [4, 6], [a, b])
+    np.testing.assert_array_equal(done["pooled_row_offsets"], [0, 5, 6])
+    np.testing.assert_array_equal(done["pooled"][:5], rows[0:5].numpy())
+    np.testing.assert_array_equal(done["pooled"][5], rows[5:7].mean(0).numpy())
+    assert not head._chunks and not head._sums
+    sched = Scheduler(SchedulerConfig(num_blocks=16, block_size=4, max_model_len=64, max_num_batched_tokens=16))
+    for rid, task in (("t", "token_embed"), ("s", "embed")):
+        sched.add_request(add_req(rid, range(1, 10), max_tokens=1, temperature=0.0, pooling_task=task))
+    assert {r.request_id: r.reads_prefix_cache for r in sched.waiting_requests()} == {"t": False, "s": True}
 
 
 def test_scheduler_hands_each_request_its_token_rows():

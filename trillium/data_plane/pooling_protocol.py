@@ -92,7 +92,10 @@ class EmbeddingRequest(_InputOrMessages):
 
 
 class PoolingRequest(EmbeddingRequest):
-    """vLLM's /pooling: the model's own task's output, raw when use_activation is false."""
+    """vLLM's /pooling: the output of `task` (vllm/entrypoints/pooling/pooling/protocol.py;
+    null: the model's default task), raw when use_activation is false."""
+
+    task: str | None = None  # embed | classify | token_embed | token_classify (vllm/tasks.py)
 
 
 class ClassificationRequest(_InputOrMessages):

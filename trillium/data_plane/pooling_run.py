@@ -3,10 +3,10 @@
     model = pooling_model(state, task)                    400 unless the server pools for `task`
     ids = await tokenize_inputs(state, inputs, ...)       texts / token ids -> checked token-id prompts
     ids = await request_prompts(state, req)               a body's `input` or chat `messages`, truncated
-    raws = await run_pooling(state, prompts, priority)    one raw float32 output per prompt, in order
+    raws = await run_pooling(state, prompts, priority, task)   one raw float32 output per prompt, in order
 
-Each prompt is one engine request (`trillium/pooling/offline.POOLING_PARAMS`:
-max_tokens=1), admitted like a generation (`AppState.admit(pooling=True)`:
+Each prompt is one engine request (`trillium/pooling/offline.pooling_params`:
+max_tokens=1, the request's pooling task), admitted like a generation (`AppState.admit(pooling=True)`:
 --max-queued-requests, 503 while not serving) and read through
 `Generation.feed`, which aborts the unfinished ones if the client leaves.
 The finishing delta of each carries its `pooled` array.
@@ -23,7 +23,7 @@ from trillium.data_plane.rollout_fields import truncate_prompt
 from trillium.data_plane.tool_choice import ToolPlan
 from trillium.data_plane.sampling import check_priority, check_prompt
 from trillium.data_plane.state import AppState, new_id, wrong_runner
-from trillium.pooling.offline import POOLING_PARAMS
+from trillium.pooling.offline import engine_output, pooling_params
 from trillium.pooling.outputs import PoolingModel
 
 _RENAMES = {"prompt": "input", "prompt_token_ids": "input", "max_tokens": "input"}
@@ -83,16 +83,18 @@ async def request_prompts(state: AppState, req) -> list[list[int]]:
     return [ids]
 
 
-async def run_pooling(state: AppState, prompts: list[list[int]], priority: int = 0) -> list[np.ndarray]:
-    """The engine's raw output of each prompt, in order."""
+async def run_pooling(state: AppState, prompts: list[list[int]], priority: int = 0,
+                      task: str | None = None) -> list[np.ndarray]:
+    """The engine's raw output of each prompt pooled for `task` (None: the model's task), in order."""
     if priority:
         check_priority(priority, state.engine.client.config.engine.scheduling_policy)
+    task = task or state.engine.pooling.task
+    params = [pooling_params(task)] * len(prompts)
     for ids in prompts:
         if not ids:
             raise bad_request("input: an input encodes to no tokens", "input")
-        check_prompt(ids, POOLING_PARAMS, vocab_size=state.engine.vocab_size,
+        check_prompt(ids, params[0], vocab_size=state.engine.vocab_size,
                      max_model_len=state.engine.max_model_len, renames=_RENAMES)
-    params = [POOLING_PARAMS] * len(prompts)
     generation = state.admit(params, pooling=True)
     await generation.submit(new_id("pool"), prompts, params, (), priority=priority)
     outputs: list[np.ndarray | None] = [None] * len(prompts)
@@ -104,7 +106,7 @@ async def run_pooling(state: AppState, prompts: list[list[int]], priority: int =
                 if choice.rejection is not None:
                     raise rejection_error(choice.rejection)
                 raise internal_error()
-    return outputs  # type: ignore[return-value]
+    return [engine_output(raw, task) for raw in outputs]  # type: ignore[arg-type]
 
 
 def usage(prompts: list[list[int]]) -> dict:

@@ -7,7 +7,8 @@ Public API (dispatching on the tensors' device):
     rotary_embedding(positions, q, k, cos_sin_cache) -> (q, k)
     write_kv_cache(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None (in place)
     paged_attention(q, k_cache, v_cache, meta, scale, k_scale=None, v_scale=None,
-                    *, sliding_window=None, softcap=None) -> out
+                    *, sliding_window=None, softcap=None, k=None, v=None) -> out
+                    (k, v: this step's, spare context-free prefills the gather; fresh_prefill.py)
     fused_moe(x, w13, w2, topk_weights, topk_ids, activation) -> y   (moe.py; torch on every device)
     gguf_cpu.matmul(x, blocks, ggml_type, k) -> y   (GGUF Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K weights, CPU float32;
                                                      C, built at first use)

@@ -104,7 +104,10 @@ def paged_attention(
     *,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    # NOTE: k, v (this step's, just written) only spare the torch path gathers (fresh_prefill.py).
     # NOTE: the Triton kernel has neither a window nor soft-capping; those
     # layers run the torch reference on CUDA too (correct, not fast).
     if wants_triton(q) and sliding_window is None and softcap is None:
@@ -114,5 +117,6 @@ def paged_attention(
                 q = q.contiguous()
             return kernels.paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale)
     return reference.paged_attention(
-        q, k_cache, v_cache, meta, scale, k_scale, v_scale, sliding_window=sliding_window, softcap=softcap
+        q, k_cache, v_cache, meta, scale, k_scale, v_scale, sliding_window=sliding_window, softcap=softcap,
+        k=k, v=v,
     )

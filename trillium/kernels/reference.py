@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from trillium.kernels.fp8 import is_fp8, quantize_fp8, widen_fp8
+from trillium.kernels.fresh_prefill import Run, attend_run, plan_runs
 from trillium.kernels.metadata import AttentionMetadata
 
 
@@ -211,19 +212,22 @@ class _Plan:
     decode: tuple[_DecodeChunk, ...]
     prefill: tuple[_PrefillSeq, ...]
     decode_rows_in_order: bool  # the chunks' rows, concatenated, are all T rows in order
+    fresh: tuple[Run, ...] = ()  # context-free prefills over this step's k, v (fresh_prefill.py)
 
 
-def _plan(meta: AttentionMetadata, k_cache: torch.Tensor, dtype: torch.dtype, window: int | None) -> _Plan:
+def _plan(meta: AttentionMetadata, k_cache: torch.Tensor, dtype: torch.dtype, window: int | None,
+          fresh: bool = False) -> _Plan:
     """The plan for this batch, cache geometry and sliding window, built once per step.
+    `fresh`: context-free prefills attend over this step's k, v (fresh_prefill.py).
 
     NOTE: models with both full and sliding layers (Gemma) keep two plans.
     """
     _, block_size, num_kv_heads, head_dim = k_cache.shape
-    key = ("reference.paged_attention", block_size, num_kv_heads, head_dim,
-           k_cache.element_size(), k_cache.device, dtype, _GATHER_CHUNK_BYTES, window)  # fmt: skip
+    key = ("reference.paged_attention", block_size, num_kv_heads, head_dim, k_cache.dtype,
+           k_cache.device, dtype, _GATHER_CHUNK_BYTES, window, fresh)  # fmt: skip
     plan = meta.derived.get(key)
     if plan is None:
-        plan = meta.derived[key] = _build_plan(meta, k_cache, dtype, window)
+        plan = meta.derived[key] = _build_plan(meta, k_cache, dtype, window, fresh)
     return plan
 
 
@@ -232,7 +236,8 @@ def _windowed(slen: int, window: int | None) -> bool:
     return window is not None and slen > window
 
 
-def _build_plan(meta: AttentionMetadata, k_cache: torch.Tensor, dtype: torch.dtype, window: int | None) -> _Plan:
+def _build_plan(meta: AttentionMetadata, k_cache: torch.Tensor, dtype: torch.dtype, window: int | None,
+                fresh: bool = False) -> _Plan:
     device = k_cache.device
     qlens, slens = meta.query_lens_list, meta.seq_lens_list
     starts = [0]
@@ -245,7 +250,9 @@ def _build_plan(meta: AttentionMetadata, k_cache: torch.Tensor, dtype: torch.dty
     )
     prefill = []
     block_size = k_cache.shape[1]
-    for b, qlen in enumerate(qlens):
+    runs, gathered = plan_runs(qlens, slens, starts, window) if fresh else ((), range(len(qlens)))
+    for b in gathered:
+        qlen = qlens[b]
         if qlen > 1:
             slen = slens[b]
             nblk = -(-slen // block_size)
@@ -266,7 +273,7 @@ def _build_plan(meta: AttentionMetadata, k_cache: torch.Tensor, dtype: torch.dty
             prefill.append(_PrefillSeq(slice(starts[b], starts[b + 1]), meta.block_tables[b, first:nblk],
                                        slen - first * block_size, mask))
     in_order = len(decode_idx) == len(qlens) and decode_idx == list(range(len(qlens)))
-    return _Plan(chunks, tuple(prefill), in_order)
+    return _Plan(chunks, tuple(prefill), in_order, runs)
 
 
 def _decode_chunk_plan(
@@ -354,6 +361,8 @@ def paged_attention(
     *,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of flat varlen queries over the paged KV cache.
 
@@ -385,10 +394,14 @@ def paged_attention(
     softcap: scores become softcap * tanh(scores / softcap) before the
     softmax (Gemma 2); SDPA has no such hook, so those calls run the
     matmul-softmax-matmul in torch (`_sdpa`).
+    k, v: this step's keys / values [T, KH, D], just written to the cache
+    (optional): context-free prefills then attend over them without a gather,
+    equal-length runs in one call (fresh_prefill.py); not for fp8 caches.
     """
+    fresh = k is not None and v is not None and softcap is None and k_cache.dtype == q.dtype == k.dtype
     if k_scale is not None and is_fp8(k_cache.dtype):
         q = _scaled(q, k_scale)
-    out = _attend(q, k_cache, v_cache, meta, scale, sliding_window, softcap)
+    out = _attend(q, k_cache, v_cache, meta, scale, sliding_window, softcap, (k, v) if fresh else None)
     if v_scale is not None and is_fp8(v_cache.dtype):
         out = _scaled(out, v_scale)
     return out
@@ -401,10 +414,15 @@ def _scaled(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def _attend(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-    window: int | None, softcap: float | None,
+    window: int | None, softcap: float | None, kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    plan = _plan(meta, k_cache, q.dtype, window)
+    plan = _plan(meta, k_cache, q.dtype, window, kv is not None)
     enable_gqa = q.shape[1] != k_cache.shape[2]
+    if kv is not None and not plan.decode and not plan.prefill and len(plan.fresh) == 1:
+        # Only context-free prefills of one length (a pooling batch): one call, no scatter.
+        run = plan.fresh[0]
+        if run.rows.start == 0 and run.rows.stop == q.shape[0]:
+            return attend_run(q, *kv, run, scale, enable_gqa)
     if plan.decode_rows_in_order and plan.decode:
         # Pure decode batch: no scatter into `out`.
         outs = [_attend_decode(q, k_cache, v_cache, chunk, scale, softcap) for chunk in plan.decode]
@@ -418,6 +436,8 @@ def _attend(
             out.index_copy_(0, chunk.rows, o)
     for seq in plan.prefill:
         out[seq.rows] = _attend_prefill(q, k_cache, v_cache, seq, scale, enable_gqa, softcap)
+    for run in plan.fresh:
+        out[run.rows] = attend_run(q, *kv, run, scale, enable_gqa)
     return out
 
 

@@ -98,7 +98,7 @@ class KvCache:
             self.calibrate(k, v)
         kernels.write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
         return kernels.paged_attention(q, self.k_cache, self.v_cache, meta, scale, self.k_scale, self.v_scale,
-                                       sliding_window=sliding_window, softcap=softcap)  # fmt: skip
+                                       sliding_window=sliding_window, softcap=softcap, k=k, v=v)  # fmt: skip
 
     def calibrate(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Set the scales from the first keys/values written (call before writing them).

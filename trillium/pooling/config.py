@@ -16,7 +16,9 @@ pooler/seqwise/heads.py, activations.py):
     pooler    JSON: {"pooling_type": "LAST" | "MEAN" | "CLS" | "ALL" | "STEP", "use_activation":
               bool (embed: L2-normalize; classify: softmax, or sigmoid for one
               label), "normalize": alias of use_activation for embed,
-              "dimensions": default Matryoshka size, "task", STEP's "step_tag_id" and
+              "dimensions": default Matryoshka size, "task" (embed | classify |
+              token_embed | token_classify: the default task of a request, a token
+              one meaning ALL unless STEP), STEP's "step_tag_id" and
               "returned_token_ids"}. Defaults: LAST, activation on (off for reward).
               Any other key is an error. (`reward`: true is what --convert reward
               resolves to.)
@@ -27,6 +29,14 @@ the score head's logits); STEP keeps the columns `returned_token_ids`
 (indices into a row: the labels of a process reward model's head) and the
 rows whose prompt token is `step_tag_id`, either one optional. Both are
 served by /pooling only (`is_token_pooling`).
+
+Per-request tasks (vllm/tasks.py, vllm/entrypoints/pooling/pooling/serving.py):
+a model serves its task and the per-token one (`supported_tasks`: embed +
+token_embed, classify + token_classify). /pooling's `task` and LLM.encode's
+`pooling_task` pick one per request; a token task pools as
+`token_pooling_type` (STEP when configured, else ALL), a sequence task as
+`sequence_pooling_type` (LAST under ALL / STEP). The task rides
+`SamplingParams.pooling_task` to the executor's pooling head.
 
 `PoolerConfig` crosses to the actors inside `EngineConfig.pooler_config` as
 its JSON (`to_json`), so every process agrees on it.
@@ -46,6 +56,10 @@ CONVERTS = ("auto", "embed", "classify", "reward")
 POOLING_TYPES = ("LAST", "MEAN", "CLS", "ALL", "STEP")
 TOKEN_POOLING_TYPES = ("ALL", "STEP")
 TASKS = ("embed", "classify")
+# vLLM's pooling tasks (vllm/tasks.py PoolingTask) a request may ask for on /pooling and LLM.encode;
+# a model serves its task and the per-token one (vllm/model_executor/layers/pooler/special.py
+# DispatchPooler.for_embedding / for_seq_cls).
+TOKEN_TASKS = {"embed": "token_embed", "classify": "token_classify"}
 # Dense Llama-family backbones a pooling head sits on (MoE and Gemma are not wired).
 POOLING_BASES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _ACCEPTED_KEYS = frozenset({"pooling_type", "seq_pooling_type", "use_activation", "normalize", "dimensions",
@@ -67,6 +81,26 @@ class PoolerConfig:
     def is_token_pooling(self) -> bool:
         """One output row per prompt token (ALL, STEP), not one vector per prompt."""
         return self.pooling_type in TOKEN_POOLING_TYPES
+
+    @property
+    def supported_tasks(self) -> tuple[str, str]:
+        """The pooling tasks this model serves: its task and its per-token one."""
+        return self.task, TOKEN_TASKS[self.task]
+
+    @property
+    def default_task(self) -> str:
+        """The task of a request that names none: per token under ALL / STEP."""
+        return TOKEN_TASKS[self.task] if self.is_token_pooling else self.task
+
+    @property
+    def token_pooling_type(self) -> str:
+        """How a token task pools: STEP when configured, else ALL (vLLM's tok_pooling_type)."""
+        return "STEP" if self.pooling_type == "STEP" else "ALL"
+
+    @property
+    def sequence_pooling_type(self) -> str:
+        """How a sequence task pools: LAST under ALL / STEP (a decoder's default, as vLLM)."""
+        return "LAST" if self.is_token_pooling else self.pooling_type
 
     def to_json(self) -> str:
         return json.dumps(attrs.asdict(self), sort_keys=True)
@@ -98,9 +132,10 @@ def _parse_json(pooler_json: str) -> dict[str, Any]:
 def _task(convert: str, architecture: str, raw: dict[str, Any]) -> tuple[str, bool]:
     classifier = architecture.endswith("ForSequenceClassification")
     if convert == "auto":  # NOTE: a resolved config's own JSON resolves to itself ("reward" included)
-        convert = "reward" if raw.get("reward") else raw.get("task") or ("classify" if classifier else "embed")
+        task = str(raw.get("task") or "").removeprefix("token_")  # token_embed: embed, pooled per token
+        convert = "reward" if raw.get("reward") else task or ("classify" if classifier else "embed")
     if convert not in ("embed", "classify", "reward"):
-        raise ValueError(f"--pooler-config task {convert!r}: choose embed or classify")
+        raise ValueError(f"--pooler-config task {convert!r}: choose embed, classify, token_embed or token_classify")
     if convert in ("classify", "reward") and not classifier:
         raise ValueError(f"--convert {convert} needs a *ForSequenceClassification checkpoint (its score head); "
                          f"{architecture} has none")
@@ -139,9 +174,12 @@ def resolve_pooler(runner: str, convert: str, pooler_json: str, model_config) ->
                          f"{', '.join(POOLING_BASES)} backbones")
     raw = _parse_json(pooler_json)
     task, reward = _task(convert, architecture, raw)
-    pooling_type = raw.get("pooling_type") or raw.get("seq_pooling_type") or "LAST"
+    token_task = str(raw.get("task") or "").startswith("token_")
+    pooling_type = raw.get("pooling_type") or raw.get("seq_pooling_type") or ("ALL" if token_task else "LAST")
     if pooling_type not in POOLING_TYPES:
         raise ValueError(f"--pooler-config pooling_type {pooling_type!r}: choose from {', '.join(POOLING_TYPES)}")
+    if token_task and pooling_type not in TOKEN_POOLING_TYPES:
+        raise ValueError(f"--pooler-config task {raw['task']!r} pools per token: pooling_type ALL or STEP")
     use_activation = _bool(raw, "use_activation", "normalize", "activation", "softmax")
     dimensions = raw.get("dimensions")
     if dimensions is not None:

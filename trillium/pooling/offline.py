@@ -1,5 +1,8 @@
 """LLM.embed / classify / reward / score: the offline API of a pooling model (vLLM's names).
 
+    encode(prompts, *, pooling_task, dimensions=None, use_activation=None)
+                                                        -> [PoolingRequestOutput]     .outputs.data
+                                                           (token tasks: a row per prompt token)
     embed(prompts, *, dimensions=None, normalize=None)  -> [EmbeddingRequestOutput]   .outputs.embedding
     classify(prompts, *, use_activation=None)           -> [ClassificationRequestOutput] .outputs.probs
     reward(prompts)                                     -> [PoolingRequestOutput]     .outputs.data (raw)
@@ -28,6 +31,19 @@ from trillium.validation import check_request
 
 # One "token": the step that would sample answers with the pooled output instead.
 POOLING_PARAMS = SamplingParams(max_tokens=1, temperature=0.0)
+_TASK_PARAMS = {task: attrs.evolve(POOLING_PARAMS, pooling_task=task)
+                for task in ("embed", "classify", "token_embed", "token_classify")}
+
+
+def pooling_params(task: str | None) -> SamplingParams:
+    """The engine request of one prompt pooled for `task` (None: the server's default task)."""
+    return POOLING_PARAMS if task is None else _TASK_PARAMS[task]
+
+
+def engine_output(raw: np.ndarray, task: str) -> np.ndarray:
+    """A request's raw output as its task reads it: a sequence task's one row (a batch that
+    mixed in a token task hands it as [1, width]), a token task's [rows, width]."""
+    return raw if task.startswith("token_") else np.asarray(raw).reshape(-1)
 
 
 @attrs.define
@@ -47,7 +63,7 @@ class ScoringOutput:
 
 @attrs.define
 class PoolingOutput:
-    data: list[float]
+    data: list[float] | list[list[float]]  # token tasks: a row per prompt token
 
 
 @attrs.define
@@ -95,19 +111,21 @@ class PoolingRunner:
                              f"{self.model.pooler.pooling_type}); serve it and use /pooling")
         return self.model
 
-    def run(self, prompts: list[list[int]]) -> list[np.ndarray]:
-        """Raw engine outputs of token-id prompts, in order."""
+    def run(self, prompts: list[list[int]], task: str | None = None) -> list[np.ndarray]:
+        """Raw engine outputs of token-id prompts pooled for `task` (None: the model's task), in order."""
         llm = self._llm
+        task = task or self.model.task
+        params = pooling_params(task)
         for ids in prompts:
-            check_request(ids, POOLING_PARAMS, vocab_size=llm.model_vocab_size, max_model_len=llm.config.max_model_len)
-        return llm._call(self._run_async, prompts)
+            check_request(ids, params, vocab_size=llm.model_vocab_size, max_model_len=llm.config.max_model_len)
+        return [engine_output(raw, task) for raw in llm._call(self._run_async, prompts, params)]
 
-    async def _run_async(self, prompts: list[list[int]]) -> list[np.ndarray]:
+    async def _run_async(self, prompts: list[list[int]], params: SamplingParams) -> list[np.ndarray]:
         results: list[np.ndarray | None] = [None] * len(prompts)
         client = self._llm._client
 
         async def one(index: int, ids: list[int]) -> None:
-            (stream,) = await client.generate(f"pool-{next(self._llm._ids)}", ids, POOLING_PARAMS, ())
+            (stream,) = await client.generate(f"pool-{next(self._llm._ids)}", ids, params, ())
             async for delta in stream:
                 if delta.pooled is not None:
                     results[index] = delta.pooled
@@ -122,6 +140,26 @@ class PoolingRunner:
 
     def _ids(self, prompts) -> list[list[int]]:
         return [ids for _, ids in self._llm._normalize_prompts(prompts)]
+
+    def encode(self, prompts, *, pooling_task: str | None = None, dimensions: int | None = None,
+               use_activation: bool | None = None):
+        """vLLM's LLM.encode (vllm/entrypoints/pooling/llm.py): `pooling_task` is required, one
+        of the model's tasks (embed + token_embed, or classify + token_classify)."""
+        if self.model is None:
+            raise ValueError("LLM.encode() is only supported for pooling models; build it with runner='pooling'")
+        supported = self.model.pooler.supported_tasks
+        if pooling_task is None:
+            raise ValueError(f"encode: pooling_task is required, one of {supported} (or use embed / classify)")
+        model = self.model
+        model.check_task(pooling_task)
+        if model.task == "embed":
+            model.check_dimensions(dimensions, self._llm.config.served_model_name)
+        elif dimensions is not None:
+            raise ValueError(f"encode: task {pooling_task!r} has no size to cut (dimensions)")
+        ids = self._ids(prompts)
+        data = [model.output(raw, dimensions=dimensions, use_activation=use_activation).tolist()
+                for raw in self.run(ids, pooling_task)]
+        return [PoolingRequestOutput(f"encode-{i}", PoolingOutput(d), p) for i, (d, p) in enumerate(zip(data, ids))]
 
     def embed(self, prompts, *, dimensions: int | None = None, normalize: bool | None = None):
         model = self._need("embed", "embed")

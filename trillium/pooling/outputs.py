@@ -16,6 +16,8 @@ embeddings) returns them as they are. Token pooling (ALL / STEP) hands in
 [rows, width]: each row is cut, normalized or activated on its own. `dimensions` is refused, as vLLM
 refuses it (vllm/pooling_params.py), for a model whose config.json does not
 say it was trained for it (`is_matryoshka` / `matryoshka_dimensions`).
+A request's task (`check_task`) is the model's or its per-token one
+(`PoolerConfig.supported_tasks`); either is post-processed the same way, row by row.
 """
 
 from __future__ import annotations
@@ -63,6 +65,14 @@ class PoolingModel:
             pooler=PoolerConfig.from_json(engine_config.pooler_config), hidden_size=model_config.hidden_size,
             labels=labels, is_matryoshka=bool(dims) or bool(hf.get("is_matryoshka")), matryoshka_dimensions=dims,
         )
+
+    def check_task(self, task: str) -> str:
+        """`task` when this model serves it; ValueError naming it, vLLM's message
+        (vllm/entrypoints/pooling/pooling/serving.py), otherwise."""
+        supported = self.pooler.supported_tasks
+        if task not in supported:
+            raise ValueError(f"Unsupported task: {task!r} Supported tasks: {supported}")
+        return task
 
     def check_dimensions(self, dimensions: int | None, model_name: str) -> None:
         """ValueError (vLLM's messages) when `dimensions` cannot be served."""

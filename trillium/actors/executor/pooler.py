@@ -20,8 +20,13 @@ through max_tokens in the scheduler: the scheduler has no pooling branch.
                                       pooled_row_offsets[i]:[i + 1]
     drop(request_ids)                 finished / aborted requests
 
-State: per request a running float32 sum (MEAN), the first row (CLS) or
-every chunk's rows (ALL / STEP), across chunked-prefill steps. NOTE: all but LAST need every prompt row
+Per request: its task (`SamplingParams.pooling_task`, None: the server's
+default) picks sequence pooling (the server's LAST / MEAN / CLS; LAST under
+ALL / STEP) or token pooling (STEP when the server pools STEP, else ALL);
+one batch may mix them. State: per request a running float32 sum (MEAN),
+the first row (CLS) or every chunk's rows (token tasks), across
+chunked-prefill steps. A token task never reads the prefix cache
+(scheduler/request.py `reads_prefix_cache`, as vLLM). NOTE: all but LAST need every prompt row
 computed here, so `EngineConfig.resolve` turns prefix caching off for them
 (a cached block's rows never reach the executor); LAST keeps it (the last
 prompt token is always computed). A recompute preemption restarts at
@@ -41,14 +46,16 @@ POOLED_TOKEN_ID = 0
 
 class PoolingHead:
     def __init__(self, config: PoolerConfig, model) -> None:
-        self.pooling_type = config.pooling_type
+        self.pooling_type = config.sequence_pooling_type  # of sequence tasks (embed, classify)
         self.model = model
         self._sums: dict[str, torch.Tensor] = {}
         self._first: dict[str, torch.Tensor] = {}
-        self._chunks: dict[str, list[torch.Tensor]] = {}  # ALL / STEP: each step's rows
-        self.step_tag_id = config.step_tag_id
-        self.returned_token_ids = config.returned_token_ids
-        self.is_token_pooling = config.is_token_pooling
+        self._chunks: dict[str, list[torch.Tensor]] = {}  # token tasks: each step's rows
+        self.is_token_pooling = config.is_token_pooling  # the default of a request that names no task
+        # STEP's filters apply to token tasks when the server pools STEP (else: ALL, every row).
+        step = config.token_pooling_type == "STEP"
+        self.step_tag_id = config.step_tag_id if step else None
+        self.returned_token_ids = config.returned_token_ids if step else None
 
     @staticmethod
     def build(engine_config, model) -> "PoolingHead | None":
@@ -56,27 +63,30 @@ class PoolingHead:
             return None
         return PoolingHead(PoolerConfig.from_json(engine_config.pooler_config), model)
 
+    def per_token(self, state) -> bool:
+        """Whether this request asked for a token task (its SamplingParams.pooling_task)."""
+        task = state.sampling.params.pooling_task
+        return self.is_token_pooling if task is None else task.startswith("token_")
+
     def observe(self, hidden: torch.Tensor, states, counts: list[int]) -> None:
-        if self.pooling_type == "LAST":
-            return
         row = 0
         for state, n in zip(states, counts):
             begin, rid = state.num_computed_tokens, state.request_id
             chunk = hidden[row : row + n]
             row += n
-            if self.pooling_type == "CLS":
-                if begin == 0:
-                    self._first[rid] = chunk[0].clone()
-                continue
-            if self.is_token_pooling:
+            if self.per_token(state):
                 kept = [] if begin == 0 else self._chunks[rid]
                 kept.append(chunk.clone())  # NOTE: only prompt rows; a pooling request decodes none
                 self._chunks[rid] = kept
-                continue
-            total = chunk.float().sum(dim=0)
-            self._sums[rid] = total if begin == 0 else self._sums[rid] + total
+            elif self.pooling_type == "CLS":
+                if begin == 0:
+                    self._first[rid] = chunk[0].clone()
+            elif self.pooling_type == "MEAN":
+                total = chunk.float().sum(dim=0)
+                self._sums[rid] = total if begin == 0 else self._sums[rid] + total
 
     def finish(self, hidden: torch.Tensor, rows: list[int], states) -> np.ndarray:
+        """Sequence tasks: one pooled output row per request."""
         if self.pooling_type == "LAST":
             pooled = hidden.index_select(0, torch.tensor(rows, dtype=torch.int64, device=hidden.device))
         elif self.pooling_type == "CLS":
@@ -87,21 +97,26 @@ class PoolingHead:
         return self.model.pool_head(pooled).cpu().numpy()
 
     def result_fields(self, hidden: torch.Tensor, rows: list[int], states) -> dict:
-        """BatchResult's `pooled` (and, for token pooling, `pooled_row_offsets`) of finished prompts."""
-        if not self.is_token_pooling:
+        """BatchResult's `pooled` of finished prompts; with any token task among them, every
+        request's rows at `pooled_row_offsets` (a sequence task's one row)."""
+        token = [self.per_token(s) for s in states]
+        if not any(token):
             return {"pooled": self.finish(hidden, rows, states)}
-        outputs = []
-        for state in states:
-            out = self.model.pool_head(torch.cat(self._chunks.pop(state.request_id)))  # [num_prompt_tokens, width]
-            if self.returned_token_ids is not None:
-                out = out[:, list(self.returned_token_ids)]
-            if self.step_tag_id is not None:
-                prompt = torch.tensor(state.token_ids[: state.num_prompt_tokens], device=out.device)
-                out = out[prompt == self.step_tag_id]
-            outputs.append(out.cpu().numpy())
+        seq = [(r, s) for r, s, t in zip(rows, states, token) if not t]
+        seq_out = iter(self.finish(hidden, [r for r, _ in seq], [s for _, s in seq]) if seq else ())
+        outputs = [self._token_rows(s) if t else next(seq_out)[None] for s, t in zip(states, token)]
         offsets = np.zeros(len(outputs) + 1, np.int64)
         np.cumsum([len(o) for o in outputs], out=offsets[1:])
         return {"pooled": np.concatenate(outputs), "pooled_row_offsets": offsets}
+
+    def _token_rows(self, state) -> np.ndarray:
+        out = self.model.pool_head(torch.cat(self._chunks.pop(state.request_id)))  # [num_prompt_tokens, width]
+        if self.returned_token_ids is not None:
+            out = out[:, list(self.returned_token_ids)]
+        if self.step_tag_id is not None:
+            prompt = torch.tensor(state.token_ids[: state.num_prompt_tokens], device=out.device)
+            out = out[prompt == self.step_tag_id]
+        return out.cpu().numpy()
 
     def drop(self, request_ids) -> None:
         for rid in request_ids:

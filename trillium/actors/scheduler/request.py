@@ -154,8 +154,9 @@ class Request:
 
     @property
     def reads_prefix_cache(self) -> bool:
-        # WHY: prompt logprobs need every prompt position computed (as vLLM).
-        return self.sampling.prompt_logprobs is None
+        # WHY: prompt logprobs, and a token pooling task's rows (vLLM's skip_reading_prefix_cache,
+        # vllm/pooling_params.py), need every prompt position computed (as vLLM).
+        return self.sampling.prompt_logprobs is None and not (self.sampling.pooling_task or "").startswith("token_")
 
     # -- state machine --------------------------------------------------
 

@@ -6,9 +6,12 @@
                         "model", "usage"}                     (embedding models)
     /classify       {"input", "use_activation"} -> {"data": [{"index", "label", "probs",
                      "num_classes"}], ...}                   (classifiers, reward models)
-    /pooling        {"input", "encoding_format", "dimensions", "use_activation"}
+    /pooling        {"input", "encoding_format", "dimensions", "use_activation", "task"}
                     -> {"data": [{"object": "pooling", "index", "data"}], ...}   (either;
-                    under ALL / STEP token pooling `data` is a list of rows, one per token)
+                    `task`: the model's (embed / classify) or its per-token one (token_embed /
+                    token_classify: `data` a list of rows, one per token; STEP: the
+                    step_tag_id rows), null: the model's default (per token under ALL / STEP);
+                    another task is a 400 naming it)
     each also takes chat `messages` for `input`, and truncate_prompt_tokens
     (pooling_protocol.py)
 
@@ -50,6 +53,11 @@ def _envelope(kind: str, model: str, data: list, prompts: list[list[int]]) -> di
 
 async def _embedded(state: AppState, req: EmbeddingRequest, model_name: str, tasks: tuple[str, ...]):
     model = pooling_model(state, *tasks, per_token=not tasks)
+    task = getattr(req, "task", None) or (tasks[0] if tasks else model.pooler.default_task)
+    try:
+        model.check_task(task)
+    except ValueError as exc:
+        raise bad_request(str(exc), "task") from None
     if model.task == "embed":
         try:
             model.check_dimensions(req.dimensions, model_name)
@@ -58,7 +66,7 @@ async def _embedded(state: AppState, req: EmbeddingRequest, model_name: str, tas
     elif req.dimensions is not None:
         raise bad_request("dimensions: only embedding models have a size to cut", "dimensions")
     prompts = await request_prompts(state, req)
-    raws = await run_pooling(state, prompts, req.priority)
+    raws = await run_pooling(state, prompts, req.priority, task)
     vectors = [model.output(raw, dimensions=req.dimensions, use_activation=req.wants_activation()) for raw in raws]
     return prompts, vectors
 
