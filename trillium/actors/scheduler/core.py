@@ -298,10 +298,10 @@ class Scheduler:
                     self.pool.cache_full_blocks(request, request.num_returned_tokens)
                 continue
             request.num_output_placeholders -= 1
-            if request.status is not RequestStatus.RUNNING:
-                # INVARIANT: only a step still in flight when its request was preempted (async);
-                # its token is exact and the executor's copy has it: keep it (in_flight.py).
-                assert request.status is RequestStatus.PREEMPTED, request
+            # A PREEMPTED one: its step was still in flight when it was preempted (async); the
+            # token is exact and the executor's copy has it, so it is kept (in_flight.py).
+            if request.status not in (RequestStatus.RUNNING, RequestStatus.PREEMPTED):
+                continue
             tokens = (token, *result.more_token_ids.get(rid, ()))
             delta, status = self._take_tokens(request, tokens, result, now_s, pooled.get(rid))
             deltas.append(delta)
