@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             for mode, llm in engines.items():
                 figures, tokens[mode] = _round(llm, random.Random(args.seed + r), args.streams)
                 results[mode].append(figures)
+                print(f"round {r} {mode}: " + ", ".join(f"{k} {v:.2f}" for k, v in figures.items()), flush=True)
             assert tokens["sync"] == tokens["async"], "async scheduling changed greedy tokens"
     finally:
         for llm in engines.values():
