@@ -30,11 +30,11 @@ import time
 import torch
 
 
-def _engine(model_dir: str, async_scheduling: bool, eager: bool, sizes: tuple[int, ...]):
+def _engine(model_dir: str, async_scheduling: bool, eager: bool, sizes: tuple[int, ...], threads: int):
     from trillium import LLM
 
     return LLM(model_dir, max_num_seqs=64, kv_cache_memory="256MiB", enforce_eager=eager,
-               compile_batch_sizes=sizes, async_scheduling=async_scheduling)  # fmt: skip
+               compile_batch_sizes=sizes, async_scheduling=async_scheduling, num_threads=threads)  # fmt: skip
 
 
 def _generate(llm, prompts: list[list[int]], max_tokens: int) -> tuple[float, list]:
@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=16, help="concurrent requests of the batched figure")
     parser.add_argument("--compile-batch-sizes", default="1,2,4,8,16", help="compiled decode buckets")
     parser.add_argument("--enforce-eager", action="store_true", help="both engines eager")
+    parser.add_argument("--executor-threads", type=int, default=0,
+                        help="torch threads of both engines' executors (0: torch's default, every core)")
     parser.add_argument("--model-dir", default=None, help="the bench model (built there if missing)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = args.model_dir or os.path.join(tempfile.gettempdir(), "trillium-bench-model")
     if not os.path.exists(os.path.join(model_dir, "config.json")):
         build_checkpoint(model_dir, "bench", seed=0)
-    engines = {mode: _engine(model_dir, mode == "async", args.enforce_eager, sizes) for mode in ("sync", "async")}
+    engines = {mode: _engine(model_dir, mode == "async", args.enforce_eager, sizes, args.executor_threads) for mode in ("sync", "async")}
     results: dict[str, list[dict[str, float]]] = {mode: [] for mode in engines}
     try:
         for llm in engines.values():
@@ -90,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
             llm.shutdown()
     load = os.getloadavg()[0]
     print(f"\ntorch {torch.__version__}, {os.cpu_count()} CPUs, load average {load:.1f}, median of "
-          f"{args.rounds} interleaved rounds; {'eager' if args.enforce_eager else 'compiled ' + args.compile_batch_sizes}")
+          f"{args.rounds} interleaved rounds; {'eager' if args.enforce_eager else 'compiled ' + args.compile_batch_sizes}, executor threads "
+          f"{args.executor_threads or torch.get_num_threads()}")
     print(f"{'':<22}{'sync':>12}{'async':>12}{'ratio':>8}")
     for key in results["sync"][0]:
         sync, fast = (statistics.median(row[key] for row in results[m]) for m in ("sync", "async"))
