@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = args.model_dir or os.path.join(tempfile.gettempdir(), "trillium-bench-model")
     if not os.path.exists(os.path.join(model_dir, "config.json")):
         build_checkpoint(model_dir, "bench", seed=0)
-    engines = {mode: _engine(model_dir, mode == "async", args.enforce_eager, sizes, args.executor_threads) for mode in ("sync", "async")}
+    engines = {mode: _engine(model_dir, mode == "async", args.enforce_eager, sizes, args.executor_threads)
+               for mode in ("sync", "async")}
     results: dict[str, list[dict[str, float]]] = {mode: [] for mode in engines}
     try:
         for llm in engines.values():
@@ -92,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             llm.shutdown()
     load = os.getloadavg()[0]
     print(f"\ntorch {torch.__version__}, {os.cpu_count()} CPUs, load average {load:.1f}, median of "
-          f"{args.rounds} interleaved rounds; {'eager' if args.enforce_eager else 'compiled ' + args.compile_batch_sizes}, executor threads "
-          f"{args.executor_threads or torch.get_num_threads()}")
+          f"{args.rounds} interleaved rounds; {'eager' if args.enforce_eager else 'compiled ' + args.compile_batch_sizes}"
+          f", executor threads {args.executor_threads or torch.get_num_threads()}")
     print(f"{'':<22}{'sync':>12}{'async':>12}{'ratio':>8}")
     for key in results["sync"][0]:
         sync, fast = (statistics.median(row[key] for row in results[m]) for m in ("sync", "async"))
