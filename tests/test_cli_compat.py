@@ -271,3 +271,23 @@ def test_enforce_eager_and_compile_batch_sizes_reach_the_engine_config(checkpoin
     assert EngineConfig.from_bytes(compiled.to_bytes()) == compiled
     with pytest.raises(SystemExit):
         parse(model, "--compile-batch-sizes", "0,4")
+
+
+def test_async_scheduling_flag_reaches_the_engine_and_falls_back_where_not_exact(checkpoint, caplog):
+    """vLLM's --async-scheduling / --no-async-scheduling (vllm/engine/arg_utils.py, a
+    BooleanOptionalAction over SchedulerConfig.async_scheduling, default None). Trillium's None is
+    off; under speculative decoding it falls back to synchronous steps with a warning."""
+    from trillium.cli import _engine_kwargs
+
+    model = str(checkpoint("llama"))
+
+    def resolved(*argv: str) -> EngineConfig:
+        return EngineConfig.build(model=model, **_engine_kwargs(parse(model, *argv))).resolve()
+
+    assert resolved().async_scheduling is False
+    assert resolved("--no-async-scheduling").async_scheduling is False
+    on = resolved("--async-scheduling")
+    assert on.async_scheduling is True and EngineConfig.from_bytes(on.to_bytes()) == on
+    spec = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'
+    assert resolved("--async-scheduling", "--speculative-config", spec).async_scheduling is False
+    assert "--async-scheduling is off" in caplog.text and "--speculative-config" in caplog.text

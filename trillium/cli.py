@@ -198,6 +198,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         # None: TRILLIUM_ENFORCE_EAGER decides (config.py), else compiled decode
         enforce_eager=True if getattr(args, "enforce_eager", False) else None,
         compile_batch_sizes=args.compile_batch_sizes,
+        async_scheduling=getattr(args, "async_scheduling", None),
         speculative_config=args.speculative_config,
         **node_engine_kwargs(args),
     )

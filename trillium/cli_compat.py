@@ -176,6 +176,11 @@ def add_serve_args(serve) -> None:
     compat.add_argument("--enforce-eager", action="store_true",
                         help="run every step eagerly: no compiled decode graphs (see "
                              "--compile-batch-sizes; CUDA graphs are never used)")
+    compat.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                        help="plan step N+1 while step N runs, so the executor never waits for the "
+                             "scheduler between steps (its inputs take the tokens it just sampled); "
+                             "default off. Falls back to synchronous steps, with a warning, under "
+                             "--speculative-config, the host / disk KV tiers and pooling models")
     compat.add_argument("--disable-log-requests", action="store_true",
                         help="accepted: Trillium does not log request contents")
     compat.add_argument("--enable-log-requests", action="store_true",

@@ -10,6 +10,7 @@ the config agrees on them. Actors get it as bytes (`to_bytes` /
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 
@@ -17,6 +18,8 @@ import attrs
 import cattrs
 
 from trillium.speculative.config import SpeculativeConfig, parse_speculative_config
+
+log = logging.getLogger(__name__)
 
 _converter = cattrs.Converter()
 
@@ -191,6 +194,10 @@ class EngineConfig:
     compile_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     # Speculative decoding (trillium/speculative/): vLLM's --speculative-config, parsed in `build`.
     speculative_config: SpeculativeConfig = attrs.field(factory=SpeculativeConfig)
+    # vLLM's --async-scheduling (actors/scheduler/in_flight.py): the scheduler plans step N+1 while
+    # step N runs. None resolves to False (default off; vLLM's None turns it on where supported);
+    # resolve() turns it off, with a warning, for the features it cannot keep exact yet.
+    async_scheduling: bool | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.enable_lora and (self.max_loras < 1 or self.max_lora_rank < 1 or self.max_cpu_loras < 0):
@@ -295,6 +302,7 @@ class EngineConfig:
             vocab_size=model_config.vocab_size, runner=runner, pooler_config=pooler,
             enable_prefix_caching=prefix_caching, kv_sliding_window=window,
             enforce_eager=_resolve_enforce_eager(self.enforce_eager),
+            async_scheduling=_resolve_async_scheduling(self, runner),
         )
 
     @property
@@ -324,6 +332,23 @@ def _resolve_enforce_eager(value: bool | None) -> bool:
     if value is not None:
         return value
     return os.environ.get(ENFORCE_EAGER_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def _resolve_async_scheduling(config: EngineConfig, runner: str) -> bool:
+    """--async-scheduling, off where it is not exact yet (then each step is planned after the last
+    returned, as without it). WHY each: speculative decoding's drafts are counted from the previous
+    step's result; the host / disk KV tiers move blocks whose reads and writes the in-flight step may
+    still race; a pooling model ends every request after one step."""
+    if not config.async_scheduling:
+        return False
+    reasons = [why for why, on in (("--speculative-config", config.speculative_config.enabled),
+                                   ("the host / disk KV tiers", config.kv_tiers.has_host),
+                                   ("a pooling model", runner == "pooling")) if on]
+    if reasons:
+        log.warning("--async-scheduling is off: not supported yet with %s; steps are scheduled synchronously",
+                    " and ".join(reasons))
+        return False
+    return True
 
 
 def _resolve_runner(config: EngineConfig, model_config) -> tuple[str, str, bool]:

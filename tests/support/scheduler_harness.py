@@ -101,3 +101,43 @@ def run_conversations(harness: Harness, num_conversations: int, num_turns: int, 
             outputs[rid] = harness.tokens(rid)
             prompts[c] = prompts[c] + outputs[rid] + [rng.randrange(1, 50) for _ in range(rng.randint(2, 6))]
     return outputs
+
+
+class AsyncHarness(Harness):
+    """Harness with --async-scheduling: up to two steps in flight, each step's result
+    taken only after the next one was planned (what SchedulerLoop does). The fake
+    executes a batch as it is sent, which is one order the real executor may run in
+    (it runs batches in order, independently of the scheduler)."""
+
+    def __init__(self, token_fn=None, **config) -> None:
+        super().__init__(token_fn, async_scheduling=True, **config)
+        self.in_flight: list = []  # results not taken yet, oldest first
+        self.num_ahead = 0  # batches planned while another was in flight
+
+    def _send(self):
+        sent = None
+        while not self.in_flight or self.sched.may_schedule_ahead:
+            batch = self.sched.schedule()
+            if batch is None:
+                break
+            self.num_ahead += bool(self.in_flight)
+            self.batches.append(batch)
+            self.in_flight.append(self.ex.execute(batch))
+            sent = batch
+        return sent
+
+    def step(self):
+        """Send what may go out, then take the oldest result; the last batch sent (or None)."""
+        self._collect(self.sched.take_pending_deltas())
+        sent = self._send()
+        if self.in_flight:
+            self._collect(self.sched.update_from_output(self.in_flight.pop(0)))
+        return sent
+
+    def run(self, max_steps: int = 1000) -> None:
+        for _ in range(max_steps):
+            if not self.sched.has_work() and not self.in_flight:
+                self._collect(self.sched.take_pending_deltas())
+                return
+            self.step()
+        raise AssertionError("scheduler did not drain")

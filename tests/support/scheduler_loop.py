@@ -30,8 +30,10 @@ def small_engine_config(**overrides) -> EngineConfig:
     return EngineConfig(**{**args, **overrides})
 
 
-def build_loop() -> SchedulerLoop:
-    core = Scheduler(SchedulerConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN))
+def build_loop(**config) -> SchedulerLoop:
+    """`config`: more SchedulerConfig fields (e.g. async_scheduling=True)."""
+    core = Scheduler(SchedulerConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN,
+                                     **config))
     return SchedulerLoop(core, EngineControl(core, small_engine_config(), LoopProfiler("scheduler")))
 
 

@@ -25,9 +25,17 @@ class TorchThread:
 
     async def run(self, fn: Callable[..., T], *args) -> T:
         """Run fn(*args) on the torch thread; await its result (not cancellable mid-call)."""
+        return await self.wait(self.submit(fn, *args))
+
+    def submit(self, fn: Callable[..., T], *args) -> concurrent.futures.Future:
+        """Queue fn(*args) behind the calls already queued (they run in order); `wait` for it."""
+        return self._pool.submit(fn, *args)
+
+    @staticmethod
+    async def wait(future: concurrent.futures.Future):
+        """The result of a `submit`ted call (its exception re-raised), without blocking the loop."""
         token = trio.lowlevel.current_trio_token()
         done = trio.Event()
-        future = self._pool.submit(fn, *args)
         future.add_done_callback(lambda _: token.run_sync_soon(done.set))
         with trio.CancelScope(shield=True):
             # NOTE: torch work cannot be interrupted; a cancelled caller still

@@ -132,3 +132,50 @@ def test_shutdown_stops_the_loop_and_sends_nothing():
     assert not loop.stopped
     assert loop.handle(Shutdown(), 0.0) == []
     assert loop.stopped
+
+
+def _sampled(batch: ExecuteBatch, token: int):
+    """Every request of `batch` sampled `token` (short prompts: one chunk each)."""
+    import numpy as np
+
+    from trillium.actors.protocol.execute import BatchResult
+
+    ids = [n.request_id for n in batch.new_requests] + list(batch.cached.request_ids)
+    return BatchResult(batch.step_id, tuple(ids), np.full(len(ids), token, np.int32))
+
+
+def test_async_scheduling_plans_a_step_ahead_and_never_past_max_tokens():
+    """--async-scheduling (scheduler/in_flight.py; vLLM's AsyncScheduler): step 1 goes out with
+    step 0, decoding the token step 0 will sample; each result brings the next step out first."""
+    loop = build_loop(async_scheduling=True)
+    loop.handle(add_request("a"), 0.0)  # max_tokens=3
+    sends = loop.before_wait(0.0)
+    assert shape(sends) == [(E, ExecuteBatch), (E, ExecuteBatch)]
+    first, second = (s.message for s in sends)
+    assert second.cached.request_ids == ("a",) and second.num_scheduled_tokens.tolist() == [1]
+    loop.handle(_sampled(first, 9), 0.0)
+    sends = loop.before_wait(0.0)
+    assert shape(sends) == [(E, ExecuteBatch), (D, TokenDeltas), (A, SchedulerStats)]
+    third = sends[0].message
+    loop.handle(_sampled(second, 10), 0.0)
+    # Two outputs and one placeholder reach max_tokens: nothing more is planned for it.
+    assert shape(loop.before_wait(0.0)) == [(D, TokenDeltas), (A, SchedulerStats)]
+    loop.handle(_sampled(third, 11), 0.0)
+    sends = loop.before_wait(0.0)
+    deltas = [s.message for s in sends if isinstance(s.message, TokenDeltas)]
+    assert (E, ExecuteBatch) not in shape(sends)
+    assert deltas[-1].deltas[0].new_token_ids == (11,) and deltas[-1].deltas[0].finish_reason == "length"
+
+
+def test_async_scheduling_stops_planning_ahead_while_a_command_waits_for_the_executor():
+    from trillium.sampling_params import SamplingParams
+
+    loop = build_loop(async_scheduling=True)
+    loop.handle(add_request("a", params=SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)), 0.0)
+    first, second = (s.message for s in loop.before_wait(0.0))
+    loop.handle(Sleep("s", level=1, mode="keep"), 0.0)
+    loop.handle(_sampled(first, 9), 0.0)
+    assert (E, ExecuteBatch) not in shape(loop.before_wait(0.0)), "the steps out drain first"
+    loop.handle(_sampled(second, 10), 0.0)
+    sends = loop.before_wait(0.0)
+    assert shape(sends)[0] == (E, Sleep) and not loop.step_in_flight

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from support.fake_executor import EOS, VOCAB, reference
-from support.scheduler_harness import Harness, add_req
+from support.scheduler_harness import AsyncHarness, Harness, add_req
 from trillium.actors.protocol.execute import BatchResult, PromptLogprobs, TokenLogprobs
 from trillium.actors.scheduler.core import Scheduler, SchedulerConfig
 from trillium.actors.scheduler.request import TRANSITIONS, RequestStatus
@@ -289,8 +289,9 @@ def scripted(outputs):
         ([5, 6, 7, 8, 9, 10], dict(max_tokens=None), [5, 6, 7, 8], ("length", None)),  # max_model_len 12
     ],
 )
-def test_stop_conditions(script, kw, expected, final):
-    h = Harness(token_fn=scripted(script), max_model_len=12)
+@pytest.mark.parametrize("make", [Harness, AsyncHarness], ids=["sync", "async"])
+def test_stop_conditions(script, kw, expected, final, make):
+    h = make(token_fn=scripted(script), max_model_len=12)
     kw.setdefault("max_tokens", 4)
     h.add("a", range(8), **kw)
     h.run()
@@ -366,11 +367,13 @@ def check_invariants(sched: Scheduler, batch, config: SchedulerConfig) -> None:
         (6, dict(policy="fcfs", block_size=8, num_blocks=6, max_num_seqs=8)),
     ],
 )
-def test_simulation_random_requests_tiny_pool(seed, overrides):
+@pytest.mark.parametrize("make", [Harness, AsyncHarness], ids=["sync", "async"])
+def test_simulation_random_requests_tiny_pool(seed, overrides, make):
+    """Async (scheduler/in_flight.py): the same exactness with a step planned ahead of each result."""
     rng = random.Random(seed)
     config = dict(num_blocks=12, block_size=4, max_model_len=48, max_num_seqs=5, max_num_batched_tokens=16)
     config.update(overrides)
-    h = Harness(**config)
+    h = make(**config)
     cfg = h.sched.config
     prefixes = [[rng.randrange(1, VOCAB) for _ in range(rng.randrange(4, 13))] for _ in range(3)]
     expected: dict[str, tuple] = {}
@@ -409,9 +412,11 @@ def test_simulation_random_requests_tiny_pool(seed, overrides):
                     h.sched.finish([victim])
         batch = h.step()
         check_invariants(h.sched, batch, cfg)
-        if step >= 150 and not h.sched.has_work():
+        if step >= 150 and not h.sched.has_work() and not getattr(h, "in_flight", ()):
             break
     h._collect(h.sched.take_pending_deltas())
+    if make is AsyncHarness:
+        assert h.num_ahead > 50  # steps really were planned ahead
     assert not h.sched.has_work()
     assert h.sched.pool.num_free_blocks == cfg.num_blocks
     assert h.sched.stats().num_preempted_total > 0  # the pool is small enough to preempt

@@ -28,6 +28,7 @@ from trillium.actors.assembly import ActorConfig
 from trillium.actors.links import Links
 from trillium.actors.executor.core import ExecutorCore
 from trillium.actors.executor.control import ExecutorControl
+from trillium.actors.executor.step_pipeline import StepPipeline
 from trillium.actors.executor.tp_fanout import OneRank, RankFanout
 from trillium.actors.mailbox import Mailbox
 from trillium.actors.protocol.supervision import Shutdown
@@ -59,8 +60,13 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(mailbox.pump)
             control.start(nursery, send)
+            # --async-scheduling: steps queue on the torch thread as they come (step_pipeline.py).
+            pipeline = StepPipeline(torch_thread, ranks.step, send, control.timeline) \
+                if cfg.engine.async_scheduling else None
+            if pipeline is not None:
+                nursery.start_soon(pipeline.run)
             task_status.started()
-            await _serve(ranks, control, torch_thread, mailbox, send)
+            await _serve(ranks, control, torch_thread, mailbox, send, pipeline)
             nursery.cancel_scope.cancel()
     finally:
         await control.aclose()
@@ -72,7 +78,7 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
 
 
 async def _serve(ranks: OneRank, control: ExecutorControl, torch_thread: TorchThread, mailbox: Mailbox,
-                 send: Callable[[object], Awaitable[None]]) -> None:
+                 send: Callable[[object], Awaitable[None]], pipeline: StepPipeline | None = None) -> None:
     beat_at = trio.current_time() + ranks.heartbeat_s
     while True:
         message = await mailbox.receive(deadline=min(control.profile_deadline, beat_at))
@@ -88,6 +94,11 @@ async def _serve(ranks: OneRank, control: ExecutorControl, torch_thread: TorchTh
         if message is None:  # the profile's time is up
             await control.expire_profile()
             continue
+        if pipeline is not None and isinstance(message, ExecuteBatch):
+            pipeline.submit(message)
+            continue
+        if pipeline is not None:
+            await pipeline.drained()  # INVARIANT: commands and Shutdown only between steps
         if isinstance(message, Shutdown):
             return
         if isinstance(message, ExecutorControl.COMMANDS):

@@ -316,18 +316,21 @@ class BlockPool:
                     break
         return PrefixHit(tuple(found), (len(found) + len(slots)) * self.block_size, slots)
 
-    def cache_full_blocks(self, request: PoolRequest) -> int:
-        """Register the request's blocks that are full of computed tokens.
+    def cache_full_blocks(self, request: PoolRequest, num_tokens: int | None = None) -> int:
+        """Register the request's blocks that are full of computed tokens (of its first
+        `num_tokens`; default all its computed tokens).
 
         Call once the step that computed them has returned, so a cached block
-        always holds its KV. Returns the number of blocks newly registered.
+        always holds its KV (with steps still in flight, pass the tokens whose
+        step came back). Returns the number of blocks newly registered.
         """
         rid = request.request_id
         blocks = self._req_blocks.get(rid)
         if blocks is None:
             return 0
         done = self._req_num_cached_blocks[rid]
-        upto = min(request.num_computed_tokens // self.block_size, len(request.block_hashes), len(blocks))
+        computed = request.num_computed_tokens if num_tokens is None else min(num_tokens, request.num_computed_tokens)
+        upto = min(max(0, computed) // self.block_size, len(request.block_hashes), len(blocks))
         num_new = 0
         for i in range(done, upto):
             block_id = blocks[i]

@@ -36,6 +36,9 @@ class SchedulerConfig:
     # > 0: every attention layer sees only its last sliding_window keys; the KV blocks
     # behind the window are freed as requests advance (kv_tiers/block_pool.py). 0: off.
     sliding_window: int = 0
+    # --async-scheduling (in_flight.py): up to two steps in flight, the second planned while the
+    # first runs; False: each step is planned after the last one returned.
+    async_scheduling: bool = False
 
     def __attrs_post_init__(self) -> None:
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
@@ -62,6 +65,7 @@ class SchedulerConfig:
             vocab_size=engine.vocab_size or None,
             max_queue_time_s=engine.max_queue_time_s,
             sliding_window=engine.kv_sliding_window,
+            async_scheduling=bool(engine.async_scheduling),
         )
 
     @property

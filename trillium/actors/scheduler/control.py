@@ -27,7 +27,8 @@ DRAINING; `executor_idle` sees it done and runs what follows. An update's
 drain has a deadline: the actor wakes at `deadline` and calls
 `deadline_passed`, which aborts what is left.
 
-INVARIANT: the executor has at most one message outstanding. A job (the
+INVARIANT: the executor has at most one message outstanding (two steps with
+--async-scheduling, never a job beside a step: `may_step_ahead`). A job (the
 holder's executor work) is sent only from `executor_idle`, which the loop
 calls only when no step is in flight, and no step is scheduled while a job
 is pending (`may_step`). So sleep, wake and weight swaps run strictly
@@ -186,6 +187,14 @@ class EngineControl:
     @property
     def may_step(self) -> bool:
         return self.state in (S.SERVING, S.DRAINING) and self._job is None
+
+    @property
+    def may_step_ahead(self) -> bool:
+        """--async-scheduling may send a second step while one runs: serving, and no command
+        waits for the executor to go idle (WHY: with a step always ahead it never would;
+        in_flight.py). A command arriving stops the planning ahead: the steps out drain first."""
+        return (self.state is S.SERVING and self._job is None and self._holder is None
+                and not self._queue and not self._at_idle)
 
     @property
     def executor_busy(self) -> bool:

@@ -17,9 +17,11 @@ it can, possibly itself: by recompute (progress reset), or with
 `--preemption-mode swap` their KV waits in the host tier (preemption.py).
 
 One step is in flight at a time: `schedule()`, then `update_from_output()`
-with that step's result, then the next `schedule()`. Progress is counted
-when a step is scheduled; blocks are registered in the prefix cache only
-when its result comes back, so a cached block always holds computed KV.
+with that step's result, then the next `schedule()`; with
+--async-scheduling two, the second planned while the first runs, over the
+first's output placeholders (in_flight.py). Progress is counted when a step
+is scheduled; blocks are registered in the prefix cache only when its
+result comes back, so a cached block always holds computed KV.
 `step_plan.py` turns a step's choices into the ExecuteBatch message;
 `policy.py` holds the waiting order, the preemption choice and n > 1 gating.
 The KV tiers under the pool (host memory, disk) are one component,
@@ -44,6 +46,7 @@ from trillium.actors.protocol.vocabulary import EngineState
 from trillium.actors.scheduler.admission import Admission
 from trillium.actors.scheduler.config import SchedulerConfig
 from trillium.actors.scheduler.grammar_gate import GrammarGate, grammar_key
+from trillium.actors.scheduler.in_flight import StepInFlight, StepsInFlight
 from trillium.actors.scheduler.request_check import check_add_request
 from trillium.actors.scheduler.metrics import StepEvents
 from trillium.actors.scheduler.policy import SiblingGate, make_policy
@@ -100,7 +103,7 @@ class Scheduler:
         self._running: list[Request] = []
         self._arrival_seq = 0
         self._step_id = 0
-        self._in_flight_step: int | None = None
+        self._in_flight = StepsInFlight(2 if config.async_scheduling else 1)
         self._last_num_scheduled_tokens = 0
         self._num_preempted_total = 0
         # Reported with the next batch so the executor drops state / blocks.
@@ -179,8 +182,8 @@ class Scheduler:
 
     def schedule(self) -> ExecuteBatch | None:
         """Pick this step's work (see the module docstring); None if nothing runs."""
-        if self._in_flight_step is not None:
-            raise RuntimeError(f"step {self._in_flight_step} is in flight: call update_from_output first")
+        if self._in_flight.is_full:
+            raise RuntimeError(f"step {self._in_flight.oldest_step_id} is in flight: call update_from_output first")
         for request in self._queue_timeout.expired(self._policy, self.events.clock()):
             self._end((request.request_id,), RequestStatus.FINISHED_ABORTED)
         plan = StepPlan(token_budget=self.config.max_num_batched_tokens)
@@ -188,7 +191,10 @@ class Scheduler:
         self._preempted_ids.extend(plan.preempted)
         if not plan.preempted:  # WHY: blocks are short; admitting now would thrash
             self._admission.admit_waiting(plan, self._running)
-        if not plan.requests and not self.kv_tiers.must_transfer() and not self._grammars.must_poll():
+        # WHY no empty step ahead of one in flight: a transfer-only step exists to poll, and the
+        # step in flight already brings back what finished.
+        if not plan.requests and (len(self._in_flight) or (not self.kv_tiers.must_transfer()
+                                                           and not self._grammars.must_poll())):
             return None
         # NOTE: copies queued by a plan that ended empty stay queued for the next
         # batch; until then nothing writes the cache, so they stay valid.
@@ -199,10 +205,14 @@ class Scheduler:
         for request in plan.new:
             request.known_to_executor = True
         for request in plan.requests:
-            request.num_computed_tokens += plan.num_tokens[request.request_id]
+            num = plan.num_tokens[request.request_id]
+            request.num_computed_tokens += num
+            request.num_in_flight_tokens += num
             request.num_scheduled_drafts = plan.num_drafts.get(request.request_id, 0)
+            if request.num_computed_tokens - request.num_scheduled_drafts >= request.num_planned_tokens:
+                request.num_output_placeholders += 1  # the step samples it (in_flight.py)
         self._last_num_scheduled_tokens = int(batch.num_scheduled_tokens.sum())
-        self._in_flight_step = self._step_id
+        self._in_flight.sent(StepInFlight(self._step_id, self._last_num_scheduled_tokens, dict(plan.num_tokens)))
         self._step_id += 1
         return batch
 
@@ -212,7 +222,10 @@ class Scheduler:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num = self.config.num_new_tokens(request.num_tokens, request.num_computed_tokens, plan.token_budget)
+            if not request.may_plan_more(self.config.max_model_len):
+                continue  # async: a step in flight brings its last token (in_flight.py)
+            num = self.config.num_new_tokens(request.num_planned_tokens, request.num_computed_tokens,
+                                             plan.token_budget)
             if num <= 0:
                 continue
             drafts = 0
@@ -255,12 +268,14 @@ class Scheduler:
     def update_from_output(self, result: BatchResult) -> TokenDeltas:
         """Append sampled tokens, apply stop rules, cache full blocks, free
         finished requests; one RequestDelta per request that got a token."""
-        if result.step_id != self._in_flight_step:
-            raise ValueError(f"result of step {result.step_id}, but step {self._in_flight_step} is in flight")
-        self._in_flight_step = None
+        step = self._in_flight.returned(result.step_id)
+        for rid, num in step.num_tokens.items():
+            request = self._requests.get(rid)
+            if request is not None:  # else it ended while the step ran
+                request.num_in_flight_tokens -= num
         now_s = self.events.clock()
         if result.request_ids:  # not a transfer-only batch
-            self.events.step(self._last_num_scheduled_tokens, result.execute_time_s)
+            self.events.step(step.num_scheduled_tokens, result.execute_time_s)
         self.events.num_lora_swap_ins += result.lora_swap_ins
         ready = self.kv_tiers.step_done(result, now_s, self.events)
         if ready:  # their disk reads are back: queued again, at the front
@@ -276,10 +291,16 @@ class Scheduler:
         pooled = _pooled_by_request(result) if result.pooled_request_ids else {}
         for rid, token in zip(result.request_ids, result.sampled_token_ids.tolist()):
             request = self._requests.get(rid)
-            if request is None or request.status is not RequestStatus.RUNNING:
-                continue  # aborted or finished while the step ran
+            if request is None:
+                continue  # aborted or finished while the step ran: its token is dropped
             if token < 0:  # a prefill chunk short of the prompt's end
-                self.pool.cache_full_blocks(request)
+                if request.status is RequestStatus.RUNNING:
+                    self.pool.cache_full_blocks(request, request.num_returned_tokens)
+                continue
+            request.num_output_placeholders -= 1
+            # A PREEMPTED one: its step was still in flight when it was preempted (async); the
+            # token is exact and the executor's copy has it, so it is kept (in_flight.py).
+            if request.status not in (RequestStatus.RUNNING, RequestStatus.PREEMPTED):
                 continue
             tokens = (token, *result.more_token_ids.get(rid, ()))
             delta, status = self._take_tokens(request, tokens, result, now_s, pooled.get(rid))
@@ -310,7 +331,8 @@ class Scheduler:
             request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens - 1)
             self.pool.trim(request, request.num_computed_tokens)
         request.num_proposed_drafts = result.proposed_drafts.get(rid, 0)
-        self.pool.cache_full_blocks(request)
+        if request.status is RequestStatus.RUNNING:  # a preempted one holds no blocks
+            self.pool.cache_full_blocks(request, request.num_returned_tokens)
         self.events.token(request.times, request.num_prompt_tokens, now_s, len(kept))
         first = result.logprobs.get(rid)
         logprobs = () if first is None else (first, *result.more_logprobs.get(rid, ()))
@@ -346,7 +368,12 @@ class Scheduler:
     @property
     def step_in_flight(self) -> bool:
         """A batch was scheduled and its result has not come back yet."""
-        return self._in_flight_step is not None
+        return len(self._in_flight) > 0
+
+    @property
+    def may_schedule_ahead(self) -> bool:
+        """Another step may go out while one is in flight (--async-scheduling)."""
+        return len(self._in_flight) > 0 and not self._in_flight.is_full
 
     def has_work(self) -> bool:
         return bool(self._running) or len(self._policy) > 0 or self.kv_tiers.num_loading > 0

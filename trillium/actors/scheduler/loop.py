@@ -24,7 +24,9 @@ deltas and stats of the step that came back. One message is out on the
 executor at a time (INVARIANT; whether a step is out is the core's
 `step_in_flight`, nowhere else): it runs them in order, so blocks freed by
 an abort during a step are only reused by a later step, and control work
-always falls between two steps.
+always falls between two steps. With --async-scheduling two steps may be
+out, the second planned while the first runs (`_schedule_ahead`,
+scheduler/in_flight.py), never beside a control job.
 
 Ordering rules (tests/actors/scheduler/test_loop.py has one test each):
 
@@ -122,9 +124,13 @@ class SchedulerLoop:
     # -- decisions ------------------------------------------------------------
 
     def _advance(self, now: float, out: list[Send]) -> None:
-        """Hand the executor its next work if it is free: a control job, else a step."""
+        """Hand the executor its next work if it is free: a control job, else a step
+        (and with --async-scheduling the step after it, planned while it runs)."""
         self._flush_deltas(out)
-        if self.core.step_in_flight or self.control.executor_busy:
+        if self.control.executor_busy:
+            return
+        if self.core.step_in_flight:
+            self._schedule_ahead(out)
             return
         self._apply(self.control.executor_idle(now), out)
         if self.control.executor_busy:
@@ -134,10 +140,20 @@ class SchedulerLoop:
                 batch = self.core.schedule()
             if batch is not None:
                 out.append(Send(Peer.EXECUTOR, batch))
+                self._schedule_ahead(out)
                 return
         # Going idle: report the state after aborts / finishes, so the api's
         # gauges do not keep showing requests that are gone.
         out.append(Send(Peer.API, self.control.stats()))
+
+    def _schedule_ahead(self, out: list[Send]) -> None:
+        """--async-scheduling: one more step behind the one in flight (scheduler/in_flight.py),
+        unless a command waits for the executor to go idle."""
+        if self.core.may_schedule_ahead and self.control.may_step_ahead:
+            with self.profiler.span("schedule"):
+                batch = self.core.schedule()
+            if batch is not None:
+                out.append(Send(Peer.EXECUTOR, batch))
 
     def _step_outputs_to(self, out: list[Send]) -> None:
         """The returned steps' deltas (detokenizer) and then the stats (api)."""

@@ -59,7 +59,8 @@ TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
     # saw its tokens before the preemption.
     S.WAITING: frozenset({S.RUNNING, S.LOADING, S.FINISHED_STOPPED, S.FINISHED_ABORTED}),
     S.RUNNING: frozenset({S.PREEMPTED, *_FINISHED}),
-    S.PREEMPTED: frozenset({S.RUNNING, S.LOADING, S.FINISHED_STOPPED, S.FINISHED_ABORTED}),
+    # Async scheduling: the token of a step in flight when it was preempted can end it (in_flight.py).
+    S.PREEMPTED: frozenset({S.RUNNING, S.LOADING, *_FINISHED}),
     # Back to the status it came from once its reads are done.
     S.LOADING: frozenset({S.WAITING, S.PREEMPTED, S.FINISHED_STOPPED, S.FINISHED_ABORTED}),
     S.FINISHED_STOPPED: frozenset(),
@@ -109,6 +110,10 @@ class Request:
         # how many of them the step in flight verifies (trillium/speculative/).
         self.num_proposed_drafts = 0
         self.num_scheduled_drafts = 0
+        # Steps in flight (scheduler/in_flight.py): output tokens they will sample (ids not
+        # known yet), and the tokens they compute (their KV is not written yet).
+        self.num_output_placeholders = 0
+        self.num_in_flight_tokens = 0
         self.delivered = False  # its first delta (with the DetokenizeSpec) went out
         self.stop_reason: int | str | None = None
         self.times = None  # scheduler/metrics.py RequestTimes, set by the core
@@ -137,6 +142,24 @@ class Request:
     @property
     def output_token_ids(self) -> list[int]:
         return self.all_token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_planned_tokens(self) -> int:
+        """Known tokens plus the placeholders of steps in flight: what the next plan builds on."""
+        return len(self.all_token_ids) + self.num_output_placeholders
+
+    @property
+    def num_returned_tokens(self) -> int:
+        """Computed tokens whose step came back: their KV is written."""
+        return self.num_computed_tokens - self.num_in_flight_tokens
+
+    def may_plan_more(self, max_model_len: int) -> bool:
+        """False when the placeholders in flight already reach max_tokens or max_model_len:
+        the request ends with their result, so it is not planned again (in_flight.py)."""
+        if not self.num_output_placeholders:
+            return True
+        num_outputs = self.num_output_tokens + self.num_output_placeholders
+        return num_outputs < self.max_tokens and self.num_planned_tokens < max_model_len
 
     @property
     def max_kv_tokens(self) -> int:
