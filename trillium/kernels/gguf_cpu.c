@@ -10,7 +10,7 @@
  *   Q8_0 block (34 B): fp16 d | int8 q[32]               w[j] = d * q[j]
  *   Q4_0 block (18 B): fp16 d | uint8 qs[16]             w[j] = d * ((qs[j] & 15) - 8), w[j+16] = d * ((qs[j] >> 4) - 8)
  *   Q4_1 block (20 B): fp16 d | fp16 m | uint8 qs[16]    w[j] = d * (qs[j] & 15) + m,    w[j+16] = d * (qs[j] >> 4) + m
- *   Q5_0 block (22 B): fp16 d | uint32 qh | uint8 qs[16] as Q4_0 with bit j of qh the 5th bit of q[j] (j < 32), minus 16
+ *   Q5_0 block (22 B): fp16 d | uint32 qh | qs[16]    as Q4_0, bit j of qh the 5th bit of q[j] (j < 32), minus 16
  *   Q5_1 block (24 B): fp16 d | fp16 m | uint32 qh | qs[16]   as Q4_1 with the same 5th bits (block_q5_0 / block_q5_1)
  *
  * K-quant super-blocks cover 256 inputs, as 8 sub-blocks of 32 (ggml/src/ggml-common.h block_q4_K,
@@ -198,7 +198,8 @@ static inline __attribute__((always_inline)) void decode_block(int type, const u
  * bit 4 of byte j (llama.cpp's bytes_from_bits habit: broadcast, test one bit per byte, keep 0x10). */
 static inline void q5_bytes(const uint8_t *blk, int off, __m128i *lo, __m128i *hi) {
     const uint32_t qh = read_u32(blk + off);
-    const __m128i pick = _mm_set_epi64x(0x0101010101010101LL, 0), bit = _mm_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m128i pick = _mm_set_epi64x(0x0101010101010101LL, 0);
+    const __m128i bit = _mm_set1_epi64x((long long)0x8040201008040201ULL);
     const __m128i m15 = _mm_set1_epi8(15), b4 = _mm_set1_epi8(0x10);
     const __m128i hl = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)(qh & 0xffff)), pick);
     const __m128i hh = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)(qh >> 16)), pick);
