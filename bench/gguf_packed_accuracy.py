@@ -1,7 +1,7 @@
 """Accuracy of packed GGUF weights on SmolLM2-135M: top-1 agreement and |delta logprob| vs dequantized float32.
 
 Run: .venv/bin/python bench/gguf_packed_accuracy.py [--model PATH] [--num-prompts 16] [--max-tokens 32]
-     [--requantize Q4_K|Q5_K|Q6_K|Q4_K_M] [--threads N]
+     [--requantize Q4_K|Q5_K|Q6_K|Q4_K_M|Q5_0|Q5_1] [--threads N]
 
 Same method as bench/kv_fp8_accuracy.py (teacher-forced, its prompts and
 scoring): the --gguf-dequantize engine (every weight float32, the old path)
@@ -20,6 +20,8 @@ other weights keep their stored type, as llama.cpp's quantizer falls back for
 rows that are not whole super-blocks). Q4_K_M: Q4_K, with ffn_down / attn_v
 Q6_K in llama.cpp's "more bits" layers (src/llama-quant.cpp use_more_bits).
 On SmolLM2-135M (hidden 576) only ffn_down (K = 1536) qualifies.
+Q5_0 / Q5_1 (32-weight blocks) re-encode every quantized 2-D weight with
+K % 32 == 0 through gguf-py's own quantizer.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import dequantize as dequantize_blocks
+from gguf.quants import quantize as quantize_blocks
 
 from kv_fp8_accuracy import build_prompts, compare, score  # bench/ is the script's directory
 
@@ -72,9 +75,12 @@ def requantized_copy(src: str, fmt: str, out: Path) -> dict[str, int]:
     for tensor in reader.tensors:
         kind = GGMLQuantizationType(int(tensor.tensor_type))
         data, raw = tensor.data, None if kind in _FLOAT_TYPES else kind
-        if len(tensor.shape) == 2 and int(tensor.shape[0]) % gguf_kquant_encode.QK_K == 0 and kind not in _FLOAT_TYPES:
+        legacy = fmt in ("Q5_0", "Q5_1")  # 32-weight blocks, gguf-py's quantizer
+        block = 32 if legacy else gguf_kquant_encode.QK_K
+        if len(tensor.shape) == 2 and int(tensor.shape[0]) % block == 0 and kind not in _FLOAT_TYPES:
             raw = _target_type(tensor.name, fmt, layers)
-            data = gguf_kquant_encode.quantize(np.asarray(dequantize_blocks(tensor.data, kind), np.float32), raw)
+            weights = np.asarray(dequantize_blocks(tensor.data, kind), np.float32)
+            data = quantize_blocks(weights, raw) if legacy else gguf_kquant_encode.quantize(weights, raw)
         stored = (raw or kind).name
         counts[stored] = counts.get(stored, 0) + 1
         writer.add_tensor(tensor.name, np.asarray(data), raw_dtype=raw)
@@ -93,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0,
                         help="engine torch threads (default: all cores); 1 on a shared, loaded machine")
-    parser.add_argument("--requantize", choices=("Q4_K", "Q5_K", "Q6_K", "Q4_K_M"), default=None,
-                        help="score a copy with the K % 256 == 0 weights re-encoded as this K-quant")
+    parser.add_argument("--requantize", choices=("Q4_K", "Q5_K", "Q6_K", "Q4_K_M", "Q5_0", "Q5_1"), default=None,
+                        help="score a copy with the K % 256 == 0 weights re-encoded as this K-quant "
+                             "(Q5_0 / Q5_1: the K % 32 == 0 ones)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     model = args.model or default_model()

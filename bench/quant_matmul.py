@@ -38,7 +38,7 @@ SHAPES = (  # (name, N, K)
     ("bench gate_up", 2752, 512), ("bench down", 512, 1376),
     ("7B-class attn", 4096, 4096),  # 64 MiB in float32: no cache holds it, as in a real model's decode
 )  # fmt: skip
-FORMATS = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+FORMATS = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
 
 def timed_us(fn, min_s: float = 0.2) -> float:
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--skip-decode", action="store_true")
     parser.add_argument("--formats", default=",".join(f.name for f in FORMATS),
-                        help="comma-separated GGUF formats for the matmul table (default: all six)")
+                        help="comma-separated GGUF formats for the matmul table (default: all eight)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.threads:

@@ -25,7 +25,8 @@ from trillium.models import gguf_kquant_encode
 from trillium.models.packed_linear import DEQUANTIZE_ROWS, GgufLinear
 
 pytestmark = pytest.mark.skipif(not gguf_cpu.available(), reason="no C compiler for the packed kernel")
-FORMATS = [GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1]
+FORMATS = [GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
+           GGMLQuantizationType.Q5_1]
 K_FORMATS = [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K]
 
 

@@ -1,4 +1,4 @@
-"""GGUF Q8_0 / Q4_0 / Q4_1 weights kept packed give the dequantized model's results.
+"""GGUF Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 weights kept packed give the dequantized model's results.
 
 Synthetic checkpoints written as llama.cpp would quantize them (gguf-py's
 quantizers through tests/support/gguf_writer.py), loaded twice: packed (the
@@ -29,10 +29,12 @@ pytestmark = pytest.mark.skipif(not gguf_cpu.available(), reason="no C compiler 
 
 
 def llama_cpp_mix(name: str) -> Q | None:
-    """Q4_1 projections, Q4_0 down_proj, Q8_0 embedding/head and, in layer 1, a Q8_0 attn_v:
-    that layer's fused qkv mixes formats and must fall back to float."""
+    """Q4_1 projections, Q4_0 down_proj, Q5_0 / Q5_1 o_proj (layer 0 / 1), Q8_0 embedding/head and,
+    in layer 1, a Q8_0 attn_v: that layer's fused qkv mixes formats and must fall back to float."""
     if name.startswith(("token_embd", "output.")):
         return Q.Q8_0
+    if name.endswith(".attn_output.weight"):
+        return Q.Q5_0 if name.startswith("blk.0.") else Q.Q5_1
     if name == "blk.1.attn_v.weight":
         return Q.Q8_0
     return Q.Q4_0 if ".ffn_down." in name else Q.Q4_1
@@ -73,6 +75,7 @@ def test_packed_matches_dequantized(quantized, variant, caplog):
     kinds = {name: m.format_name for name, m in packed.named_modules() if isinstance(m, GgufLinear)}
     assert kinds["lm_head"] == "Q8_0" and kinds["model.layers.0.self_attn.qkv_proj"] == "Q4_1"
     assert kinds["model.layers.0.mlp.down_proj"] == "Q4_0" and kinds["model.layers.1.mlp.gate_up_proj"] == "Q4_1"
+    assert kinds["model.layers.0.self_attn.o_proj"] == "Q5_0" and kinds["model.layers.1.self_attn.o_proj"] == "Q5_1"
     assert "model.layers.1.self_attn.qkv_proj" not in kinds  # mixed Q4_1 / Q8_0: float
     assert not any(isinstance(m, GgufLinear) for m in floats.modules())
     summary = next(r.getMessage() for r in caplog.records if "kept packed" in r.getMessage())

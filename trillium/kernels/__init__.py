@@ -10,8 +10,12 @@ Public API (dispatching on the tensors' device):
                     *, sliding_window=None, softcap=None, k=None, v=None) -> out
                     (k, v: this step's, spare context-free prefills the gather; fresh_prefill.py)
     fused_moe(x, w13, w2, topk_weights, topk_ids, activation) -> y   (moe.py; torch on every device)
-    gguf_cpu.matmul(x, blocks, ggml_type, k) -> y   (GGUF Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K weights, CPU float32;
-                                                     C, built at first use)
+    gguf_cpu.matmul(x, blocks, ggml_type, k) -> y   (GGUF Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K weights,
+                                                     CPU float32; C, built at first use)
+
+On CPU, paged_attention of a pure decode step (float32 queries, float32 or
+fp8 caches) runs `paged_attention_cpu.c`, which reads the blocks in place;
+everything else runs the reference.
 
 KV caches are float32 / bfloat16 / float16, or fp8 (float8_e4m3fn,
 float8_e5m2) with per-tensor float32 scales: values are stored divided by

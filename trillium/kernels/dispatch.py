@@ -1,10 +1,12 @@
-"""Choose the Triton kernel on CUDA, the torch reference elsewhere.
+"""Choose the Triton kernel on CUDA, a C kernel for CPU decode attention, the torch reference elsewhere.
 
 A call goes to Triton when its input tensor is on CUDA, Triton imports, and
 TRILLIUM_KERNELS is not "reference"; shapes a Triton kernel does not handle
 fall back to the reference. The Triton modules are imported lazily, on the
 first CUDA call, so importing the kernels never needs a GPU or a working
 Triton install, and CPU calls cost one attribute check over the reference.
+CPU decode attention goes to `paged_attention_cpu` (C, built at first use)
+when it takes the call, else to the reference.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from types import ModuleType
 
 import torch
 
-from trillium.kernels import reference
+from trillium.kernels import paged_attention_cpu, reference
 from trillium.kernels.metadata import AttentionMetadata
 
 # The one place the kernel choice is read from the environment. Read per CUDA
@@ -116,6 +118,10 @@ def paged_attention(
             if q.stride(-1) != 1:
                 q = q.contiguous()
             return kernels.paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale)
+    elif paged_attention_cpu.decode_supported(q, k_cache, v_cache, meta):
+        # Pure decode on CPU: the C kernel reads the blocks in place (no gathered copy).
+        return paged_attention_cpu.decode_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale,
+                                                    sliding_window=sliding_window, softcap=softcap)
     return reference.paged_attention(
         q, k_cache, v_cache, meta, scale, k_scale, v_scale, sliding_window=sliding_window, softcap=softcap,
         k=k, v=v,

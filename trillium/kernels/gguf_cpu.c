@@ -1,5 +1,5 @@
-/* GGUF weight-only matmuls on CPU: float32 activations x packed Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K
- * weights.
+/* GGUF weight-only matmuls on CPU: float32 activations x packed Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K /
+ * Q5_K / Q6_K weights.
  *
  * Built at first use by trillium/kernels/gguf_cpu.py (the system C compiler, -O3 -march=native,
  * -ffp-contract=fast, OpenMP; no torch headers, so it builds in about a second) and called through ctypes.
@@ -10,6 +10,8 @@
  *   Q8_0 block (34 B): fp16 d | int8 q[32]               w[j] = d * q[j]
  *   Q4_0 block (18 B): fp16 d | uint8 qs[16]             w[j] = d * ((qs[j] & 15) - 8), w[j+16] = d * ((qs[j] >> 4) - 8)
  *   Q4_1 block (20 B): fp16 d | fp16 m | uint8 qs[16]    w[j] = d * (qs[j] & 15) + m,    w[j+16] = d * (qs[j] >> 4) + m
+ *   Q5_0 block (22 B): fp16 d | uint32 qh | qs[16]    as Q4_0, bit j of qh the 5th bit of q[j] (j < 32), minus 16
+ *   Q5_1 block (24 B): fp16 d | fp16 m | uint32 qh | qs[16]   as Q4_1 with the same 5th bits (block_q5_0 / block_q5_1)
  *
  * K-quant super-blocks cover 256 inputs, as 8 sub-blocks of 32 (ggml/src/ggml-common.h block_q4_K,
  * block_q5_K, block_q6_K; values as ggml/src/ggml-quants.c dequantize_row_q{4,5,6}_K):
@@ -50,7 +52,9 @@
 #include <immintrin.h>
 #endif
 
-enum { TYPE_Q4_0 = 2, TYPE_Q4_1 = 3, TYPE_Q8_0 = 8, TYPE_Q4_K = 12, TYPE_Q5_K = 13, TYPE_Q6_K = 14 };
+enum { TYPE_Q4_0 = 2, TYPE_Q4_1 = 3, TYPE_Q5_0 = 6, TYPE_Q5_1 = 7, TYPE_Q8_0 = 8, TYPE_Q4_K = 12, TYPE_Q5_K = 13,
+       TYPE_Q6_K = 14 };
+#define IS_Q5(type) ((type) == TYPE_Q5_0 || (type) == TYPE_Q5_1)
 /* Inputs per decoded block: a whole Q8_0 / Q4_0 / Q4_1 block, one sub-block of a K-quant super-block. */
 #define QK 32
 #define IS_KQUANT(type) ((type) == TYPE_Q4_K || (type) == TYPE_Q5_K || (type) == TYPE_Q6_K)
@@ -85,12 +89,15 @@ static inline float half_to_float(uint16_t h) {
 }
 
 static inline uint16_t read_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline uint32_t read_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 
 static long block_bytes(int type) {
     switch (type) {
         case TYPE_Q8_0: return 2 + QK;
         case TYPE_Q4_0: return 2 + QK / 2;
         case TYPE_Q4_1: return 4 + QK / 2;
+        case TYPE_Q5_0: return 6 + QK / 2;
+        case TYPE_Q5_1: return 8 + QK / 2;
         case TYPE_Q4_K: return 144;
         case TYPE_Q5_K: return 176;
         case TYPE_Q6_K: return 210;
@@ -155,6 +162,16 @@ static inline __attribute__((always_inline)) void decode_block(int type, const u
             const int q = (((ql[l] >> lshift) & 15) | (((qh[l] >> hshift) & 3) << 4)) - 32;
             w[l] = mul[l >> 4] * (float)q;
         }
+    } else if (IS_Q5(type)) {  /* Q5_0: (q - 16) * d, exact; Q5_1: d * q + m, one rounding (as numpy) */
+        const int off = type == TYPE_Q5_0 ? 2 : 4;
+        const float d = half_to_float(read_u16(blk)), m = type == TYPE_Q5_1 ? half_to_float(read_u16(blk + 2)) : 0.0f;
+        const uint32_t qh = read_u32(blk + off);
+        const uint8_t *qs = blk + off + 4;
+        const int bias = type == TYPE_Q5_0 ? 16 : 0;
+        for (int j = 0; j < QK / 2; j++) {
+            w[j] = d * (float)((int)((qs[j] & 15) | ((qh >> j) & 1) << 4) - bias) + m;
+            w[j + QK / 2] = d * (float)((int)((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - bias) + m;
+        }
     } else if (type == TYPE_Q8_0) {
         const float d = half_to_float(read_u16(blk));
         const int8_t *q = (const int8_t *)(blk + 2);
@@ -175,6 +192,23 @@ static inline __attribute__((always_inline)) void decode_block(int type, const u
         }
     }
 }
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+/* Q5_0 / Q5_1: the 5-bit codes of a block as bytes, inputs 0..15 in *lo, 16..31 in *hi. Bit j of qh goes to
+ * bit 4 of byte j (llama.cpp's bytes_from_bits habit: broadcast, test one bit per byte, keep 0x10). */
+static inline void q5_bytes(const uint8_t *blk, int off, __m128i *lo, __m128i *hi) {
+    const uint32_t qh = read_u32(blk + off);
+    const __m128i pick = _mm_set_epi64x(0x0101010101010101LL, 0);
+    const __m128i bit = _mm_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m128i m15 = _mm_set1_epi8(15), b4 = _mm_set1_epi8(0x10);
+    const __m128i hl = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)(qh & 0xffff)), pick);
+    const __m128i hh = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)(qh >> 16)), pick);
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + off + 4));
+    *lo = _mm_or_si128(_mm_and_si128(raw, m15), _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(hl, bit), bit), b4));
+    *hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(raw, 4), m15),
+                       _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(hh, bit), bit), b4));
+}
+#endif
 
 #if defined(__AVX512F__)
 /* 16 float lanes: a block is 2 vectors. */
@@ -230,6 +264,15 @@ static inline __attribute__((always_inline)) void decode_vec(int type, const uin
         return;
     }
     const __m512 d = _mm512_set1_ps(half_to_float(read_u16(blk)));
+    if (IS_Q5(type)) {  /* Q5_0: q * d - 16d (q * d exact: one rounding, as (q - 16) * d); Q5_1: q * d + m */
+        __m128i lo, hi;
+        q5_bytes(blk, type == TYPE_Q5_0 ? 2 : 4, &lo, &hi);
+        const __m512 c = type == TYPE_Q5_0 ? _mm512_set1_ps(-16.0f * half_to_float(read_u16(blk)))
+                                           : _mm512_set1_ps(half_to_float(read_u16(blk + 2)));
+        w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), d, c);
+        w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), d, c);
+        return;
+    }
     if (type == TYPE_Q8_0) {
         w[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)))), d);
         w[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))), d);
@@ -303,6 +346,17 @@ static inline __attribute__((always_inline)) void decode_vec(int type, const uin
         return;
     }
     const __m256 d = _mm256_set1_ps(half_to_float(read_u16(blk)));
+    if (IS_Q5(type)) {  /* as the AVX-512 path */
+        __m128i lo, hi;
+        q5_bytes(blk, type == TYPE_Q5_0 ? 2 : 4, &lo, &hi);
+        const __m256 c = type == TYPE_Q5_0 ? _mm256_set1_ps(-16.0f * half_to_float(read_u16(blk)))
+                                           : _mm256_set1_ps(half_to_float(read_u16(blk + 2)));
+        w[0] = _mm256_fmadd_ps(widen8(lo, 0), d, c);
+        w[1] = _mm256_fmadd_ps(widen8(_mm_srli_si128(lo, 8), 0), d, c);
+        w[2] = _mm256_fmadd_ps(widen8(hi, 0), d, c);
+        w[3] = _mm256_fmadd_ps(widen8(_mm_srli_si128(hi, 8), 0), d, c);
+        return;
+    }
     if (type == TYPE_Q8_0) {
         for (int i = 0; i < 4; i++)
             w[i] = _mm256_mul_ps(widen8(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * i)), 1), d);
@@ -400,6 +454,8 @@ int trillium_gguf_matmul(int type, const float *x, long m, long k, long ldx, con
             if (type == TYPE_Q8_0) { DOT(TYPE_Q8_0) }
             else if (type == TYPE_Q4_0) { DOT(TYPE_Q4_0) }
             else if (type == TYPE_Q4_1) { DOT(TYPE_Q4_1) }
+            else if (type == TYPE_Q5_0) { DOT(TYPE_Q5_0) }
+            else if (type == TYPE_Q5_1) { DOT(TYPE_Q5_1) }
             else if (type == TYPE_Q4_K) { DOT(TYPE_Q4_K) }
             else if (type == TYPE_Q5_K) { DOT(TYPE_Q5_K) }
             else { DOT(TYPE_Q6_K) }

@@ -4,7 +4,7 @@
     dequantize(blocks, ggml_type, K) -> [N, K] float32
     available() -> bool        (a C compiler built the kernel here)
 
-Formats: Q8_0, Q4_0, Q4_1 (ggml type ids 8, 2, 3; blocks of 32 weights) and the
+Formats: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (ggml type ids 8, 2, 3, 6, 7; blocks of 32 weights) and the
 K-quants Q4_K, Q5_K, Q6_K (12, 13, 14; super-blocks of 256), weights in
 llama.cpp's own block layout (see the C file's header). Activations stay
 float32 (nothing is requantized, unlike llama.cpp's Q8_K activation blocks),
@@ -33,10 +33,11 @@ import torch
 
 from trillium.kernels.c_library import CLibrary
 
-Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 8, 12, 13, 14
-BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20, Q4_K: 144, Q5_K: 176, Q6_K: 210}  # bytes per block
-BLOCK_VALUES = {Q8_0: 32, Q4_0: 32, Q4_1: 32, Q4_K: 256, Q5_K: 256, Q6_K: 256}  # weights per block (along K)
-FORMAT_NAMES = {Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 6, 7, 8, 12, 13, 14
+BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q4_K: 144, Q5_K: 176, Q6_K: 210}  # bytes per block
+BLOCK_VALUES = {Q8_0: 32, Q4_0: 32, Q4_1: 32, Q5_0: 32, Q5_1: 32, Q4_K: 256, Q5_K: 256, Q6_K: 256}  # weights per block
+FORMAT_NAMES = {Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q4_K: "Q4_K", Q5_K: "Q5_K",
+                Q6_K: "Q6_K"}
 BLOCK_SIZE = 32  # the legacy formats' block; K-quant super-blocks are BLOCK_VALUES[t] = 256
 _SOURCE = Path(__file__).with_name("gguf_cpu.c")
 
@@ -78,7 +79,7 @@ def matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int) -> tor
     """x [M, K] float32 @ dequantize(blocks)^T -> [M, N] float32."""
     lib = _LIBRARY.get()
     if lib is None:
-        raise RuntimeError(f"GGUF CPU kernel unavailable: {_build_error}")
+        raise RuntimeError(f"GGUF CPU kernel unavailable: {unavailable_reason()}")
     _check(blocks, ggml_type, k)
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k or x.device.type != "cpu":
         raise ValueError(f"x must be float32 [M, {k}] on the CPU, got {x.dtype} {tuple(x.shape)} on {x.device}")
@@ -94,7 +95,7 @@ def dequantize(blocks: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor:
     """The float32 [N, K] weights the blocks hold."""
     lib = _LIBRARY.get()
     if lib is None:
-        raise RuntimeError(f"GGUF CPU kernel unavailable: {_build_error}")
+        raise RuntimeError(f"GGUF CPU kernel unavailable: {unavailable_reason()}")
     _check(blocks, ggml_type, k)
     out = torch.empty(blocks.shape[0], k, dtype=torch.float32)
     lib.trillium_gguf_dequantize(ggml_type, blocks.data_ptr(), blocks.shape[0], k, out.data_ptr(),

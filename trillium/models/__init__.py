@@ -11,7 +11,7 @@
     int4_linear.py       Int4Linear: AWQ / GPTQ projections kept at 4 bits
     loader.py            load_model(path, dtype, device), reload_weights: HF safetensors dir or .gguf
     gguf_checkpoint.py   GGUF config and dequantized (or still packed), HF-named tensors
-    packed_linear.py     GgufLinear: projections kept in GGUF Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K blocks
+    packed_linear.py     GgufLinear: projections kept in GGUF Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K blocks
     gguf_kquant_encode.py  float -> Q4_K / Q5_K / Q6_K bytes (gguf-py has no K-quant encoder; tests, bench/)
     checkpoint_files.py  file discovery and GGUF header reading (no torch)
     tokenizer.py         load_tokenizer(path): transformers tokenizer + chat template

@@ -12,7 +12,7 @@ Weights stream tensor by tensor into a model built without initialization
 `model.load_weights`, which also fuses q/k/v, gate/up and stacks experts. Only safetensors and GGUF are read: never pickle, so a
 `pytorch_model.bin`-only directory is refused.
 
-GGUF Q8_0 / Q4_0 / Q4_1 weights stay packed (`packed_linear.py`: the
+GGUF Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 (and K-quant) weights stay packed (`packed_linear.py`: the
 projections multiply the blocks) when the model runs float32 on the CPU
 and the packed kernel built; `gguf_dequantize=True` (`--gguf-dequantize`)
 or any other dtype/device dequantizes every weight to float, as before.

@@ -7,7 +7,7 @@
 The loader (`loader.py`) hands `install_packed` the packable GGUF weights
 after every float weight is in. Each projection of the model (the fused
 `qkv_proj` / `gate_up_proj`, `o_proj`, `down_proj`, the LM head) whose
-sources are all one packable format (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) becomes a `GgufLinear`
+sources are all one packable format (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) becomes a `GgufLinear`
 holding their blocks, rows stacked in the fused order (every GGUF format
 quantizes along K only, so rows concatenate). Anything else -- mixed formats
 in one fused projection, routers and experts (which read `.weight` directly)

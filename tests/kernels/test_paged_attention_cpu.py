@@ -1,0 +1,94 @@
+"""The CPU paged decode attention kernel (trillium/kernels/paged_attention_cpu.c) against the gather path.
+
+Oracles: `reference.paged_attention` (gathers the blocks into a dense copy,
+then SDPA) and the float64 per-head `dense_causal_attention`. Odd shapes:
+head dims 8 / 40 / 80 / 17, GQA ratios 1 to 8, block sizes 1 / 5 / 16,
+lengths that end mid-block, cross several blocks or fit in one, and batches
+of mixed lengths; fp8 caches (e4m3fn, e5m2, with scales), sliding windows and
+soft-capping as the reference has them. Unowned slots (the tails of last
+blocks, block-table padding, blocks behind a window) hold NaN: the kernel
+never reads them, where the reference gather reads (and masks) the first two.
+Mirrors vLLM's CPU decode kernel's shape: per sequence and KV head over the
+block table in place, no gathered copy (vllm-project/vllm
+csrc/cpu/attention.cpp `paged_attention_v1_impl`).
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import torch
+
+from support.paged_batches import dense_causal_attention, make_paged_batch
+from trillium import kernels
+from trillium.kernels import paged_attention_cpu, reference
+from trillium.kernels.fp8 import quantize_fp8
+
+pytestmark = pytest.mark.skipif(not paged_attention_cpu.available(), reason="no C compiler for the kernel")
+
+# (H, KH, D, block size, seq lens)
+SHAPES = [
+    (8, 4, 64, 16, [1, 17, 40, 33, 16]),
+    (6, 1, 40, 5, [7, 23, 11]),
+    (4, 4, 80, 1, [9, 3]),
+    (16, 2, 17, 16, [100, 2, 31]),
+    (8, 8, 8, 5, [5, 26]),
+]
+
+
+def _batch(shape, seed=0, fill=float("nan")):
+    heads, kv_heads, dim, block, lens = shape
+    return make_paged_batch([1] * len(lens), lens, num_heads=heads, num_kv_heads=kv_heads, head_dim=dim,
+                            block_size=block, seed=seed, fill=fill)  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"h{s[0]}kh{s[1]}d{s[2]}bs{s[3]}")
+def test_decode_matches_gather_path_and_dense(shape):
+    batch = _batch(shape, seed=len(shape[4]))
+    out = paged_attention_cpu.decode_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+    torch.testing.assert_close(out.double(), dense_causal_attention(batch), atol=2e-5, rtol=1e-5)
+    finite = _batch(shape, seed=len(shape[4]), fill=None)  # the reference reads unowned slots: finite
+    args = (finite.q, finite.k_cache, finite.v_cache, finite.meta, finite.scale)
+    torch.testing.assert_close(paged_attention_cpu.decode_attention(*args), reference.paged_attention(*args),
+                               atol=2e-6, rtol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("window, softcap", [(4, None), (9, 3.0), (1, None), (None, 5.0), (200, None)])
+def test_window_and_softcap_never_read_behind_the_window(window, softcap):
+    batch = _batch(SHAPES[0], seed=2)
+    table, block = batch.meta.block_tables, batch.k_cache.shape[1]
+    for b, n in enumerate(batch.meta.seq_lens_list):  # blocks wholly behind the window: freed, poisoned
+        for i in range(max(0, n - (window or n)) // block):
+            batch.k_cache[table[b, i]] = batch.v_cache[table[b, i]] = float("nan")
+    args = (batch.q * 3, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+    out = paged_attention_cpu.decode_attention(*args, sliding_window=window, softcap=softcap)
+    expected = dense_causal_attention(attrs.evolve(batch, q=batch.q * 3), sliding_window=window, softcap=softcap)
+    torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_fp8_cache_matches_gather_path(dtype):
+    """fp8 values widened as the reference widens them, k_scale on the scores, v_scale on the output."""
+    batch = _batch(SHAPES[1], seed=4, fill=0.0)
+    k_scale, v_scale = torch.tensor(0.25), torch.tensor(0.5)
+    k8, v8 = quantize_fp8(batch.k_cache, k_scale, dtype), quantize_fp8(batch.v_cache, v_scale, dtype)
+    args = (batch.q, k8, v8, batch.meta, batch.scale, k_scale, v_scale)
+    out = paged_attention_cpu.decode_attention(*args, sliding_window=10)
+    torch.testing.assert_close(out, reference.paged_attention(*args, sliding_window=10), atol=2e-6, rtol=1e-5)
+
+
+def test_dispatch_takes_the_kernel_for_decode_only(monkeypatch):
+    """Pure decode on CPU goes to the kernel (NaN unowned slots stay unread); TRILLIUM_KERNELS=reference, a
+    step with a prefill, or bfloat16 go to the gather path (which reads, and so returns, the NaN)."""
+    batch = _batch(SHAPES[0])
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+    assert paged_attention_cpu.decode_supported(*args[:4])
+    assert kernels.paged_attention(*args).isfinite().all()
+    strided = torch.cat((batch.q, torch.zeros_like(batch.q)), dim=-1)[..., : batch.q.shape[-1]]
+    torch.testing.assert_close(kernels.paged_attention(strided, *args[1:]), kernels.paged_attention(*args))
+    assert not paged_attention_cpu.decode_supported(batch.q.bfloat16(), *args[1:4])
+    monkeypatch.setenv("TRILLIUM_KERNELS", "reference")
+    assert kernels.paged_attention(*args).isnan().any()
+    monkeypatch.delenv("TRILLIUM_KERNELS")
+    mixed = make_paged_batch([1, 4], [20, 9], num_heads=8, num_kv_heads=4, head_dim=64, block_size=16)
+    assert not paged_attention_cpu.decode_supported(mixed.q, mixed.k_cache, mixed.v_cache, mixed.meta)

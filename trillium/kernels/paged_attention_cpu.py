@@ -1,0 +1,120 @@
+"""Decode attention on CPU over the paged KV cache in place: the C kernel in paged_attention_cpu.c.
+
+    decode_supported(q, k_cache, v_cache, meta) -> bool   (this call can take the kernel)
+    decode_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, *, sliding_window, softcap) -> out
+    available() -> bool, unavailable_reason() -> str | None   (a C compiler built the kernel here)
+
+What it replaces: for a pure decode step (every sequence has one query
+token) `reference.paged_attention` gathers each sequence's blocks into a
+dense [B, max_len, KH, D] copy (widening fp8 as it goes) and runs SDPA over
+it with a padding mask. The kernel reads the blocks of each block table
+where they lie, one (sequence, KV head) per work item, the GQA group's query
+heads together, with an online softmax a block at a time; padded slots,
+block-table padding and blocks behind a sliding window are never read.
+
+Taken: q float32 on the CPU with its head dim contiguous; caches float32, or
+fp8 (float8_e4m3fn / float8_e5m2, with their per-tensor scales) read through
+a 256-entry table built by `fp8.widen_fp8` (so the values are the
+reference's, bit for bit); contiguous caches; int32 block tables and
+sequence lengths (what `AttentionMetadata.build` makes). Sliding window and
+soft-capping are in the kernel (the reference has both; it has no ALiBi, nor
+does this). Everything else (prefill and mixed steps, bfloat16 / float16
+queries or caches, no C compiler, TRILLIUM_KERNELS=reference) goes to the
+reference, explicitly, in `dispatch.paged_attention`.
+
+Under compiled decode the kernel runs inside the opaque
+`trillium::graph_attention` op (models/graph_attention.py), which already
+has a fake implementation; so Inductor never traces this module and needs
+no op of its own for it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import torch
+
+from trillium.kernels.c_library import CLibrary
+from trillium.kernels.fp8 import FP8_DTYPES, widen_fp8
+from trillium.kernels.metadata import AttentionMetadata
+
+_SOURCE = Path(__file__).with_name("paged_attention_cpu.c")
+_P, _L, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.trillium_paged_decode_attention.argtypes = [
+        _P, _L, _L, _L, _L, _L,  # q, B, H, D, row stride, head stride
+        _P, _P, _P, _L, _L,  # k, v, fp8 table, block size, KH
+        _P, _L, _P,  # block tables, their row stride, seq lens
+        _F, _P, _P, _L, _F,  # scale, k_scale, v_scale, window, softcap
+        _P, ctypes.c_int,  # out, threads
+    ]  # fmt: skip
+    lib.trillium_paged_decode_attention.restype = ctypes.c_int
+
+
+_LIBRARY = CLibrary(_SOURCE, "the CPU paged decode attention kernel", _declare)
+available = _LIBRARY.available
+unavailable_reason = _LIBRARY.unavailable_reason
+_FP8_TABLES: dict[torch.dtype, torch.Tensor] = {}
+
+
+def _fp8_table(dtype: torch.dtype) -> torch.Tensor:
+    """float32 [256]: the value of each fp8 code, as the reference widens it."""
+    table = _FP8_TABLES.get(dtype)
+    if table is None:
+        codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype)
+        table = _FP8_TABLES[dtype] = widen_fp8(codes, torch.empty(256, dtype=torch.float32))
+    return table
+
+
+def decode_supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> bool:
+    """Can the kernel take this call? (cheap checks first: it runs once per layer per step)"""
+    if meta.max_query_len != 1 or q.dtype != torch.float32 or q.device.type != "cpu" or q.stride(-1) != 1:
+        return False
+    if k_cache.dtype != v_cache.dtype or not (k_cache.dtype == torch.float32 or k_cache.dtype in FP8_DTYPES):
+        return False
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or q.shape[0] != meta.num_seqs:
+        return False
+    if meta.block_tables.dtype != torch.int32 or meta.seq_lens.dtype != torch.int32:
+        return False
+    if meta.block_tables.stride(-1) != 1 or not meta.seq_lens.is_contiguous():
+        return False
+    # Read per call, as dispatch does for CUDA: the switch tests and benchmarks flip.
+    return os.environ.get("TRILLIUM_KERNELS", "") != "reference" and _LIBRARY.available()
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """q [B, H, D] (one token per sequence) -> out [B, H, D] float32; see the module docstring."""
+    lib = _LIBRARY.get()
+    num_seqs, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, cache_dim = k_cache.shape
+    if cache_dim != head_dim or num_heads % num_kv_heads:
+        raise ValueError(f"q heads {num_heads} x {head_dim} do not fit a cache of {num_kv_heads} x {cache_dim}")
+    fp8 = k_cache.dtype in FP8_DTYPES
+    table = _fp8_table(k_cache.dtype) if fp8 else None
+    k_ptr = k_scale.data_ptr() if fp8 and k_scale is not None else None
+    v_ptr = v_scale.data_ptr() if fp8 and v_scale is not None else None
+    out = torch.empty(num_seqs, num_heads, head_dim, dtype=torch.float32)
+    rc = lib.trillium_paged_decode_attention(
+        q.data_ptr(), num_seqs, num_heads, head_dim, q.stride(0), q.stride(1),
+        k_cache.data_ptr(), v_cache.data_ptr(), None if table is None else table.data_ptr(), block_size,
+        num_kv_heads, meta.block_tables.data_ptr(), meta.block_tables.stride(0), meta.seq_lens.data_ptr(),
+        scale, k_ptr, v_ptr, sliding_window or 0, softcap or 0.0, out.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise ValueError(f"paged decode attention refused q {tuple(q.shape)} over a cache {tuple(k_cache.shape)}")
+    return out
