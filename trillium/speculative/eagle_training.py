@@ -1,6 +1,7 @@
 """Train a small EAGLE head on a target's own outputs (tests and the bench; no download).
 
     train_checkpoint(target_path, sequences, out_dir, steps=..., seed=...) -> Path
+    greedy_sequences(model, prompts, max_tokens)  the target's own greedy outputs (small models)
 
 Teacher-forced, as EAGLE trains (Li et al. 2024): for each sequence the
 target's final hidden states h_t come from one prefill (a scratch paged KV
@@ -40,6 +41,19 @@ def target_hidden_states(model, token_ids: list[int]) -> torch.Tensor:
     meta = AttentionMetadata.build([num], [num], [list(range(blocks))], _BLOCK, model.device)
     ids = torch.tensor(token_ids, dtype=torch.long, device=model.device)
     return model(ids, torch.arange(num, device=model.device), caches, meta).float()
+
+
+@torch.no_grad()
+def greedy_sequences(model, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Each prompt followed by the target's greedy continuation (a full prefill per token:
+    for small models and short sequences; an engine's outputs serve as well)."""
+    out = []
+    for prompt in prompts:
+        seq = list(prompt)
+        for _ in range(max_tokens):
+            seq.append(int(model.compute_logits(target_hidden_states(model, seq)[-1:].to(model.dtype)).argmax()))
+        out.append(seq)
+    return out
 
 
 def train_head(model, sequences: list[list[int]], *, steps: int, seed: int = 0, lr: float = 3e-3,
