@@ -30,6 +30,7 @@ from trillium.speculative.eagle import EagleHead
 _BLOCK = 16
 _NOISE = 0.05  # std of the feature noise, relative to the features' RMS
 _TOKEN_WEIGHT = 1.0  # cross-entropy weight beside the feature regression
+_FULL_SOFTMAX_VOCAB = 4096  # above it the cross entropy runs over the data's own tokens
 
 
 @torch.no_grad()
@@ -57,7 +58,7 @@ def greedy_sequences(model, prompts: list[list[int]], max_tokens: int) -> list[l
 
 
 def train_head(model, sequences: list[list[int]], *, steps: int, seed: int = 0, lr: float = 3e-3,
-               num_layers: int = 1, ce_rows: int = 4096) -> EagleHead:
+               num_layers: int = 1, ce_rows: int = 1024) -> EagleHead:
     """A float32 head for `model` trained `steps` full-batch Adam steps on `sequences`."""
     import attrs
 
@@ -84,7 +85,13 @@ def train_head(model, sequences: list[list[int]], *, steps: int, seed: int = 0, 
     feat_target = torch.cat([h[1:] for h in hiddens])[rows]
     token_target = next_ids[rows + 1]  # token_{t+2} is the next row's token_{t+1}
     embeds = model.embed(next_ids).float()
+    # WHY a vocabulary subset for a large vocabulary: the LM head dominates the cost; the
+    # softmax over the tokens the data emits still tells them apart (a sampled softmax).
+    vocab = torch.unique(token_target) if model.config.vocab_size > _FULL_SOFTMAX_VOCAB else None
     head_weight = model.lm_head_weight.float()  # a packed (GGUF) head: its float weights
+    if vocab is not None:
+        head_weight = head_weight[vocab]
+        token_target = torch.searchsorted(vocab, token_target)
     scale = feats.pow(2).mean().sqrt()
     opt = torch.optim.Adam(head.parameters(), lr=lr)
     head.train()
@@ -104,7 +111,7 @@ def train_head(model, sequences: list[list[int]], *, steps: int, seed: int = 0, 
 
 
 def train_checkpoint(target_path: str | Path, sequences: list[list[int]], out_dir: str | Path, *,
-                     steps: int, seed: int = 0, lr: float = 3e-3, ce_rows: int = 4096) -> Path:
+                     steps: int, seed: int = 0, lr: float = 3e-3, ce_rows: int = 1024) -> Path:
     """Train a head for the checkpoint at `target_path`; write it to `out_dir` in vLLM's format."""
     model, _ = load_model(target_path, dtype="float32", progress=False)
     head = train_head(model, sequences, steps=steps, seed=seed, lr=lr, ce_rows=ce_rows)
