@@ -128,15 +128,14 @@ class _HeadLayer(nn.Module):
             if kv is not None:
                 past = kv.length
                 ks, vs = kv.write(self.index, ks, vs)
-            groups = c.num_heads // c.num_kv_heads
-            keys = ks.transpose(0, 1).repeat_interleave(groups, dim=0)  # [H, L, D]
-            values = vs.transpose(0, 1).repeat_interleave(groups, dim=0)
             mask = None
             if n > 1:  # causal inside the new rows; every cached row is visible
                 mask = (torch.arange(ks.shape[0], device=q.device)[None, :]
                         <= past + torch.arange(n, device=q.device)[:, None])
-            out = F.scaled_dot_product_attention(qs.transpose(0, 1), keys, values, attn_mask=mask,
-                                                 scale=c.head_dim ** -0.5)
+            # [H, n, D] over [KH, L, D]: each KV head serves num_heads / num_kv_heads query heads
+            out = F.scaled_dot_product_attention(qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1),
+                                                 attn_mask=mask, scale=c.head_dim ** -0.5,
+                                                 enable_gqa=c.num_heads != c.num_kv_heads)
             outs.append(out.transpose(0, 1).reshape(n, c.q_size))
             row += n
         return torch.cat(outs) if len(outs) > 1 else outs[0]
