@@ -156,12 +156,13 @@ def test_the_head_kv_is_budgeted_per_block(target, heads):
 
 
 def _replay(proposer: EagleProposer, model, sequence: list[int], prompt_len: int, *, check_fresh: bool = False,
-            preempt_at: int = -1):
+            preempt_at: int = -1, idle_every: int = 0):
     """Drive propose_batch as the executor does over `sequence` (the target's greedy tokens):
     a prefill, then steps verifying K drafts (accepted: those matching the sequence), the
     rejected rows scored too (noise here: the head must not read them). check_fresh: every
     step's drafts equal those of a fresh cache fed every known position at once.
-    preempt_at: that step drops the cache, as a preemption does. Returns (accepted, drafted)."""
+    preempt_at: that step drops the cache, as a preemption does. idle_every: every such step
+    proposes nothing (adaptive depth 0: the head defers its rows). Returns (accepted, drafted)."""
     hidden = target_hidden_states(model, sequence)  # position t's row: the same in any batch
     state = _State("r", sequence[: prompt_len + 1], 0)
     drafts = proposer.propose_batch(hidden, [(state, 0, prompt_len, K)])["r"]
@@ -178,12 +179,13 @@ def _replay(proposer: EagleProposer, model, sequence: list[int], prompt_len: int
             state.eagle_kv = None
         rows = hidden[begin : begin + 1 + len(drafts)].clone()
         rows[n_ok + 1 :] = torch.randn_like(rows[n_ok + 1 :])
-        drafts = proposer.propose_batch(rows, [(state, 0, 1 + len(drafts), K)])["r"]
+        depth = 0 if idle_every and step % idle_every == 0 else K
+        drafts = proposer.propose_batch(rows, [(state, 0, 1 + len(drafts), depth)]).get("r", [])
         kv = state.eagle_kv
-        assert kv.end == len(state.token_ids) - 2 + K  # refilled to N - 1, then K - 1 drafts
         start = begin if step == preempt_at else start
         assert kv.start == start  # a gap starts afresh
-        if check_fresh:
+        assert kv.known_end == len(state.token_ids) - 1 + (K - 1 if depth else 0)  # then K - 1 drafts
+        if check_fresh and depth:
             fresh = _State("f", state.token_ids, 0)
             assert proposer.propose_batch(hidden, [(fresh, 0, len(state.token_ids) - 1, K)])["f"] == drafts
     return accepted, drafted
@@ -194,6 +196,7 @@ def test_the_head_cache_rolls_back_to_what_a_fresh_head_computes(target, heads):
     for head_dir in heads:  # the untrained head's drafts are rejected at once: short accepted runs
         proposer = _proposer(model, head_dir)
         _replay(proposer, model, sequences[1], len(prompts[1]), check_fresh=True)
+        _replay(proposer, model, sequences[1], len(prompts[1]), check_fresh=True, idle_every=2)
         _replay(proposer, model, sequences[1], len(prompts[1]), preempt_at=3)
 
 

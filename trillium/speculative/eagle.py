@@ -23,7 +23,10 @@ steps' own entries, made from head outputs, are dropped) and refilled from
 the target's hidden states of the rows the step computed, so the head's
 context always holds the target's features. A gap (a prefix-cache hit or a
 resumed preemption starts past what the head has) starts the cache afresh
-at the step's first position: less context, still exact.
+at the step's first position: less context, still exact. A request that
+does not draft this step (its adaptive depth is 0, or a prefill chunk) only
+keeps its target rows (`HeadKv.pending`, at most 64); the head runs over
+them with the next step that drafts: the same entries, read once.
 WHY dense, not paged: one small layer per request, allocated in block-size
 chunks, freed with the request's state (finish, abort, preempt); its bytes
 are counted per target block in the KV budget (config.py `resolve`), and
@@ -46,10 +49,14 @@ from trillium.models.rope import build_cos_sin_cache
 from trillium.speculative import eagle_checkpoint
 
 
+# A request's target rows kept for its next head run at most (then the head runs anyway).
+_MAX_PENDING_ROWS = 64
+
+
 class HeadKv:
     """One request's head KV: per layer [capacity, KH, D] keys and values, positions start .. end-1."""
 
-    __slots__ = ("keys", "values", "start", "length", "chunk")
+    __slots__ = ("keys", "values", "start", "length", "chunk", "pending")
 
     def __init__(self, start: int, chunk: int) -> None:
         self.keys: list[torch.Tensor] = []
@@ -57,18 +64,38 @@ class HeadKv:
         self.start = start
         self.length = 0
         self.chunk = chunk  # growth unit in tokens (the target's block size)
+        # The target's hidden states of positions end .. end + m - 1, not yet through the head.
+        self.pending: torch.Tensor | None = None
 
     @property
     def end(self) -> int:
         return self.start + self.length
 
     @property
+    def num_pending(self) -> int:
+        return 0 if self.pending is None else self.pending.shape[0]
+
+    @property
+    def known_end(self) -> int:
+        """One past the last position the cache (or its pending rows) covers."""
+        return self.end + self.num_pending
+
+    def defer(self, rows: torch.Tensor) -> None:
+        """Keep target hidden rows (the positions at known_end ..) for the next head run."""
+        self.pending = rows.clone() if self.pending is None else torch.cat([self.pending, rows])
+
+    @property
     def num_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
     def keep_until(self, position: int) -> None:
-        """Drop the entries at positions >= `position`."""
-        self.length = max(0, min(self.length, position - self.start))
+        """Drop the entries (and pending rows) at positions >= `position`."""
+        if position < self.end:
+            self.length = max(0, position - self.start)
+            self.pending = None
+        elif self.pending is not None:
+            keep = position - self.end
+            self.pending = self.pending[:keep] if keep > 0 else None
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Put `layer`'s new keys/values after the committed ones; all of them (committed + new)."""
@@ -227,7 +254,7 @@ class EagleProposer:
         """rows: (state, first hidden row, rows scheduled, depth) per request of the step (depth 0:
         refill the head's cache only). state: .request_id, .token_ids (this step's tokens
         appended), .num_computed_tokens (the step's first position), .eagle_kv. Drafts by request id."""
-        segments, index, tokens, positions, wanted = [], [], [], [], []
+        segments, inputs, tokens, positions, wanted = [], [], [], [], []
         row_end = 0
         for state, first, n, depth in rows:
             begin = state.num_computed_tokens
@@ -235,25 +262,30 @@ class EagleProposer:
             if n <= 0:
                 continue
             kv = state.eagle_kv
-            if kv is None or kv.end < begin:
+            if kv is None or kv.known_end < begin:
                 kv = state.eagle_kv = HeadKv(begin, self.block_size)
             kv.keep_until(begin)  # rollback
-            segments.append((kv, n))
-            index.extend(range(first, first + n))
-            tokens.extend(state.token_ids[begin + 1 : begin + 1 + n])
-            positions.extend(range(begin, begin + n))
-            row_end += n
+            kv.defer(hidden[first : first + n])
+            # WHY deferred: a request not drafting this step (adaptive depth 0, a prefill chunk)
+            # runs the head later over all its rows at once: the same entries, fewer weight reads.
+            if depth <= 0 and kv.num_pending < _MAX_PENDING_ROWS:
+                continue
+            m, start = kv.num_pending, kv.end
+            segments.append((kv, m))
+            inputs.append(kv.pending)
+            kv.pending = None
+            tokens.extend(state.token_ids[start + 1 : start + 1 + m])
+            positions.extend(range(start, start + m))
+            row_end += m
             if depth > 0:
-                wanted.append((state, kv, depth, row_end - 1, begin + n - 1))
+                wanted.append((state, kv, depth, row_end - 1, start + m - 1))
         if not segments:
             return {}
-        device = hidden.device
-        index_t = torch.tensor(index, dtype=torch.long, device=device)
-        out = self._run(hidden.index_select(0, index_t), tokens, positions, segments)
+        out = self._run(torch.cat(inputs) if len(inputs) > 1 else inputs[0], tokens, positions, segments)
         if not wanted:
             return {}
-        feature = out.index_select(0, torch.tensor([w[3] for w in wanted], dtype=torch.long, device=device))
-        return self._draft(feature, wanted)
+        rows_t = torch.tensor([w[3] for w in wanted], dtype=torch.long, device=hidden.device)
+        return self._draft(out.index_select(0, rows_t), wanted)
 
     def _run(self, hidden: torch.Tensor, tokens: list[int], positions: list[int], segments) -> torch.Tensor:
         ids = torch.tensor(tokens, dtype=torch.long, device=hidden.device)
