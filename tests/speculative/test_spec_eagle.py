@@ -65,7 +65,7 @@ def heads(target, tmp_path_factory):
 
 
 @attrs.define
-class _State:  # what propose_batch reads of the executor's RequestState
+class _State:  # what propose_from_hidden reads of the executor's RequestState
     request_id: str
     token_ids: list[int]
     num_computed_tokens: int
@@ -157,7 +157,7 @@ def test_the_head_kv_is_budgeted_per_block(target, heads):
 
 def _replay(proposer: EagleProposer, model, sequence: list[int], prompt_len: int, *, check_fresh: bool = False,
             preempt_at: int = -1, idle_every: int = 0):
-    """Drive propose_batch as the executor does over `sequence` (the target's greedy tokens):
+    """Drive propose_from_hidden as the executor does over `sequence` (the target's greedy tokens):
     a prefill, then steps verifying K drafts (accepted: those matching the sequence), the
     rejected rows scored too (noise here: the head must not read them). check_fresh: every
     step's drafts equal those of a fresh cache fed every known position at once.
@@ -165,7 +165,7 @@ def _replay(proposer: EagleProposer, model, sequence: list[int], prompt_len: int
     proposes nothing (adaptive depth 0: the head defers its rows). Returns (accepted, drafted)."""
     hidden = target_hidden_states(model, sequence)  # position t's row: the same in any batch
     state = _State("r", sequence[: prompt_len + 1], 0)
-    drafts = proposer.propose_batch(hidden, [(state, 0, prompt_len, K)])["r"]
+    drafts = proposer.propose_from_hidden(hidden, [(state, 0, prompt_len, K)])["r"]
     accepted = drafted = step = start = 0
     while len(state.token_ids) + K + 1 < len(sequence):
         begin = len(state.token_ids) - 1
@@ -180,14 +180,14 @@ def _replay(proposer: EagleProposer, model, sequence: list[int], prompt_len: int
         rows = hidden[begin : begin + 1 + len(drafts)].clone()
         rows[n_ok + 1 :] = torch.randn_like(rows[n_ok + 1 :])
         depth = 0 if idle_every and step % idle_every == 0 else K
-        drafts = proposer.propose_batch(rows, [(state, 0, 1 + len(drafts), depth)]).get("r", [])
+        drafts = proposer.propose_from_hidden(rows, [(state, 0, 1 + len(drafts), depth)]).get("r", [])
         kv = state.eagle_kv
         start = begin if step == preempt_at else start
         assert kv.start == start  # a gap starts afresh
         assert kv.known_end == len(state.token_ids) - 1 + (K - 1 if depth else 0)  # then K - 1 drafts
         if check_fresh and depth:
             fresh = _State("f", state.token_ids, 0)
-            assert proposer.propose_batch(hidden, [(fresh, 0, len(state.token_ids) - 1, K)])["f"] == drafts
+            assert proposer.propose_from_hidden(hidden, [(fresh, 0, len(state.token_ids) - 1, K)])["f"] == drafts
     return accepted, drafted
 
 

@@ -1,7 +1,7 @@
 """The EAGLE proposer (vLLM's "eagle"): a one-layer head over the target's hidden states.
 
 Runs on the executor, after the step's target forward, as a batch-level
-hook (`propose_batch`): it reads the target's final hidden states of the
+hook (`propose_from_hidden`): it reads the target's final hidden states of the
 step's rows, which the forward returns anyway (Llama's output after the
 final norm: what vLLM feeds EAGLE-1, vllm/v1/worker/gpu_model_runner.py
 `target_hidden_states = hidden_states[...]`; EAGLE-3's pre-norm aux states
@@ -240,7 +240,7 @@ def load_head(path: str | Path, target_config: ModelConfig, *, max_positions: in
 class EagleProposer:
     """Drafts for a step's requests from the target's hidden states (see the module docstring)."""
 
-    reads_hidden_states = True  # the executor calls propose_batch, not propose
+    reads_hidden_states = True  # the executor calls propose_from_hidden, not propose
 
     def __init__(self, head: EagleHead, target, block_size: int) -> None:
         self.head = head
@@ -248,9 +248,9 @@ class EagleProposer:
         self.block_size = block_size
 
     def propose(self, token_ids, max_tokens):  # the per-request protocol: not usable without hidden states
-        raise TypeError("the eagle proposer reads hidden states: call propose_batch")
+        raise TypeError("the eagle proposer reads hidden states: call propose_from_hidden")
 
-    def propose_batch(self, hidden: torch.Tensor, rows: Sequence[tuple]) -> dict[str, list[int]]:
+    def propose_from_hidden(self, hidden: torch.Tensor, rows: Sequence[tuple]) -> dict[str, list[int]]:
         """rows: (state, first hidden row, rows scheduled, depth) per request of the step (depth 0:
         refill the head's cache only). state: .request_id, .token_ids (this step's tokens
         appended), .num_computed_tokens (the step's first position), .eagle_kv. Drafts by request id."""

@@ -47,7 +47,7 @@ class HiddenStateProposer(Protocol):
 
     reads_hidden_states: bool
 
-    def propose_batch(self, hidden, rows: Sequence[tuple]) -> dict[str, list[int]]:
+    def propose_from_hidden(self, hidden, rows: Sequence[tuple]) -> dict[str, list[int]]:
         """rows: (request state, first row in `hidden`, rows scheduled, depth); drafts by request id."""
         ...
 

@@ -348,8 +348,9 @@ class ExecutorCore:
                 state.depth = AdaptiveDepth(self.num_speculative_tokens)
             depths[state.request_id] = state.depth.next_depth()
         if getattr(self.proposer, "reads_hidden_states", False):
-            drafts = self.proposer.propose_batch(hidden, [(s, first, n, depths.get(s.request_id, 0))
-                                                          for s, first, n in step_rows if s.sampling.params.speculative])
+            rows = [(s, first, n, depths.get(s.request_id, 0)) for s, first, n in step_rows
+                    if s.sampling.params.speculative]
+            drafts = self.proposer.propose_from_hidden(hidden, rows)
         else:
             drafts = {s.request_id: self.proposer.propose(s.token_ids, depths[s.request_id])
                       for s in states if depths.get(s.request_id)}
