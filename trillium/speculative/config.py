@@ -12,10 +12,12 @@ import json
 import attrs
 
 # Methods Trillium implements; vLLM's other names are refused by name.
-METHODS = ("ngram",)
-_NOT_IMPLEMENTED = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "suffix",
+METHODS = ("ngram", "eagle")
+_NOT_IMPLEMENTED = ("draft_model", "eagle3", "medusa", "mlp_speculator", "mtp", "suffix",
                     "deepseek_mtp", "ngram_gpu")
-_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model")
+# Keys that only some methods read: given to another method, they are refused by name.
+_METHOD_KEYS = {"prompt_lookup_min": ("ngram",), "prompt_lookup_max": ("ngram",), "model": ("eagle",)}
 # The deepest draft a step verifies (bounds the per-position loop of verify.py).
 MAX_SPECULATIVE_TOKENS = 16
 
@@ -26,6 +28,7 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 0  # k: the most drafts proposed per request per step
     prompt_lookup_min: int = 0  # ngram: shortest suffix n-gram matched (resolved: vLLM's defaults)
     prompt_lookup_max: int = 0  # ngram: longest suffix n-gram matched
+    model: str = ""  # eagle: the EAGLE head's checkpoint directory (speculative/eagle_checkpoint.py)
 
     @property
     def enabled(self) -> bool:
@@ -59,11 +62,16 @@ def parse_speculative_config(value) -> SpeculativeConfig:
         raise ValueError(f"--speculative-config method {method!r} is not implemented; use one of {list(METHODS)}")
     if method not in METHODS:
         raise ValueError(f"--speculative-config method must be one of {list(METHODS)}, got {method!r}")
+    misplaced = sorted(key for key, methods in _METHOD_KEYS.items() if key in value and method not in methods)
+    if misplaced:
+        raise ValueError(f"--speculative-config: {', '.join(misplaced)} not supported with method {method!r}")
     k = _int(value, "num_speculative_tokens", None)
     if k is None:
         raise ValueError("--speculative-config needs num_speculative_tokens")
     if not 1 <= k <= MAX_SPECULATIVE_TOKENS:
         raise ValueError(f"--speculative-config num_speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, got {k}")
+    if method == "eagle":
+        return _eagle(value, k)
     lo, hi = _int(value, "prompt_lookup_min", None), _int(value, "prompt_lookup_max", None)
     # vLLM's defaults (vllm/config/speculative.py): both 5 when neither is given, else the given one.
     if lo is None and hi is None:
@@ -73,6 +81,32 @@ def parse_speculative_config(value) -> SpeculativeConfig:
     if lo < 1 or hi < lo:
         raise ValueError(f"--speculative-config needs 1 <= prompt_lookup_min <= prompt_lookup_max, got {lo}, {hi}")
     return SpeculativeConfig(method=method, num_speculative_tokens=k, prompt_lookup_min=lo, prompt_lookup_max=hi)
+
+
+def draft_kv_block_bytes(config: SpeculativeConfig, target, block_size: int, dtype: str) -> int:
+    """Bytes a proposer's own KV adds per target KV block (counted in the KV budget),
+    after checking the draft against the target (`target`: its ModelConfig)."""
+    if config.method != "eagle":
+        return 0
+    from trillium.models.config import torch_dtype
+    from trillium.speculative import eagle_checkpoint
+
+    head = eagle_checkpoint.read_config(config.model)
+    eagle_checkpoint.check_against_target(head, target, config.model)
+    # NOTE: a request's head cache holds its computed tokens plus its drafts, in block-size
+    # chunks (eagle.py): its own blocks' worth, give or take one block per request.
+    return block_size * eagle_checkpoint.kv_bytes_per_token(head, torch_dtype(dtype))
+
+
+def _eagle(value: dict, k: int) -> SpeculativeConfig:
+    """method eagle: the head's checkpoint directory, its format checked now (start-up)."""
+    from trillium.speculative.eagle_checkpoint import read_config
+
+    model = value.get("model")
+    if not isinstance(model, str) or not model:
+        raise ValueError("--speculative-config method 'eagle' needs model: the EAGLE head's checkpoint directory")
+    read_config(model)  # EAGLE-3, a foreign architecture, HASS norms: refused by name
+    return SpeculativeConfig(method="eagle", num_speculative_tokens=k, model=model)
 
 
 def _int(value: dict, key: str, default):

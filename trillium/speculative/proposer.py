@@ -5,6 +5,8 @@ up to `max_tokens` guesses of what follows; it runs on the executor right
 after a step sampled the request. It never changes what is generated, only
 how fast: every draft is verified against the target (verify.py).
 
+    EagleProposer   (eagle.py) an EAGLE head over the target's hidden states,
+                    called once per step for the whole batch (HiddenStateProposer).
     NgramProposer   prompt lookup (vLLM's "ngram"): the longest suffix n-gram
                     (prompt_lookup_min..max tokens) found earlier in the
                     sequence, its earliest occurrence; the tokens after it.
@@ -36,6 +38,17 @@ _PROBE_EVERY = 8  # ... but for one draft every this many steps
 class Proposer(Protocol):
     def propose(self, token_ids: Sequence[int], max_tokens: int) -> list[int]:
         """Up to `max_tokens` draft tokens to follow `token_ids` (may be none)."""
+        ...
+
+
+class HiddenStateProposer(Protocol):
+    """The batch-level hook (eagle.py): sees every scheduled request of the step with the
+    target's hidden-state rows, once per step. `reads_hidden_states` is True."""
+
+    reads_hidden_states: bool
+
+    def propose_from_hidden(self, hidden, rows: Sequence[tuple]) -> dict[str, list[int]]:
+        """rows: (request state, first row in `hidden`, rows scheduled, depth); drafts by request id."""
         ...
 
 
@@ -88,10 +101,15 @@ class AdaptiveDepth:
         return max(1, min(self.k, round(self.k * self.ema)))
 
 
-def build_proposer(config: SpeculativeConfig) -> Proposer | None:
-    """The configured proposer; None when speculative decoding is off."""
+def build_proposer(config: SpeculativeConfig, **target) -> Proposer | None:
+    """The configured proposer; None when speculative decoding is off. `target`
+    (model, engine_config, device): what a model-based proposer runs beside."""
     if not config.enabled:
         return None
     if config.method == "ngram":
         return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+    if config.method == "eagle":
+        from trillium.speculative.eagle import build_eagle_proposer
+
+        return build_eagle_proposer(config, **target)
     raise ValueError(f"speculative method {config.method!r} has no proposer")

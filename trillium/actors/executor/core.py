@@ -62,6 +62,7 @@ class RequestState:
     draft_token_ids: list[int] = attrs.Factory(list)
     depth: AdaptiveDepth | None = None
     stop_ids: frozenset[int] = frozenset()  # EOS (unless ignore_eos) and stop token ids: end a draft run
+    eagle_kv: object | None = None  # the eagle head's KV of this request (speculative/eagle.py HeadKv)
 
 
 class ExecutorCore:
@@ -115,7 +116,8 @@ class ExecutorCore:
         self.requests: dict[str, RequestState] = {}
         self.stages = StageClock()  # a step's stages as timeline spans; a no-op unless one runs
         # Speculative decoding (trillium/speculative/): proposes after sampling; None when off.
-        self.proposer = build_proposer(config.speculative_config)
+        self.proposer = build_proposer(config.speculative_config, model=self.model, engine_config=config,
+                                       device=self.device)
         self.num_speculative_tokens = config.speculative_config.num_speculative_tokens
         # Structured outputs: compiles on its own threads (executor/grammar.py).
         self.grammars = GrammarCompiler(config.model, self.model_config.vocab_size)
@@ -187,6 +189,7 @@ class ExecutorCore:
             if state is not None:
                 state.block_ids = []
                 state.draft_token_ids = []
+                state.eagle_kv = None
         order = [self._add(new) for new in batch.new_requests]
         cached = batch.cached
         offsets = cached.new_block_offsets
@@ -225,7 +228,9 @@ class ExecutorCore:
         sample_index: list[int] = []  # position of each sampled request in the batch
         prompt_lp: list[tuple[RequestState, int, int]] = []  # state, first row, num rows
         row = 0
+        first_rows: list[int] = []  # each state's first row of `hidden` (a hidden-state proposer reads them)
         for index, (state, n, d) in enumerate(zip(states, counts, num_drafts)):
+            first_rows.append(row)
             begin = state.num_computed_tokens
             end = begin + n
             input_ids.extend(state.token_ids[begin : end - d])
@@ -276,7 +281,8 @@ class ExecutorCore:
                 self._sample(logits, sample_states, sample_index, sampled, logprobs)
         spec = self._verify(hidden, runs, sampled, logprobs) if runs else {}
         if self.proposer is not None and self.pooler is None:
-            spec["proposed_drafts"] = self._propose([*sample_states, *(r[0] for r in runs)])
+            spec["proposed_drafts"] = self._propose([*sample_states, *(r[0] for r in runs)],
+                                                    hidden, list(zip(states, first_rows, counts)))
         self.stages.mark("sample")
         prompt_results = tuple(r for r in (self._prompt_logprobs(hidden, item) for item in prompt_lp) if r is not None)
         fetched = self.kv_stores.completions()
@@ -337,18 +343,30 @@ class ExecutorCore:
             del state.block_ids[keep:]
         return {"more_token_ids": more, "more_logprobs": more_lp, "num_accepted_drafts": accepted}
 
-    def _propose(self, states: list[RequestState]) -> dict[str, int]:
-        """Drafts for each request just sampled, kept for its next step; their counts."""
-        counts = {}
+    def _propose(self, states: list[RequestState], hidden, step_rows: list) -> dict[str, int]:
+        """Drafts for each request just sampled, kept for its next step; their counts.
+        A hidden-state proposer (eagle) sees the whole step at once: `step_rows`, every
+        scheduled (state, first row, rows), so its own cache follows prefill chunks too."""
+        depths = {}
         for state in states:
             if not state.sampling.params.speculative:
                 continue  # the request opted out (SamplingParams.speculative)
             if state.depth is None:
                 state.depth = AdaptiveDepth(self.num_speculative_tokens)
-            depth = state.depth.next_depth()
-            state.draft_token_ids = self.proposer.propose(state.token_ids, depth) if depth else []
-            if state.draft_token_ids:
-                counts[state.request_id] = len(state.draft_token_ids)
+            depths[state.request_id] = state.depth.next_depth()
+        if getattr(self.proposer, "reads_hidden_states", False):
+            rows = [(s, first, n, depths.get(s.request_id, 0)) for s, first, n in step_rows
+                    if s.sampling.params.speculative]
+            drafts = self.proposer.propose_from_hidden(hidden, rows)
+        else:
+            drafts = {s.request_id: self.proposer.propose(s.token_ids, depths[s.request_id])
+                      for s in states if depths.get(s.request_id)}
+        counts = {}
+        for state in states:
+            if state.request_id in depths:
+                state.draft_token_ids = drafts.get(state.request_id, [])
+                if state.draft_token_ids:
+                    counts[state.request_id] = len(state.draft_token_ids)
         return counts
 
     def _pool(self, hidden, rows, states, indices, sampled: np.ndarray) -> dict:
