@@ -267,6 +267,12 @@ class EngineConfig:
         per_block = kv_cache_block_bytes(local_kv_model_config(model_config, self.tensor_parallel_size),
                                          self.block_size, kv_dtype)
         num_blocks = self.num_blocks or budget // per_block
+        spec = self.speculative_config
+        if spec.method == "draft_model":  # the draft's own KV cache (and weights) share the budget
+            from trillium.speculative.draft_model import plan_draft_memory
+
+            num_blocks, spec = plan_draft_memory(attrs.evolve(self, dtype=dtype, kv_cache_dtype=kv_dtype),
+                                                 model_config, budget, per_block, bool(self.gpu_memory_utilization))
         if num_blocks < 2:
             raise ValueError(
                 f"--kv-cache-memory {self.kv_cache_memory} holds {num_blocks} blocks "
@@ -290,7 +296,7 @@ class EngineConfig:
             served_model_name=name, kv_tiers=self.kv_tiers.resolve(per_block, fingerprint), kv_block_bytes=per_block,
             vocab_size=model_config.vocab_size, runner=runner, pooler_config=pooler,
             enable_prefix_caching=prefix_caching, kv_sliding_window=window,
-            enforce_eager=_resolve_enforce_eager(self.enforce_eager),
+            enforce_eager=_resolve_enforce_eager(self.enforce_eager), speculative_config=spec,
         )
 
     @property

@@ -10,6 +10,11 @@ how fast: every draft is verified against the target (verify.py).
                     sequence, its earliest occurrence; the tokens after it.
                     No model. Mirrors vllm/v1/spec_decode/ngram_proposer.py.
 
+    DraftModelProposer  a small model of the same vocabulary (vLLM's
+                    "draft_model", speculative/draft_model.py): a
+                    `BatchProposer`, proposing for every request of a step
+                    in shared forwards, with a cache to free (`release`).
+
 `AdaptiveDepth` is the per-request k: an exponential moving average of the
 fraction of drafts accepted (starts at 1, weight 0.3 per verified step);
 the next proposal is k_eff = max(1, round(k * ema)) tokens, so a request
@@ -21,7 +26,7 @@ would otherwise slow it down.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -36,6 +41,20 @@ _PROBE_EVERY = 8  # ... but for one draft every this many steps
 class Proposer(Protocol):
     def propose(self, token_ids: Sequence[int], max_tokens: int) -> list[int]:
         """Up to `max_tokens` draft tokens to follow `token_ids` (may be none)."""
+        ...
+
+
+class BatchProposer(Protocol):
+    """A proposer that drafts for all of a step's requests at once (a model: one forward per
+    draft position for the whole batch) and keeps per-request state to free. `states` are the
+    executor's request states (request_id, token_ids, ...); a proposer reading the target's
+    hidden states can take the same call."""
+
+    def propose_batch(self, states: Sequence, depths: Sequence[int]) -> list[list[int]]:
+        ...
+
+    def release(self, request_ids: Iterable[str]) -> None:
+        """Requests that finished, were aborted or preempted: drop their state."""
         ...
 
 
@@ -88,10 +107,15 @@ class AdaptiveDepth:
         return max(1, min(self.k, round(self.k * self.ema)))
 
 
-def build_proposer(config: SpeculativeConfig) -> Proposer | None:
-    """The configured proposer; None when speculative decoding is off."""
+def build_proposer(config: SpeculativeConfig, engine_config=None, device=None) -> Proposer | BatchProposer | None:
+    """The configured proposer; None when speculative decoding is off. A model proposer
+    needs the (resolved) engine config and the executor's device."""
     if not config.enabled:
         return None
     if config.method == "ngram":
         return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+    if config.method == "draft_model":
+        from trillium.speculative.draft_model import DraftModelProposer
+
+        return DraftModelProposer(engine_config, device)
     raise ValueError(f"speculative method {config.method!r} has no proposer")

@@ -108,7 +108,9 @@ class ExecutorCore:
         self.requests: dict[str, RequestState] = {}
         self.stages = StageClock()  # a step's stages as timeline spans; a no-op unless one runs
         # Speculative decoding (trillium/speculative/): proposes after sampling; None when off.
-        self.proposer = build_proposer(config.speculative_config)
+        self.proposer = build_proposer(config.speculative_config, config, self.device)
+        # A model proposer (draft_model) keeps a cache per request, freed with the request's blocks.
+        self._release_drafts = getattr(self.proposer, "release", None)
         self.num_speculative_tokens = config.speculative_config.num_speculative_tokens
         # Structured outputs: compiles on its own threads (executor/grammar.py).
         self.grammars = GrammarCompiler(config.model, self.model_config.vocab_size)
@@ -175,6 +177,8 @@ class ExecutorCore:
             self.requests.pop(rid, None)
         if self.pooler is not None:
             self.pooler.drop(batch.finished_request_ids)
+        if self._release_drafts is not None:
+            self._release_drafts((*batch.finished_request_ids, *batch.preempted_request_ids))
         for rid in batch.preempted_request_ids:
             state = self.requests.get(rid)
             if state is not None:
@@ -332,16 +336,25 @@ class ExecutorCore:
 
     def _propose(self, states: list[RequestState]) -> dict[str, int]:
         """Drafts for each request just sampled, kept for its next step; their counts."""
-        counts = {}
+        counts, wanted, depths = {}, [], []
         for state in states:
             if not state.sampling.params.speculative:
                 continue  # the request opted out (SamplingParams.speculative)
             if state.depth is None:
                 state.depth = AdaptiveDepth(self.num_speculative_tokens)
             depth = state.depth.next_depth()
-            state.draft_token_ids = self.proposer.propose(state.token_ids, depth) if depth else []
-            if state.draft_token_ids:
-                counts[state.request_id] = len(state.draft_token_ids)
+            state.draft_token_ids = []
+            if depth:
+                wanted.append(state)
+                depths.append(depth)
+        if hasattr(self.proposer, "propose_batch"):  # a model: one forward per position for all
+            drafts = self.proposer.propose_batch(wanted, depths)
+        else:
+            drafts = [self.proposer.propose(state.token_ids, depth) for state, depth in zip(wanted, depths)]
+        for state, draft in zip(wanted, drafts):
+            state.draft_token_ids = draft
+            if draft:
+                counts[state.request_id] = len(draft)
         return counts
 
     def _pool(self, hidden, rows, states, indices, sampled: np.ndarray) -> dict:
