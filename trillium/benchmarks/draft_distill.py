@@ -120,7 +120,14 @@ def distil(out: Path, model: str, *, num_prompts: int, max_tokens: int, hidden: 
 
     torch.manual_seed(seed)
     start = time.perf_counter()
-    data = _target_outputs(model, training_prompts(num_prompts), max_tokens, threads, dequantize)
+    cache = out / "target_outputs.json"  # WHY: a rerun with other training settings skips generation
+    key = dict(model=model, num_prompts=num_prompts, max_tokens=max_tokens)
+    if cache.exists() and json.loads(cache.read_text())["key"] == key:
+        data = [tuple(pair) for pair in json.loads(cache.read_text())["data"]]
+    else:
+        data = _target_outputs(model, training_prompts(num_prompts), max_tokens, threads, dequantize)
+        out.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps({"key": key, "data": data}))
     gen_s = time.perf_counter() - start
     embedding, target_config, target_params = _target_embedding(model)
     u, s, _ = torch.linalg.svd(embedding, full_matrices=False)

@@ -107,6 +107,15 @@ class AdaptiveDepth:
         return max(1, min(self.k, round(self.k * self.ema)))
 
 
+def drafts_left(max_tokens: int | None, num_tokens: int, num_prompt_tokens: int, max_model_len: int) -> int:
+    """Drafts the scheduler could still verify for a request (DraftBudget caps them the same
+    way); a model proposer's forwards past them would be wasted."""
+    left = max_model_len - num_tokens - 1
+    if max_tokens is not None:
+        left = min(left, max_tokens - (num_tokens - num_prompt_tokens) - 1)
+    return left
+
+
 def build_proposer(config: SpeculativeConfig, engine_config=None, device=None) -> Proposer | BatchProposer | None:
     """The configured proposer; None when speculative decoding is off. A model proposer
     needs the (resolved) engine config and the executor's device."""

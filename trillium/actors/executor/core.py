@@ -37,7 +37,7 @@ from trillium.actors.protocol.execute import (
 )
 from trillium.config import EngineConfig
 from trillium.kernels import AttentionMetadata
-from trillium.speculative.proposer import AdaptiveDepth, build_proposer
+from trillium.speculative.proposer import AdaptiveDepth, build_proposer, drafts_left
 from trillium.speculative.verify import DraftRun, verify_drafts
 
 log = logging.getLogger(__name__)
@@ -342,9 +342,10 @@ class ExecutorCore:
                 continue  # the request opted out (SamplingParams.speculative)
             if state.depth is None:
                 state.depth = AdaptiveDepth(self.num_speculative_tokens)
-            depth = state.depth.next_depth()
+            depth = min(state.depth.next_depth(), drafts_left(
+                state.sampling.params.max_tokens, len(state.token_ids), state.num_prompt_tokens, self.config.max_model_len))
             state.draft_token_ids = []
-            if depth:
+            if depth > 0:
                 wanted.append(state)
                 depths.append(depth)
         if hasattr(self.proposer, "propose_batch"):  # a model: one forward per position for all
