@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"{model} on {args.device}, torch {torch.__version__}, {args.threads or torch.get_num_threads()} executor threads; "
           f"{args.num_prompts} prompts x {args.max_tokens} tokens, greedy; ngram k={args.k}, lookup {lo}..{hi}"
-          + (f"; draft {args.draft} k={args.k}" if args.draft else "") + ("; target dequantized" if args.gguf_dequantize else ""))
+          + (f"; draft {args.draft} k={args.k}" if args.draft else "")
+          + ("; target dequantized" if args.gguf_dequantize else ""))
     print(f"{'workload':<12}{'batch':>6}{'spec':>7}{'tok/s':>9}{'ITL ms':>9}{'speedup':>9}{'accept':>8}"
           f"{'mean len':>10}{'same out':>10}")
     for workload, batch, name, tps, itl_ms, rate, length in rows:

@@ -81,7 +81,8 @@ def plan_draft_memory(engine_config, target_config, budget_bytes: int, target_bl
         if weights_in_budget:
             from trillium.gpu_memory import checkpoint_numel
 
-            budget_bytes -= checkpoint_numel(spec.model) * torch.empty((), dtype=_torch_dtype(engine_config.dtype)).element_size()
+            element_bytes = torch.empty((), dtype=_torch_dtype(engine_config.dtype)).element_size()
+            budget_bytes -= checkpoint_numel(spec.model) * element_bytes
         num_blocks = (budget_bytes - tail_blocks * draft_block_bytes) // (target_block_bytes + draft_block_bytes)
         if num_blocks < 2:
             raise ValueError(f"the KV budget ({budget_bytes} bytes after the draft's weights) does not hold two "

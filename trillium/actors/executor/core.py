@@ -342,8 +342,9 @@ class ExecutorCore:
                 continue  # the request opted out (SamplingParams.speculative)
             if state.depth is None:
                 state.depth = AdaptiveDepth(self.num_speculative_tokens)
-            depth = min(state.depth.next_depth(), drafts_left(
-                state.sampling.params.max_tokens, len(state.token_ids), state.num_prompt_tokens, self.config.max_model_len))
+            left = drafts_left(state.sampling.params.max_tokens, len(state.token_ids), state.num_prompt_tokens,
+                               self.config.max_model_len)
+            depth = min(state.depth.next_depth(), left)
             state.draft_token_ids = []
             if depth > 0:
                 wanted.append(state)

@@ -113,7 +113,8 @@ class DeviceMemory:
         device_before = self._device_allocated()
         kv_bytes = sum(_tensor_bytes(t) for pair in self.core.kv_caches for t in pair)
         self.core.kv_caches = []
-        draft = getattr(getattr(self.core, "proposer", None), "sleep", None)  # a draft model's cache (speculative/draft_model.py)
+        # A draft model's cache and weights (speculative/draft_model.py).
+        draft = getattr(getattr(self.core, "proposer", None), "sleep", None)
         kv_bytes += draft() if draft is not None else 0
         weight_bytes = 0
         if level == 2:
