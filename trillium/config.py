@@ -280,6 +280,12 @@ class EngineConfig:
         # A proposer's own KV (eagle: the head's dense caches) is budgeted per target block.
         draft_per_block = draft_kv_block_bytes(self.speculative_config, model_config, self.block_size, dtype)
         num_blocks = self.num_blocks or budget // (per_block + draft_per_block)
+        spec = self.speculative_config
+        if spec.method == "draft_model":  # the draft's own KV cache (and weights) share the budget
+            from trillium.speculative.draft_model import plan_draft_memory
+
+            num_blocks, spec = plan_draft_memory(attrs.evolve(self, dtype=dtype, kv_cache_dtype=kv_dtype),
+                                                 model_config, budget, per_block, bool(self.gpu_memory_utilization))
         if num_blocks < 2:
             raise ValueError(
                 f"--kv-cache-memory {self.kv_cache_memory} holds {num_blocks} blocks "
@@ -303,7 +309,7 @@ class EngineConfig:
             served_model_name=name, kv_tiers=self.kv_tiers.resolve(per_block, fingerprint), kv_block_bytes=per_block,
             vocab_size=model_config.vocab_size, runner=runner, pooler_config=pooler,
             enable_prefix_caching=prefix_caching, kv_sliding_window=window,
-            enforce_eager=_resolve_enforce_eager(self.enforce_eager),
+            enforce_eager=_resolve_enforce_eager(self.enforce_eager), speculative_config=spec,
             async_scheduling=_resolve_async_scheduling(self, runner),
         )
 

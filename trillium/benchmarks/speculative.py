@@ -1,4 +1,4 @@
-"""Speculative decoding (ngram, eagle) beside the same engine without it: tok/s, ITL, acceptance.
+"""Speculative decoding (ngram, eagle, draft_model) beside the same engine without it: tok/s, ITL, acceptance.
 
 Workloads, greedy with ignore_eos (both engines produce the same tokens, every request its
 full --max-tokens: like for like):
@@ -18,11 +18,18 @@ ngram. Nothing is asserted; a shared, loaded machine makes every figure noisy.
 eagle (--methods): an EAGLE head trained by the bench first, on the target's
 own greedy answers to other prompts (benchmarks/speculative_eagle.py), or
 --eagle-head PATH, a head in vLLM's EAGLE format.
+
+--draft PATH adds an engine speculating with that draft model
+(`{"method": "draft_model", "model": PATH}`, same k), to every row: build one
+with bench/build_draft_model.py (distilled from the target on its own
+greedy outputs). Target (issue 19): >= 1.3x tok/s on free generation with a
+draft >= 10x smaller than the target.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -107,15 +114,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lookup", default="2,5", help="prompt_lookup_min,max")
     parser.add_argument("--no-chat", action="store_true", help="a base model: plain-text prompts, no chat template")
     parser.add_argument("--max-model-len", type=int, default=1024)
-    parser.add_argument("--methods", default="ngram,eagle", help="proposers to compare with none (ngram, eagle)")
+    parser.add_argument("--methods", default="ngram,eagle",
+                        help="proposers to compare with none (ngram, eagle; '' for none but --draft)")
     parser.add_argument("--eagle-head", default=None, help="an EAGLE head checkpoint (default: train one first)")
     parser.add_argument("--eagle-steps", type=int, default=150, help="training steps of the bench's own head")
     parser.add_argument("--eagle-train-tokens", type=int, default=64, help="greedy tokens per training prompt")
+    parser.add_argument("--draft", default=None, metavar="PATH",
+                        help="also speculate with this draft model (bench/build_draft_model.py builds one)")
+    parser.add_argument("--workloads", default="repetition,free", help="comma-separated: repetition, free")
+    parser.add_argument("--gguf-dequantize", action="store_true",
+                        help="the target's GGUF weights as float (dense matmuls: a k+1-row verify costs ~1 row)")
     parser.add_argument("--threads", type=int, default=1,
                         help="executor torch threads (WHY 1: OpenMP spin-waits on a small shared CPU; 0: default)")
     args = parser.parse_args(argv)
-
-    import contextlib
 
     import torch
 
@@ -134,10 +145,11 @@ def main(argv: list[str] | None = None) -> int:
                        "prompt_lookup_max": hi},
              "eagle": {"method": "eagle", "num_speculative_tokens": args.k}}
     engine = dict(device=args.device, max_model_len=args.max_model_len, max_num_seqs=8, max_num_batched_tokens=1024,
-                  enable_prefix_caching=False, num_threads=args.threads)
+                  enable_prefix_caching=False, num_threads=args.threads,
+                  gguf_dequantize=args.gguf_dequantize)
     rows = []
     outputs: dict[tuple, list] = {}
-    # WHY both engines at once, each row run back to back on both: on a shared machine the
+    # WHY every engine at once, each row run back to back on all: on a shared machine the
     # load drifts; comparing rows measured minutes apart would measure the drift.
     notes = []
     with contextlib.ExitStack() as stack:
@@ -151,12 +163,15 @@ def main(argv: list[str] | None = None) -> int:
                 notes.append(note)
                 print(f"  {note}", flush=True)
             specs["eagle"]["model"] = head
+        if args.draft:
+            specs["draft"] = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.k}
+            methods.append("draft")
         engines = [("none", plain)] + [(m, stack.enter_context(LLM(model, speculative_config=specs[m], **engine)))
                                        for m in methods]
         tokenizer = plain.get_tokenizer()
         for _, llm in engines:  # warm-up
             llm.generate([{"prompt_token_ids": _prompts(tokenizer, "free", 1, not args.no_chat)[0]}], None)
-        for workload in ("repetition", "free"):
+        for workload in args.workloads.split(","):
             prompts = _prompts(tokenizer, workload, args.num_prompts, not args.no_chat)
             for batch in sorted({1, min(8, args.num_prompts)}):  # 8 at once (fewer with fewer prompts)
                 for name, llm in engines:
@@ -169,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     base = {(w, b): tps for w, b, n, tps, *_ in rows if n == "none"}
     print()
     print(f"{model} on {args.device}, torch {torch.__version__}, {args.threads or torch.get_num_threads()} executor threads; "
-          f"{args.num_prompts} prompts x {args.max_tokens} tokens, greedy; k={args.k}, ngram lookup {lo}..{hi}")
+          f"{args.num_prompts} prompts x {args.max_tokens} tokens, greedy; k={args.k}, ngram lookup {lo}..{hi}"
+          + (f"; draft {args.draft}" if args.draft else "")
+          + ("; target dequantized" if args.gguf_dequantize else ""))
     for note in notes:
         print(note)
     print(f"{'workload':<12}{'batch':>6}{'spec':>7}{'tok/s':>9}{'ITL ms':>9}{'speedup':>9}{'accept':>8}"

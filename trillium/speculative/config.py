@@ -3,6 +3,13 @@
 Parsed once at start-up (`parse_speculative_config`) from a dict, a JSON
 string or None; an unknown key or method is a start-up error naming it.
 Frozen, part of `EngineConfig`, so every actor sees the same one.
+
+Keys per method (vllm/config/speculative.py SpeculativeConfig): ngram takes
+prompt_lookup_min/max; draft_model takes model (the draft's path; vLLM's
+default method when model is given without one), draft_tensor_parallel_size
+(1 only) and draft_sample_method ("greedy" only: drafts are point masses,
+speculative/draft_model.py). `num_draft_blocks` is resolved at start-up
+(EngineConfig.resolve -> draft_model.plan_draft_memory), never given.
 """
 
 from __future__ import annotations
@@ -12,12 +19,13 @@ import json
 import attrs
 
 # Methods Trillium implements; vLLM's other names are refused by name.
-METHODS = ("ngram", "eagle")
-_NOT_IMPLEMENTED = ("draft_model", "eagle3", "medusa", "mlp_speculator", "mtp", "suffix",
-                    "deepseek_mtp", "ngram_gpu")
-_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model")
+METHODS = ("ngram", "eagle", "draft_model")
+_NOT_IMPLEMENTED = ("eagle3", "medusa", "mlp_speculator", "mtp", "suffix", "deepseek_mtp", "ngram_gpu")
+_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model",
+         "draft_tensor_parallel_size", "draft_sample_method")
 # Keys that only some methods read: given to another method, they are refused by name.
-_METHOD_KEYS = {"prompt_lookup_min": ("ngram",), "prompt_lookup_max": ("ngram",), "model": ("eagle",)}
+_METHOD_KEYS = {"prompt_lookup_min": ("ngram",), "prompt_lookup_max": ("ngram",), "model": ("eagle", "draft_model"),
+                "draft_tensor_parallel_size": ("draft_model",), "draft_sample_method": ("draft_model",)}
 # The deepest draft a step verifies (bounds the per-position loop of verify.py).
 MAX_SPECULATIVE_TOKENS = 16
 
@@ -28,7 +36,8 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 0  # k: the most drafts proposed per request per step
     prompt_lookup_min: int = 0  # ngram: shortest suffix n-gram matched (resolved: vLLM's defaults)
     prompt_lookup_max: int = 0  # ngram: longest suffix n-gram matched
-    model: str = ""  # eagle: the EAGLE head's checkpoint directory (speculative/eagle_checkpoint.py)
+    model: str = ""  # eagle: the EAGLE head's directory (eagle_checkpoint.py); draft_model: the draft checkpoint
+    num_draft_blocks: int = 0  # draft_model, resolved: blocks of the draft's own paged KV cache
 
     @property
     def enabled(self) -> bool:
@@ -56,6 +65,8 @@ def parse_speculative_config(value) -> SpeculativeConfig:
         raise ValueError(f"--speculative-config: unsupported key(s) {', '.join(unknown)}; "
                          f"Trillium implements {', '.join(_KEYS)}")
     method = value.get("method")
+    if method is None and value.get("model") not in (None, "ngram", "[ngram]"):
+        method = "draft_model"  # vLLM's default when a model is given without a method
     if method in ("[ngram]",):
         method = "ngram"
     if method in _NOT_IMPLEMENTED:
@@ -72,6 +83,8 @@ def parse_speculative_config(value) -> SpeculativeConfig:
         raise ValueError(f"--speculative-config num_speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, got {k}")
     if method == "eagle":
         return _eagle(value, k)
+    if method == "draft_model":
+        return _draft_model(value, k)
     lo, hi = _int(value, "prompt_lookup_min", None), _int(value, "prompt_lookup_max", None)
     # vLLM's defaults (vllm/config/speculative.py): both 5 when neither is given, else the given one.
     if lo is None and hi is None:
@@ -107,6 +120,18 @@ def _eagle(value: dict, k: int) -> SpeculativeConfig:
         raise ValueError("--speculative-config method 'eagle' needs model: the EAGLE head's checkpoint directory")
     read_config(model)  # EAGLE-3, a foreign architecture, HASS norms: refused by name
     return SpeculativeConfig(method="eagle", num_speculative_tokens=k, model=model)
+
+
+def _draft_model(value: dict, k: int) -> SpeculativeConfig:
+    model = value.get("model")
+    if not isinstance(model, str) or not model:
+        raise ValueError("--speculative-config method 'draft_model' needs model (the draft checkpoint's path)")
+    if _int(value, "draft_tensor_parallel_size", 1) != 1:
+        raise ValueError("--speculative-config draft_tensor_parallel_size: only 1 is supported")
+    if value.get("draft_sample_method", "greedy") != "greedy":
+        raise ValueError(f"--speculative-config draft_sample_method {value['draft_sample_method']!r} is not "
+                         "implemented; Trillium drafts greedily ('greedy')")
+    return SpeculativeConfig(method="draft_model", num_speculative_tokens=k, model=model)
 
 
 def _int(value: dict, key: str, default):

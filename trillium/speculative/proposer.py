@@ -12,6 +12,11 @@ how fast: every draft is verified against the target (verify.py).
                     sequence, its earliest occurrence; the tokens after it.
                     No model. Mirrors vllm/v1/spec_decode/ngram_proposer.py.
 
+    DraftModelProposer  a small model of the same vocabulary (vLLM's
+                    "draft_model", speculative/draft_model.py): a
+                    `BatchProposer`, proposing for every request of a step
+                    in shared forwards, with a cache to free (`release`).
+
 `AdaptiveDepth` is the per-request k: an exponential moving average of the
 fraction of drafts accepted (starts at 1, weight 0.3 per verified step);
 the next proposal is k_eff = max(1, round(k * ema)) tokens, so a request
@@ -23,7 +28,7 @@ would otherwise slow it down.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -49,6 +54,20 @@ class HiddenStateProposer(Protocol):
 
     def propose_from_hidden(self, hidden, rows: Sequence[tuple]) -> dict[str, list[int]]:
         """rows: (request state, first row in `hidden`, rows scheduled, depth); drafts by request id."""
+        ...
+
+
+class BatchProposer(Protocol):
+    """A proposer that drafts for all of a step's requests at once (a model: one forward per
+    draft position for the whole batch) and keeps per-request state to free. `states` are the
+    executor's request states (request_id, token_ids, ...); a proposer reading the target's
+    hidden states can take the same call."""
+
+    def propose_batch(self, states: Sequence, depths: Sequence[int]) -> list[list[int]]:
+        ...
+
+    def release(self, request_ids: Iterable[str]) -> None:
+        """Requests that finished, were aborted or preempted: drop their state."""
         ...
 
 
@@ -101,9 +120,18 @@ class AdaptiveDepth:
         return max(1, min(self.k, round(self.k * self.ema)))
 
 
-def build_proposer(config: SpeculativeConfig, **target) -> Proposer | None:
+def drafts_left(max_tokens: int | None, num_tokens: int, num_prompt_tokens: int, max_model_len: int) -> int:
+    """Drafts the scheduler could still verify for a request (DraftBudget caps them the same
+    way); a model proposer's forwards past them would be wasted."""
+    left = max_model_len - num_tokens - 1
+    if max_tokens is not None:
+        left = min(left, max_tokens - (num_tokens - num_prompt_tokens) - 1)
+    return left
+
+
+def build_proposer(config: SpeculativeConfig, **target) -> Proposer | BatchProposer | HiddenStateProposer | None:
     """The configured proposer; None when speculative decoding is off. `target`
-    (model, engine_config, device): what a model-based proposer runs beside."""
+    (model, engine_config: resolved, device): what a model-based proposer runs beside."""
     if not config.enabled:
         return None
     if config.method == "ngram":
@@ -112,4 +140,8 @@ def build_proposer(config: SpeculativeConfig, **target) -> Proposer | None:
         from trillium.speculative.eagle import build_eagle_proposer
 
         return build_eagle_proposer(config, **target)
+    if config.method == "draft_model":
+        from trillium.speculative.draft_model import DraftModelProposer
+
+        return DraftModelProposer(target["engine_config"], target["device"])
     raise ValueError(f"speculative method {config.method!r} has no proposer")

@@ -37,7 +37,7 @@ from trillium.actors.protocol.execute import (
 )
 from trillium.config import EngineConfig
 from trillium.kernels import AttentionMetadata
-from trillium.speculative.proposer import AdaptiveDepth, build_proposer
+from trillium.speculative.proposer import AdaptiveDepth, build_proposer, drafts_left
 from trillium.speculative.verify import DraftRun, verify_drafts
 
 log = logging.getLogger(__name__)
@@ -118,6 +118,8 @@ class ExecutorCore:
         # Speculative decoding (trillium/speculative/): proposes after sampling; None when off.
         self.proposer = build_proposer(config.speculative_config, model=self.model, engine_config=config,
                                        device=self.device)
+        # A model proposer (draft_model) keeps a cache per request, freed with the request's blocks.
+        self._release_drafts = getattr(self.proposer, "release", None)
         self.num_speculative_tokens = config.speculative_config.num_speculative_tokens
         # Structured outputs: compiles on its own threads (executor/grammar.py).
         self.grammars = GrammarCompiler(config.model, self.model_config.vocab_size)
@@ -184,6 +186,8 @@ class ExecutorCore:
             self.requests.pop(rid, None)
         if self.pooler is not None:
             self.pooler.drop(batch.finished_request_ids)
+        if self._release_drafts is not None:
+            self._release_drafts((*batch.finished_request_ids, *batch.preempted_request_ids))
         for rid in batch.preempted_request_ids:
             state = self.requests.get(rid)
             if state is not None:
@@ -346,18 +350,26 @@ class ExecutorCore:
     def _propose(self, states: list[RequestState], hidden, step_rows: list) -> dict[str, int]:
         """Drafts for each request just sampled, kept for its next step; their counts.
         A hidden-state proposer (eagle) sees the whole step at once: `step_rows`, every
-        scheduled (state, first row, rows), so its own cache follows prefill chunks too."""
+        scheduled (state, first row, rows), so its own cache follows prefill chunks too.
+        A batch proposer (draft_model) drafts for every drafting request in one call.
+        Depths are capped by what max_tokens / max_model_len leave (drafts_left)."""
         depths = {}
         for state in states:
             if not state.sampling.params.speculative:
                 continue  # the request opted out (SamplingParams.speculative)
             if state.depth is None:
                 state.depth = AdaptiveDepth(self.num_speculative_tokens)
-            depths[state.request_id] = state.depth.next_depth()
+            left = drafts_left(state.sampling.params.max_tokens, len(state.token_ids), state.num_prompt_tokens,
+                               self.config.max_model_len)
+            depths[state.request_id] = max(0, min(state.depth.next_depth(), left))
         if getattr(self.proposer, "reads_hidden_states", False):
             rows = [(s, first, n, depths.get(s.request_id, 0)) for s, first, n in step_rows
                     if s.sampling.params.speculative]
             drafts = self.proposer.propose_from_hidden(hidden, rows)
+        elif hasattr(self.proposer, "propose_batch"):  # a model: one forward per position for all
+            wanted = [s for s in states if depths.get(s.request_id)]
+            batch = self.proposer.propose_batch(wanted, [depths[s.request_id] for s in wanted])
+            drafts = {s.request_id: draft for s, draft in zip(wanted, batch)}
         else:
             drafts = {s.request_id: self.proposer.propose(s.token_ids, depths[s.request_id])
                       for s in states if depths.get(s.request_id)}

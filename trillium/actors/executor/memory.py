@@ -113,6 +113,9 @@ class DeviceMemory:
         device_before = self._device_allocated()
         kv_bytes = sum(_tensor_bytes(t) for pair in self.core.kv_caches for t in pair)
         self.core.kv_caches = []
+        # A draft model's cache and weights (speculative/draft_model.py).
+        draft = getattr(getattr(self.core, "proposer", None), "sleep", None)
+        kv_bytes += draft() if draft is not None else 0
         weight_bytes = 0
         if level == 2:
             weight_bytes = self._discard_weights()
@@ -144,6 +147,8 @@ class DeviceMemory:
                 )
             if self.device.type != "cpu":
                 self.core.model.to(self.device)
+            if hasattr(getattr(self.core, "proposer", None), "wake_weights"):
+                self.core.proposer.wake_weights()
             self.asleep.discard(WakeTag.WEIGHTS)
         if WakeTag.KV_CACHE in tags and WakeTag.KV_CACHE in self.asleep:
             from trillium.models.llama import allocate_kv_caches
@@ -153,6 +158,8 @@ class DeviceMemory:
                 self.core.model.local_config, cfg.num_blocks, cfg.block_size, self.core.kv_cache_dtype, self.device
             )
             self._restore_kv_scales()
+            if hasattr(getattr(self.core, "proposer", None), "wake_kv_cache"):
+                self.core.proposer.wake_kv_cache(cfg)
             self.asleep.discard(WakeTag.KV_CACHE)
         if not self.asleep:
             self.level = 0
