@@ -71,8 +71,6 @@ def _target_outputs(model: str, prompts: list[str], max_tokens: int, threads: in
 
 
 def _target_embedding(model: str):
-    import torch
-
     from trillium.models.loader import load_model
 
     target, config = load_model(model, dtype="float32", progress=False, gguf_dequantize=True)

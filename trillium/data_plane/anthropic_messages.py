@@ -179,7 +179,7 @@ def _tool(tool) -> dict:
 
 def _tool_choice(choice: ToolChoice) -> dict:
     if choice.type != "tool" and choice.name is not None:
-        raise bad_request(f'tool_choice.name: only with tool_choice.type "tool"', "tool_choice.name")
+        raise bad_request('tool_choice.name: only with tool_choice.type "tool"', "tool_choice.name")
     if choice.type == "tool":
         if not choice.name:
             raise bad_request('tool_choice.name: required with tool_choice.type "tool"', "tool_choice.name")

@@ -66,7 +66,7 @@ def check_packed(qs: torch.Tensor, sz: torch.Tensor, group: int) -> int:
 def _lib_or_raise() -> ctypes.CDLL:
     lib = _LIBRARY.get()
     if lib is None:
-        raise RuntimeError(f"int4 CPU kernel unavailable: {_build_error}")
+        raise RuntimeError(f"int4 CPU kernel unavailable: {unavailable_reason()}")
     return lib
 
 
