@@ -8,7 +8,9 @@ owns one `IncrementalDetokenizer` per live request, created from the
 DetokenizeSpec on the request's first delta and dropped when the request
 finishes; it drops tokens that reach a request a stop string already
 finished. With an OTLP endpoint configured, detailed-traced requests get a
-`detokenize` span (observability/actor_spans.py).
+`detokenize` span (observability/actor_spans.py). Its tokenizer backend:
+under `trillium serve` the one the api published (backend_handoff.py), else
+loaded here.
 """
 
 from __future__ import annotations
