@@ -173,7 +173,6 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
     from trillium.data_plane import DataPlaneEngine, create_app
     from trillium.data_plane.limits import RequestLimits, default_max_queued_requests
     from trillium.models.loader import load_model_config
-    from trillium.models.tokenizer import load_tokenizer
     from trillium.observability.tracing import RequestTracing
     from prometheus_client import CollectorRegistry
 
@@ -206,10 +205,12 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
                      f" x {server_config.data_parallel_size} replicas" if server_config.data_parallel_size > 1
                      else "", engine_config.model)
             # WHY beside the actors' start: loading the tokenizer is seconds of this process's
-            # time that the children's imports need not wait for.
+            # time that the children's imports need not wait for. The detokenizers wait for its
+            # backend instead of loading their own (detokenizer/backend_handoff.py).
             tokenizer_box: list = []
             async with trio.open_nursery() as starting:
-                starting.start_soon(_load_into, tokenizer_box, load_tokenizer, engine_config.tokenizer_path)
+                starting.start_soon(_load_into, tokenizer_box, _load_tokenizer, engine_config.tokenizer_path,
+                                    _backend_file(ipc_dir))
                 supervision = processes.supervision = await nursery.start(processes.supervise)
             tokenizer = tokenizer_box[0]
             log.info("engine actors up: %s (sockets in %s)",
@@ -286,7 +287,8 @@ def _build_engine(engine_config, server_config, ipc_dir, registry, loras, shutdo
     from trillium.observability.metrics import EngineMetrics
 
     num_replicas, stall_s = server_config.data_parallel_size, server_config.engine_stall_timeout_s
-    configs = replica_configs(engine_config, ipc_dir, num_replicas)
+    configs = [attrs.evolve(config, tokenizer_backend_file=_backend_file(ipc_dir))
+               for config in replica_configs(engine_config, ipc_dir, num_replicas)]
     if server_config.link_secret is not None:  # every host's ranks prove the one they share
         configs = [attrs.evolve(config, link_secret=server_config.link_secret) for config in configs]
     clients = [EngineClient(config) for config in configs]
@@ -419,6 +421,22 @@ class _EngineProcesses:
 
 async def _load_into(box: list, load, *args) -> None:
     box.append(await trio.to_thread.run_sync(load, *args))
+
+
+def _backend_file(ipc_dir: str) -> str:
+    from trillium.actors.detokenizer.backend_handoff import BACKEND_FILE
+
+    return os.path.join(ipc_dir, BACKEND_FILE)
+
+
+def _load_tokenizer(tokenizer_path: str, backend_file: str):
+    """The api's tokenizer, its backend published for every replica's detokenizer (one file)."""
+    from trillium.actors.detokenizer.backend_handoff import publish_backend
+    from trillium.models.tokenizer import load_tokenizer  # WHY here: transformers' import, off the loop
+
+    tokenizer = load_tokenizer(tokenizer_path)
+    publish_backend(tokenizer, backend_file)
+    return tokenizer
 
 
 class _Started:

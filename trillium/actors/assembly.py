@@ -57,6 +57,9 @@ class ActorConfig:
     # made elsewhere without one, which `links.Links` refuses.
     link_secret: str | None = attrs.field(factory=lambda: secrets.token_hex(SECRET_BYTES), repr=False)
     tp_rank: int = 0  # which tensor-parallel executor rank reads this (executor/tp_fanout.py)
+    # `trillium serve`: where the api publishes its tokenizer's backend for the detokenizer
+    # (detokenizer/backend_handoff.py); None: the detokenizer loads the tokenizer itself.
+    tokenizer_backend_file: str | None = None
 
     def link_key(self) -> LinkKey | None:
         return None if self.link_secret is None else LinkKey(bytes.fromhex(self.link_secret))
@@ -69,6 +72,7 @@ class ActorConfig:
         fields = json.loads(data)
         fields.setdefault("link_secret", None)  # WHY: never a fresh secret the peers do not share
         fields.setdefault("tp_rank", 0)
+        fields.setdefault("tokenizer_backend_file", None)
         return _converter.structure(fields, ActorConfig)
 
 

@@ -246,10 +246,22 @@ class DecoderLayer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden), lora)
 
 
+def _embedding(num_embeddings: int, dim: int, factory: dict[str, Any]) -> nn.Embedding:
+    """nn.Embedding, left uninitialized where it is built on the meta device (`empty()` below).
+
+    WHY: nn.Embedding's normal_ init on a meta tensor runs torch._refs.normal_, whose first call
+    imports torch._dynamo: seconds of an eager executor's start-up (2 CPUs), for values never kept.
+    """
+    if torch.empty(0, device=factory.get("device")).device.type != "meta":
+        return nn.Embedding(num_embeddings, dim, **factory)
+    weight = torch.empty(num_embeddings, dim, **factory)
+    return nn.Embedding(num_embeddings, dim, _weight=weight)
+
+
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, make_layer, norm: type[nn.Module] = RMSNorm, **factory: Any) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, **factory)
+        self.embed_tokens = _embedding(config.vocab_size, config.hidden_size, factory)
         self.layers = nn.ModuleList(make_layer(config, i, factory) for i in range(config.num_layers))
         self.norm = norm(config.hidden_size, config.rms_norm_eps, **factory)
 
@@ -310,7 +322,9 @@ class LlamaForCausalLM(nn.Module):
         """
         with torch.device("meta"):
             model = cls(config, dtype=dtype, max_positions=max_positions, **({"tp": tp} if tp is not None else {}))
-        model = model.to_empty(device=device)
+        # NOTE: Module.to_empty's empty_like of a meta tensor runs torch._refs, whose first call imports
+        # sympy (a second of start-up); plain torch.empty gives the same contiguous storage.
+        model = model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
         model.reset_rope_cache()
         return model
 

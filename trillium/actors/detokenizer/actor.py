@@ -8,7 +8,9 @@ owns one `IncrementalDetokenizer` per live request, created from the
 DetokenizeSpec on the request's first delta and dropped when the request
 finishes; it drops tokens that reach a request a stop string already
 finished. With an OTLP endpoint configured, detailed-traced requests get a
-`detokenize` span (observability/actor_spans.py).
+`detokenize` span (observability/actor_spans.py). Its tokenizer backend:
+under `trillium serve` the one the api published (backend_handoff.py), else
+loaded here.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 
 import trio
 
+from trillium.actors.detokenizer.backend_handoff import receive_backend
 from trillium.actors.detokenizer.core import DetokenizerRegistry
 from trillium.actors.assembly import ActorConfig, engine_codec
 from trillium.actors.links import Links
@@ -32,12 +35,9 @@ log = logging.getLogger(__name__)
 
 
 async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    from trillium.models.tokenizer import load_tokenizer
-
     cfg = ActorConfig.from_bytes(config)
     codec = engine_codec()
-    tokenizer = await trio.to_thread.run_sync(load_tokenizer, cfg.engine.tokenizer_path)
-    registry = DetokenizerRegistry(tokenizer.backend)
+    registry = DetokenizerRegistry(await _tokenizer_backend(cfg))
     links = Links(cfg, "detokenizer", codec)
     mailbox = links.mailbox()
     to_api = links.outbox("api")
@@ -56,6 +56,15 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
         to_api.close()
         to_scheduler.close()
         close_provider(provider)
+
+
+async def _tokenizer_backend(cfg: ActorConfig):
+    """The api's published backend under `trillium serve` (backend_handoff.py), else loaded here."""
+    if cfg.tokenizer_backend_file is not None:
+        return await receive_backend(cfg.tokenizer_backend_file, cfg.engine.tokenizer_path)
+    from trillium.models.tokenizer import load_tokenizer
+
+    return (await trio.to_thread.run_sync(load_tokenizer, cfg.engine.tokenizer_path)).backend
 
 
 async def _serve(registry: DetokenizerRegistry, mailbox: Mailbox, to_api: Outbox, to_scheduler: Outbox,
