@@ -26,10 +26,10 @@ NUM_DEVICE_BLOCKS = 24
 NUM_HOST_BLOCKS = 8
 
 
-def engine(path, disk_path, **extra) -> dict:
-    block_bytes = EngineConfig.build(model=str(path), num_blocks=NUM_DEVICE_BLOCKS,
+def engine(path, disk_path, num_blocks=NUM_DEVICE_BLOCKS, **extra) -> dict:
+    block_bytes = EngineConfig.build(model=str(path), num_blocks=num_blocks,
                                      tensor_parallel_size=extra.get("tensor_parallel_size", 1)).resolve().kv_block_bytes
-    return dict(num_blocks=NUM_DEVICE_BLOCKS, max_num_seqs=4, max_num_batched_tokens=64,
+    return dict(num_blocks=num_blocks, max_num_seqs=4, max_num_batched_tokens=64,
                 kv_host_bytes=f"{NUM_HOST_BLOCKS * block_bytes}B", kv_disk_path=str(disk_path),
                 kv_disk_bytes=f"{256 * block_bytes}B", **extra)
 
@@ -93,9 +93,9 @@ def test_disk_tier_under_tensor_parallelism(checkpoint, tmp_path):
     keys each TP rank's chunks apart: LMCache/LMCache, lmcache/utils.py CacheEngineKey worker_id)."""
     path = checkpoint("llama")
     rng = random.Random(2)
-    prompts = [[rng.randrange(7, 200) for _ in range(70)] for _ in range(10)]  # 4 full blocks each
+    prompts = [[rng.randrange(7, 200) for _ in range(70)] for _ in range(8)]  # 4 full blocks each
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, min_tokens=MAX_NEW)
-    config = engine(path, tmp_path, tensor_parallel_size=2)
+    config = engine(path, tmp_path, num_blocks=12, tensor_parallel_size=2)  # 12 device + 8 host blocks
 
     def generate(llm, batch):
         return [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in batch], params)]
