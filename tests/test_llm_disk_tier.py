@@ -26,9 +26,10 @@ NUM_DEVICE_BLOCKS = 24
 NUM_HOST_BLOCKS = 8
 
 
-def engine(path, disk_path, **extra) -> dict:
-    block_bytes = EngineConfig.build(model=str(path), num_blocks=NUM_DEVICE_BLOCKS).resolve().kv_block_bytes
-    return dict(num_blocks=NUM_DEVICE_BLOCKS, max_num_seqs=4, max_num_batched_tokens=64,
+def engine(path, disk_path, num_blocks=NUM_DEVICE_BLOCKS, **extra) -> dict:
+    block_bytes = EngineConfig.build(model=str(path), num_blocks=num_blocks,
+                                     tensor_parallel_size=extra.get("tensor_parallel_size", 1)).resolve().kv_block_bytes
+    return dict(num_blocks=num_blocks, max_num_seqs=4, max_num_batched_tokens=64,
                 kv_host_bytes=f"{NUM_HOST_BLOCKS * block_bytes}B", kv_disk_path=str(disk_path),
                 kv_disk_bytes=f"{256 * block_bytes}B", **extra)
 
@@ -84,6 +85,35 @@ def test_block_files_survive_a_restart_and_corrupt_ones_are_recomputed(checkpoin
     assert recomputed == first[:2]
     assert stats.kv_disk_failed_reads_total == 8 and stats.prefix_cache_hits_total == 0
     assert len(set(files) - set(block_files(tmp_path))) >= 8  # the corrupt files are gone
+
+
+def test_disk_tier_under_tensor_parallelism(checkpoint, tmp_path):
+    """TP=2: each rank keeps its shard's block files under <kv-disk-path>/rank<r>; a block arrives
+    when both ranks' reads did, and fails for both when one rank's file is bad (LMCache likewise
+    keys each TP rank's chunks apart: LMCache/LMCache, lmcache/utils.py CacheEngineKey worker_id)."""
+    path = checkpoint("llama")
+    rng = random.Random(2)
+    prompts = [[rng.randrange(7, 200) for _ in range(70)] for _ in range(8)]  # 4 full blocks each
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, min_tokens=MAX_NEW)
+    config = engine(path, tmp_path, num_blocks=12, tensor_parallel_size=2)  # 12 device + 8 host blocks
+
+    def generate(llm, batch):
+        return [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in batch], params)]
+
+    with LLM(str(path), **config) as llm:
+        first = generate(llm, prompts[:2])
+        generate(llm, prompts[2:])  # pushes the first prompts' blocks through the host to disk
+    rank0, rank1 = (sorted(os.path.relpath(f, tmp_path / f"rank{r}") for f in block_files(tmp_path / f"rank{r}"))
+                    for r in (0, 1))
+    assert len(rank0) >= 8 and rank0 == rank1 and len(block_files(tmp_path)) == 2 * len(rank0)
+    bad = min(block_files(tmp_path / "rank1"), key=os.path.getmtime)  # a block of the first prompts
+    os.truncate(bad, 8)  # one block's rank-1 copy is corrupt: that block fails on both ranks
+    with LLM(str(path), **config) as llm:  # a fresh engine: device and host empty
+        again = generate(llm, prompts[:2])
+        stats = llm.get_stats()
+    assert again == first
+    assert stats.kv_disk_failed_reads_total == 1 and stats.prefix_cache_hits_total >= 4 * 16, stats
+    assert not os.path.exists(bad)
 
 
 def test_config_checks_the_disk_tier(checkpoint, tmp_path):

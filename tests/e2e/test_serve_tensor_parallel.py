@@ -169,6 +169,22 @@ def test_lora_adapter_loaded_at_run_time_reaches_every_rank(server, weights, ada
         server.admin_ok("POST", "/v1/unload_lora_adapter", json={"lora_name": "tp-all"})
 
 
+def test_profile_writes_one_trace_per_rank(server):
+    """/start_profile and /stop_profile reach both ranks; each writes its own torch.profiler trace
+    named with its rank, and the reply lists both (SGLang's scheduler exports one trace per TP rank,
+    `<time>-TP-<tp_rank>.trace.json.gz`: sgl-project/sglang, python/sglang/srt/managers/scheduler.py)."""
+    server.admin_ok("POST", "/start_profile", json={"actors": ["executor"]})
+    try:
+        generate(server, PROMPTS[0])
+    finally:
+        files = server.admin_ok("POST", "/stop_profile")["files"]
+    traces = sorted(os.path.basename(f).split("-")[1] for f in files if f.endswith(".pt.trace.json"))
+    assert traces == ["rank0", "rank1"], files
+    for path in files:
+        assert os.path.getsize(path) > 0, path
+    assert server.admin("POST", "/stop_profile").status_code == 409  # none runs now, on any rank
+
+
 def test_a_dead_rank_stops_the_server(server):
     """Runs last: it ends the module's server."""
     from support.waiting import wait_until

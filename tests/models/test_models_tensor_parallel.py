@@ -69,7 +69,6 @@ def test_full_tensors_are_sliced_like_the_loader_reads(checkpoint):
 
 
 @pytest.mark.parametrize("kwargs, named", [
-    ({"kv_disk_path": "/nonexistent/kv", "kv_disk_bytes": "1GiB", "kv_host_bytes": "1MiB"}, "--kv-disk-path"),
     ({"runner": "pooling"}, "--runner pooling"),
 ])
 def test_features_not_sharded_are_refused_at_start(kwargs, named):

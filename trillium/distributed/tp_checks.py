@@ -35,10 +35,6 @@ def refuse_engine(config) -> None:
     if config.tp_collective_timeout_s <= 0:
         raise ValueError(f"--tp-collective-timeout-s must be > 0, got {config.tp_collective_timeout_s}")
     refused = [
-        # WHY the disk tier stays refused: its files are one directory per fingerprint (every rank's
-        # shard would share it) and its background reads finish per rank, while only rank 0's
-        # BatchResult tells the scheduler that a slot arrived.
-        (bool(config.kv_tiers.disk_path), "--kv-disk-path (disk KV tier)"),
         (config.runner == "pooling", "--runner pooling (embedding / classification models)"),
         (config.quantization == "gguf", "GGUF checkpoints"),
         (config.gpu_memory_utilization > 0, "--gpu-memory-utilization (give --kv-cache-memory per rank)"),

@@ -135,6 +135,14 @@ class TpGroup:
         dist.all_gather(parts, mine, group=self.steps)
         return [part.numpy().tobytes() for part in parts]
 
+    def all_gather_blobs(self, data: bytes) -> list[bytes]:
+        """Every rank's `data` (any length), on every rank: the lengths first, then the padded bytes."""
+        if self.size == 1:
+            return [data]
+        sizes = [int.from_bytes(b, "little") for b in self.all_gather_bytes(len(data).to_bytes(8, "little"))]
+        padded = self.all_gather_bytes(data + bytes(max(sizes) - len(data)))
+        return [blob[:size] for blob, size in zip(padded, sizes)]
+
     def barrier(self) -> None:
         """Wait for every rank (over the step group: no timeout while a slow rank loads)."""
         if self.size > 1:

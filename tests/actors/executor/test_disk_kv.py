@@ -124,3 +124,16 @@ def test_an_uncalibrated_fp8_cache_neither_writes_nor_reads(tmp_path):
     finally:
         store.close()
     assert os.listdir(tmp_path / "w-0") == []
+
+
+def test_a_tensor_parallel_rank_keeps_a_new_version_under_its_own_root(caches, tmp_path):
+    """Under TP the scheduler's CLEAR names rank 0's new directory; rank 1 moves to the same
+    place under <kv-disk-path>/rank1 (kv_tiers/disk.py rank_root)."""
+    host = HostKvStore(caches, num_blocks=6, num_slots=4, block_size=4, device=torch.device("cpu"))
+    rank0, rank1 = tmp_path / "rank0", tmp_path / "rank1"
+    store = DiskKvStore(host, str(rank1 / "fp" / "w-0"), roots=(str(rank0), str(rank1)))
+    try:
+        store.apply(caches, *ops((DiskOp.CLEAR, -1, str(rank0 / "fp" / "w-1").encode()), (DiskOp.WRITE, 0, H1)))
+    finally:
+        store.close()
+    assert os.listdir(rank1 / "fp" / "w-1") == [H1.hex() + ".kv"] and not rank0.exists()

@@ -73,8 +73,10 @@ class ExecutorControl:
         self.core = core
         self.torch = torch_thread
         self.memory = DeviceMemory(core)
-        self.profiler = TorchProfiler(core.device)
-        self.timeline = LoopProfiler("executor")  # StartProfile.timeline: spans only (core.stages)
+        # WHY the rank in the name under TP: every rank writes its own trace (tp_fanout.py).
+        name = "executor" if core.tp.size == 1 else f"executor-rank{core.tp.rank}"
+        self.profiler = TorchProfiler(core.device, name)
+        self.timeline = LoopProfiler(name)  # StartProfile.timeline: spans only (core.stages)
         self._validator: weights.WeightValidator | None = None
         self._group = None
         self._group_name = ""

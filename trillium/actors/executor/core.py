@@ -112,7 +112,7 @@ class ExecutorCore:
             self.model.local_config, config.num_blocks, config.block_size, self.kv_cache_dtype, self.device
         )
         # The host and disk KV tiers' memory and files (executor/kv_stores.py); empty when off.
-        self.kv_stores = KvStores.build(config, self.kv_caches, self.device)
+        self.kv_stores = KvStores.build(config, self.kv_caches, self.device, self.tp)
         self.requests: dict[str, RequestState] = {}
         self.stages = StageClock()  # a step's stages as timeline spans; a no-op unless one runs
         # Speculative decoding (trillium/speculative/): proposes after sampling; None when off.

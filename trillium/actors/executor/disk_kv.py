@@ -84,9 +84,12 @@ def decode_block(data: bytes | bytearray, block_hash: bytes, layout: str) -> mem
 class DiskKvStore:
     """Block files under one directory, read into / written from a HostKvStore."""
 
-    def __init__(self, host_kv, directory: str) -> None:
+    def __init__(self, host_kv, directory: str, roots: tuple[str, str] | None = None) -> None:
         self.host_kv = host_kv
         self.directory = directory
+        # Under TP: (the scheduler's root, this rank's root); a CLEAR names the scheduler's
+        # (rank 0's) new directory, which this rank keeps under its own root.
+        self._roots = roots
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trillium-kv-disk")
         self._done: queue.SimpleQueue[tuple[int, bool]] = queue.SimpleQueue()
         self.num_in_flight = 0  # READs not yet reported
@@ -121,10 +124,16 @@ class DiskKvStore:
                 self._io.submit(_remove, block_file(self.directory, block_hash))
             elif op == DiskOp.CLEAR:
                 self._io.submit(self._clear, self.directory)
-                self.directory = block_hash.decode()
+                self.directory = self._own(block_hash.decode())
                 self._io.submit(os.makedirs, self.directory, exist_ok=True)
             else:
                 raise ValueError(f"unknown disk KV operation {op}")
+
+    def _own(self, directory: str) -> str:
+        if self._roots is None:
+            return directory
+        theirs, mine = self._roots
+        return os.path.join(mine, os.path.relpath(directory, theirs))
 
     def completions(self, wait_s: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
         """Host slots whose READ finished since the last call: (good, failed).

@@ -3,7 +3,8 @@
 `TorchProfiler.start` and `.stop` must run on the executor's torch thread
 (where every step runs), so the profile sees the steps' ops. The trace is
 `<profile_dir>/executor-<pid>-<stamp>.pt.trace.json` (chrome://tracing,
-Perfetto, TensorBoard). Like `observability.profiling.LoopProfiler`, a
+Perfetto, TensorBoard); under tensor parallelism each rank writes its own,
+`executor-rank<r>-<pid>-<stamp>.pt.trace.json` (`name`). Like `observability.profiling.LoopProfiler`, a
 profile is bounded in time: the actor calls `expire` once `deadline` (its
 trio clock) has passed, and the next `stop` hands out that file.
 
@@ -46,8 +47,9 @@ class StageClock:
 
 
 class TorchProfiler:
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, name: str = "executor") -> None:
         self.device = device
+        self.name = name  # the file's prefix: "executor", or "executor-rank<r>" under TP
         self.deadline = math.inf
         self._profile = None
         self._dir: str | None = None
@@ -92,6 +94,6 @@ class TorchProfiler:
         profile, self._profile = self._profile, None
         self.deadline = math.inf
         profile.stop()
-        path = profile_file_stem(self._dir, "executor") + ".pt.trace.json"
+        path = profile_file_stem(self._dir, self.name) + ".pt.trace.json"
         profile.export_chrome_trace(path)
         return [path]

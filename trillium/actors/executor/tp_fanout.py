@@ -37,11 +37,18 @@ Commands under TP:
   rank_offset by replica * tp_size: data_parallel/control.py); rank 0
   answers when its join ends. A world_size that leaves
   no room for every rank is a 400.
-- rank 0 only: StartProfile / StopProfile (the trace is rank 0's).
+- StartProfile / StopProfile: run on every rank, each rank's trace is its
+  own file (`executor-rank<r>-<pid>-<stamp>`, `profiling.TorchProfiler`),
+  and rank 0 answers with every rank's files: the ranks' outcomes travel as
+  JSON blobs in one all-gather on the step group (`gather_outcomes`). A
+  follower's profile that outlives max_duration_s ends at the next message
+  it receives (it has no clock of its own while idle); the next StopProfile
+  hands out its file either way.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import struct
@@ -59,6 +66,8 @@ from trillium.actors.protocol.admin import (
     InitWeightsUpdateGroup,
     LoadLoRAAdapter,
     Sleep,
+    StartProfile,
+    StopProfile,
     UnloadLoRAAdapter,
     UpdateWeightsFromDisk,
     UpdateWeightsFromDistributed,
@@ -78,6 +87,26 @@ HEARTBEAT = b"trillium-tp-heartbeat"
 
 FANNED_OUT = (Sleep, WakeUp, UpdateWeightsFromDisk, UpdateWeightsFromTensors, UpdateWeightsFromDistributed,
               DestroyWeightsUpdateGroup, LoadLoRAAdapter, UnloadLoRAAdapter)
+# Run on every rank; the reply lists every rank's files (each rank writes its own trace).
+PER_RANK_FILES = (StartProfile, StopProfile)
+
+
+def gather_outcomes(tp, reply: ControlReply) -> list[dict]:
+    """Every rank's {status, message, files} for one command, on every rank (JSON: no pickle)."""
+    mine = {"status": reply.status, "message": reply.message, "files": [str(f) for f in reply.data.get("files", [])]}
+    return [json.loads(blob) for blob in tp.all_gather_blobs(json.dumps(mine).encode())]
+
+
+def merge_outcomes(message, reply: ControlReply, outcomes: list[dict]) -> ControlReply:
+    """Rank 0's reply with every rank's files; a 500 naming the ranks that failed where rank 0 did not."""
+    if reply.status != 200:
+        return reply
+    failed = {rank: o["message"] for rank, o in enumerate(outcomes) if rank > 0 and o["status"] != 200}
+    if failed:
+        return ControlReply(message.command_id, 500, f"{type(message).__name__} failed on tensor-parallel "
+                            f"rank(s) {sorted(failed)} after it succeeded on rank 0: {failed}")
+    files = [path for outcome in outcomes for path in outcome["files"]]
+    return ControlReply(message.command_id, reply.status, reply.message, {**reply.data, "files": files})
 
 
 def pack(tokens: np.ndarray, frames) -> bytes:
@@ -158,6 +187,11 @@ class RankFanout(OneRank):
                                     f"{message.rank_offset}..{message.rank_offset + self.size - 1} join)")
             await torch_thread.run(self._broadcast, message)
             return await handle(message)  # every rank joins; rank 0 answers when its join ends
+        if isinstance(message, PER_RANK_FILES):
+            await torch_thread.run(self._broadcast, message)
+            reply = await handle(message)
+            outcomes = await torch_thread.run(gather_outcomes, self.core.tp, reply)
+            return merge_outcomes(message, reply, outcomes)
         if not isinstance(message, FANNED_OUT):
             return await handle(message)
         await torch_thread.run(self._broadcast, message)
@@ -207,6 +241,8 @@ async def _follow(rank: int, core, control, torch_thread, codec) -> None:
         payload = await trio.to_thread.run_sync(core.tp.broadcast_bytes, None, abandon_on_cancel=True)
         tokens, frames = unpack(payload)
         await torch_thread.run(core.apply_sampled, tokens)
+        if control.profile_deadline <= trio.current_time():  # a profile past max_duration_s: write it now
+            await control.expire_profile()
         if frames == [HEARTBEAT]:
             await torch_thread.run(core.tp.all_ok, True)
             continue
@@ -228,6 +264,9 @@ async def _follow(rank: int, core, control, torch_thread, codec) -> None:
                 await _log_reply(rank, "InitWeightsUpdateGroup", reply)
             continue
         reply = await control.handle(message)
+        if isinstance(message, PER_RANK_FILES):
+            await torch_thread.run(gather_outcomes, core.tp, reply)
+            continue
         if reply.status != 200:
             await _log_reply(rank, type(message).__name__, reply)
         await torch_thread.run(core.tp.all_ok, reply.status == 200)

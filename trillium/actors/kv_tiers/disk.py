@@ -75,6 +75,12 @@ def model_fingerprint(model: str, *, dtype: str, kv_cache_dtype: str, block_size
     return h.hexdigest()[:32]
 
 
+def rank_root(root: str, tp_size: int, tp_rank: int) -> str:
+    """Where one tensor-parallel rank keeps its shard's block files: `root` itself
+    with one rank, `<root>/rank<r>` under TP (the scheduler indexes rank 0's)."""
+    return root if tp_size == 1 else os.path.join(root, f"rank{tp_rank}")
+
+
 def version_directory(root: str, model_fingerprint: str, weight_version: str) -> str:
     """Where the blocks of one model at one weight version live."""
     digest = hashlib.sha256(weight_version.encode()).hexdigest()[:16]

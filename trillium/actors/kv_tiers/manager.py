@@ -42,7 +42,7 @@ from typing import Protocol
 import attrs
 
 from trillium.actors.kv_tiers.block_pool import BlockHash, BlockPool, LowerTier, PrefixHit
-from trillium.actors.kv_tiers.disk import DiskTier
+from trillium.actors.kv_tiers.disk import DiskTier, rank_root
 from trillium.actors.kv_tiers.host import HostTier
 from trillium.actors.protocol.execute import NO_TRANSFERS, BatchResult, KvTransfers
 from trillium.actors.protocol.outputs import KvTierStats
@@ -318,7 +318,9 @@ def build_kv_tiers(engine) -> KvTiers:
         return NO_KV_TIERS
     disk = None
     if tiers.disk_path:
-        disk = DiskTier(tiers.disk_path, tiers.disk_model_fingerprint, tiers.num_disk_blocks,
+        # WHY rank 0's directory under TP: every rank writes the same blocks (its shard of each);
+        # a block missing on another rank fails that rank's read, which fails the block for all.
+        disk = DiskTier(rank_root(tiers.disk_path, engine.tensor_parallel_size, 0), tiers.disk_model_fingerprint, tiers.num_disk_blocks,
                         tiers.eviction_policy, engine.kv_block_bytes)
     host = HostTier(tiers.num_host_blocks, tiers.eviction_policy, engine.kv_block_bytes, disk=disk)
     return KvTierManager(host, engine.block_size)
