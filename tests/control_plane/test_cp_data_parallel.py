@@ -94,15 +94,11 @@ def test_cp_dp_trainer_push_reaches_every_replica(dp_server, weights_root, refer
     N * gpus + 1, engine i at rank_offset i * gpus + 1): world_size 3, replica i joins at 1 + i. One
     broadcast per tensor reaches both replicas; after the call returns both serve the new version.
     WHY the trainer in this process: torch (and LLM, for the references) are loaded here already."""
-    import concurrent.futures
-    import datetime
-
     import httpx
-    import torch.distributed
 
     from support.oracles import transformers_model
     from support.serve_process import free_port
-    from support.sglang_trainer import GROUP_NAME, init_custom_process_group, push
+    from support.sglang_trainer import GROUP_NAME, join_and_push
 
     def init(world_size: int, port: int):
         return dp_server.admin("POST", "/init_weights_update_group", json={
@@ -111,21 +107,13 @@ def test_cp_dp_trainer_push_reaches_every_replica(dp_server, weights_root, refer
 
     too_small = init(2, free_port())  # the one-engine recipe's world: no room for replica 1
     assert too_small.status_code == 400 and "--data-parallel-size 2" in too_small.text, too_small.text
-    model, port, result = transformers_model(weights_root / "next"), free_port(), {}
+    model = transformers_model(weights_root / "next")
     admin = httpx.Client(base_url=dp_server.admin_url, headers={"Authorization": f"Bearer {dp_server.token}"},
                          timeout=120)
     try:
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            joined = pool.submit(init, 3, port)
-            group = init_custom_process_group("gloo", f"tcp://127.0.0.1:{port}", datetime.timedelta(seconds=60),
-                                              3, 0, GROUP_NAME)
-            try:
-                assert joined.result().status_code == 200, joined.result().text
-                push(admin, pool, group, model, "dp-dist", result)
-                destroyed = admin.post("/destroy_weights_update_group", json={"group_name": GROUP_NAME})
-            finally:
-                torch.distributed.destroy_process_group(group)
-        assert (result["update_status"], destroyed.status_code) == (200, 200), (result, destroyed.text)
+        result = join_and_push(admin, init, free_port(), 3, model, "dp-dist")
+        assert result["init_status"] == 200, result["init_text"]
+        assert (result["update_status"], result["destroy_status"]) == (200, 200), result
         replicas = dp_server.admin_ok("GET", "/server_info")["replicas"]
         assert [r["weight_version"] for r in replicas] == ["dp-dist"] * 2
         before = routed(dp_server)

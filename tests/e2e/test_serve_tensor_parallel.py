@@ -116,12 +116,9 @@ def test_trainer_push_reaches_every_rank(server, weights, hf_reference):
     and push), with world_size 1 + tp_size: every rank joins at rank_offset + tp_rank, receives the
     full tensors and keeps its slice. WHY the trainer in this process (the control-plane tests run
     it as a script): its torch and transformers imports are already paid here."""
-    import datetime
-
     import httpx
-    import torch.distributed
 
-    from support.sglang_trainer import GROUP_NAME, init_custom_process_group, push
+    from support.sglang_trainer import GROUP_NAME, join_and_push
     from support.serve_process import free_port
 
     def init(world_size: int, port: int):
@@ -131,20 +128,12 @@ def test_trainer_push_reaches_every_rank(server, weights, hf_reference):
 
     too_small = init(2, free_port())
     assert too_small.status_code == 400 and "tensor-parallel ranks" in too_small.text, too_small.text
-    model, port, result = transformers_model(weights["next"]), free_port(), {}
+    model = transformers_model(weights["next"])
     admin = httpx.Client(base_url=server.admin_url, headers={"Authorization": f"Bearer {server.token}"}, timeout=120)
     try:
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            joined = pool.submit(init, 3, port)
-            group = init_custom_process_group("gloo", f"tcp://127.0.0.1:{port}", datetime.timedelta(seconds=60),
-                                              3, 0, GROUP_NAME)
-            try:
-                assert joined.result().status_code == 200, joined.result().text
-                push(admin, pool, group, model, "v-tp", result)
-                destroyed = admin.post("/destroy_weights_update_group", json={"group_name": GROUP_NAME})
-            finally:
-                torch.distributed.destroy_process_group(group)
-        assert (result["update_status"], destroyed.status_code) == (200, 200), (result, destroyed.text)
+        result = join_and_push(admin, init, free_port(), 3, model, "v-tp")
+        assert result["init_status"] == 200, result["init_text"]
+        assert (result["update_status"], result["destroy_status"]) == (200, 200), result
         assert_matches(generate(server, PROMPTS[2]), hf_reference["next"][2])
     finally:
         admin.close()

@@ -148,5 +148,28 @@ def push(http, pool, group, model, version: str, result: dict) -> None:
     result["weight_version"] = reply.json().get("weight_version")
 
 
+def join_and_push(http, init, port: int, world_size: int, model, version: str) -> dict:
+    """The in-process trainer of the TP and DP tests: POST /init_weights_update_group through
+    `init(world_size, port)` while joining as rank 0 (the recipe above, in a thread instead of a
+    process), push every parameter, destroy the group. The statuses: init, update, destroy."""
+    import torch.distributed
+
+    result: dict = {}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        joined = pool.submit(init, world_size, port)
+        group = init_custom_process_group("gloo", f"tcp://127.0.0.1:{port}", datetime.timedelta(seconds=60),
+                                          world_size, 0, GROUP_NAME)
+        try:
+            reply = joined.result()
+            result["init_status"], result["init_text"] = reply.status_code, reply.text
+            if reply.status_code == 200:
+                push(http, pool, group, model, version, result)
+            destroyed = http.post("/destroy_weights_update_group", json={"group_name": GROUP_NAME})
+            result["destroy_status"], result["destroy_text"] = destroyed.status_code, destroyed.text
+        finally:
+            torch.distributed.destroy_process_group(group)
+    return result
+
+
 if __name__ == "__main__":
     main()
