@@ -114,6 +114,8 @@ def test_disk_tier_under_tensor_parallelism(checkpoint, tmp_path):
     assert again == first
     assert stats.kv_disk_failed_reads_total == 1 and stats.prefix_cache_hits_total >= 4 * 16, stats
     assert not os.path.exists(bad)
+    good_copy = tmp_path / "rank0" / os.path.relpath(bad, tmp_path / "rank1")
+    assert not os.path.exists(good_copy)  # rank 0's copy goes too: a restart must not index it again
 
 
 def test_config_checks_the_disk_tier(checkpoint, tmp_path):

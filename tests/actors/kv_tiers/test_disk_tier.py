@@ -71,8 +71,10 @@ def test_fetch_counts_a_hit_and_a_failed_read_forgets_the_block():
     assert ops(tier) == [("READ", 0, h(2))] and tier.num_hit_blocks == 1
     tier.fetched(True)
     tier.fetched(False)
+    ops(tier)
     tier.drop(h(3))
     assert h(3) not in tier and tier.num_read_blocks == 1 and tier.num_failed_reads == 1
+    assert ops(tier) == [("DELETE", -1, h(3))]  # every rank deletes its copy, not just the failing one
 
 
 def test_restored_blocks_beyond_the_budget_are_deleted_oldest_first():

@@ -204,9 +204,13 @@ class DiskTier:
             self.num_failed_reads += 1
 
     def drop(self, block_hash: BlockHash) -> None:
-        """A read failed (corrupt, truncated, foreign): the executor deleted
-        the file; forget it so no lookup finds it again."""
+        """A read failed (corrupt, truncated, foreign): forget the block so no
+        lookup finds it again, and delete its file on every rank."""
+        # WHY a DELETE although the failing executor removed its file: under TP
+        # the other ranks' copies were good, and a restart would index rank 0's
+        # copy again only to fail the same read once more.
         self._policy.remove(block_hash)
+        self._ops.append((DiskOp.DELETE, -1, block_hash))
 
     def reset(self, weight_version: str | None = None) -> int:
         """Forget and delete every block; with a new `weight_version` (the
