@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0,
                         help="engine torch threads (default: all cores); 1 on a shared, loaded machine")
     parser.add_argument("--requantize", choices=("Q4_K", "Q5_K", "Q6_K", "Q4_K_M", "Q5_0", "Q5_1"), default=None,
-                        help="score a copy with the K % 256 == 0 weights re-encoded as this K-quant "
-                             "(Q5_0 / Q5_1: the K % 32 == 0 ones)")
+                        help="score a copy with the K %% 256 == 0 weights re-encoded as this K-quant "
+                             "(Q5_0 / Q5_1: the K %% 32 == 0 ones)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     model = args.model or default_model()
