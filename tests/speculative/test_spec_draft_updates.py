@@ -18,7 +18,6 @@ greedy output is still the non-speculative one.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 
 import attrs
@@ -42,22 +41,6 @@ from trillium.speculative.eagle import EagleHead
 
 K = 3
 ENGINE = dict(num_blocks=24, max_num_batched_tokens=64, max_num_seqs=4)
-
-
-@pytest.fixture(scope="module")
-def draft_pair(checkpoint, tmp_path_factory):
-    """(target dir, draft dir): the draft is the target's architecture with its weights perturbed,
-    so it drafts well but not perfectly, and the target's own checkpoint is a valid draft update."""
-    target = checkpoint("llama")
-    draft = tmp_path_factory.mktemp("draft-perturbed")
-    for f in target.iterdir():
-        if f.name != "model.safetensors":
-            shutil.copy(f, draft / f.name)
-    gen = torch.Generator().manual_seed(0)
-    weights_ = load_file(target / "model.safetensors")
-    save_file({k: v + 0.05 * torch.randn(v.shape, generator=gen) if "layers" in k else v
-               for k, v in weights_.items()}, draft / "model.safetensors")
-    return str(target), str(draft)
 
 
 def _core(target: str, spec: dict) -> tuple[ExecutorCore, ExecutorControl]:
