@@ -11,8 +11,10 @@ from disk moves `draft_weight_version` and not the target's `weight_version`;
 updating the draft to the target's own weights makes every greedy draft
 accepted (acceptance 1.0); greedy output is the non-speculative one
 throughout (the per-request opt-out in the same engine); a bad draft update is
-a 4xx and the old draft keeps serving; routings Trillium does not implement
-are 400s naming the field; a target update reports what happened to the draft.
+a 4xx and the old draft keeps serving; `WeightSync.push_tensors(...,
+draft_model_only=True)` updates it from tensors; routings Trillium does not
+implement are 400s naming the field; a target update reports what happened to
+the draft.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from trillium.control_plane.paths import WeightPathPolicy
 from trillium.data_plane import DataPlaneEngine, create_app, serve_app
 from trillium.models.loader import load_model_config
 from trillium.models.tokenizer import load_tokenizer
+from trillium.rlhf import WeightSync
 
 TOKEN = "draft-update-token"
 PROMPTS = ("Once upon a time",)
@@ -122,11 +125,11 @@ async def _check_updates(adm, http, client, target: str, draft: str) -> None:
     still, counters = await _acceptance(adm, client, counters)
     assert still == 1.0
 
-    # 3. From tensors: the draft's file tensor back (the perturbed one); acceptance drops again.
-    original = load_file(f"{draft}/model.safetensors")
-    reply = await adm.post("/update_weights_from_tensor", params={"draft_model_only": "true", "weight_version": "d2"},
-                           content=save({k: v for k, v in original.items() if "layers" in k}))
-    assert reply.status_code == 200 and reply.json()["draft_weight_version"] == "d2", reply.text
+    # 3. From tensors, through trillium.rlhf.WeightSync: the draft's own (perturbed) layers back.
+    layers = {k: v for k, v in load_file(f"{draft}/model.safetensors").items() if "layers" in k}
+    sync = WeightSync(str(adm.base_url), TOKEN)
+    version = await trio.to_thread.run_sync(lambda: sync.push_tensors(layers, "d2", draft_model_only=True))
+    assert version == "d2"
     assert await _greedy(http, speculative=True) == reference
     dropped, counters = await _acceptance(adm, client, counters)
     assert dropped < 1.0

@@ -11,6 +11,10 @@ StopProfile. Produces one ControlReply each, same command_id:
     504  a trainer did not join / send within the group's timeout
     500  anything else (logged with its traceback)
 
+With speculative decoding every weight update drops the proposer's
+per-request state, and `draft_model_only` updates (disk, tensors) load the
+draft model or EAGLE head instead of the target (speculative/draft_weights.py).
+
 State owned: `DeviceMemory` (what is asleep), the weights update group
 (and the join in progress), the torch profiler. Every blocking call (file
 reads, copies, collectives) runs on the executor's torch thread, so the

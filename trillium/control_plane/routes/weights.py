@@ -24,6 +24,12 @@
 Each update runs through `AdminState.update_weights` (admission closed,
 requests in flight drained, one update at a time) and answers
 `{"success": true, "message", "weight_version"}`.
+
+`draft_model_only` (disk body, tensor query) updates the speculative draft
+instead (draft model or EAGLE head; a 400 on a server without one): the same
+path and tensor checks, the draft's own `draft_weight_version` in the answer.
+SGLang's `disable_draft_model`: true is a plain target update; false (target
+and draft from one payload) is a 400 naming it (protocol.check_draft_routing).
 """
 
 from __future__ import annotations
