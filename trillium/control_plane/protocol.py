@@ -111,6 +111,26 @@ class _UpdateBody(_LaxBody):
     flush_cache: bool = True
     # SGLang's name: abort requests in flight instead of letting them finish first.
     abort_all_requests: bool = False
+    # Speculative decoding (speculative/draft_weights.py): true updates the draft (draft model or
+    # EAGLE head) instead of the target. SGLang's disable_draft_model: true is what a target
+    # update always is here (the draft is its own checkpoint); false asks for the same tensors in
+    # both, which Trillium does not do (400, check_draft_routing).
+    draft_model_only: bool = False
+    disable_draft_model: bool | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _draft_routing(self) -> "_UpdateBody":
+        check_draft_routing(self.draft_model_only, self.disable_draft_model)
+        return self
+
+
+def check_draft_routing(draft_model_only: bool, disable_draft_model: bool | None) -> None:
+    """ValueError for the routings Trillium does not implement (see _UpdateBody)."""
+    if draft_model_only and disable_draft_model:
+        raise ValueError("draft_model_only and disable_draft_model are mutually exclusive")
+    if disable_draft_model is False:
+        raise ValueError("disable_draft_model: false (one update of both target and draft) is not implemented: "
+                         "the draft is its own checkpoint; update it separately with draft_model_only: true")
 
 
 class UpdateFromDiskRequest(_UpdateBody):

@@ -183,15 +183,17 @@ class WeightSync:
 
     # -- disk and HTTP ------------------------------------------------------
 
-    def push_from_disk(self, path: str, version: str | None = None, *, flush_cache: bool = True) -> str:
-        """The engine loads the checkpoint at `path` (under the server's --allowed-weight-paths)."""
-        reply = self.admin.post("/update_weights_from_disk",
-                                {"model_path": str(path), "weight_version": version, "flush_cache": flush_cache})
-        return str(reply["weight_version"])
+    def push_from_disk(self, path: str, version: str | None = None, *, flush_cache: bool = True,
+                       draft_model_only: bool = False) -> str:
+        """The engine loads the checkpoint at `path` (under the server's --allowed-weight-paths).
+        `draft_model_only`: into the speculative draft instead; returns its draft_weight_version."""
+        body = {"model_path": str(path), "weight_version": version, "flush_cache": flush_cache}
+        reply = self.admin.post("/update_weights_from_disk", {**body, **_draft(draft_model_only)})
+        return str(reply["draft_weight_version" if draft_model_only else "weight_version"])
 
     def push_tensors(self, tensors: Mapping[str, torch.Tensor], version: str | None = None, *,
-                     flush_cache: bool = True) -> str:
-        """Send `tensors` as one safetensors file over HTTP."""
+                     flush_cache: bool = True, draft_model_only: bool = False) -> str:
+        """Send `tensors` as one safetensors file over HTTP (`draft_model_only`: as push_from_disk)."""
         from safetensors.torch import save
 
         payload: dict[str, torch.Tensor] = {}
@@ -205,9 +207,10 @@ class WeightSync:
             payload[name] = tensor
         data = save(payload)
         reply = self.admin.request("POST", "/update_weights_from_tensor", data=data,
-                                   params={"weight_version": version, "flush_cache": flush_cache},
+                                   params={"weight_version": version, "flush_cache": flush_cache,
+                                           **_draft(draft_model_only)},
                                    content_type="application/octet-stream")
-        return str(reply["weight_version"])
+        return str(reply["draft_weight_version" if draft_model_only else "weight_version"])
 
     # -- teardown -------------------------------------------------------------
 
@@ -226,6 +229,11 @@ class WeightSync:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _draft(draft_model_only: bool) -> dict:
+    """The routing field, sent only when set (a server without speculative decoding takes the rest)."""
+    return {"draft_model_only": True} if draft_model_only else {}
 
 
 def _quietly(future: concurrent.futures.Future) -> None:

@@ -35,9 +35,10 @@ Per request it keeps the tokens whose KV its cache holds (`fed`). Each
 proposal first truncates that to the longest prefix still equal to the
 request's tokens (rollback: rejected drafts' positions are overwritten
 next time), so verification, preemption (the cache is dropped: release) and
-adaptive depth need no other bookkeeping. Weight updates touch the target
-only: the draft keeps drafting with its own weights, its cache stays valid
-(it holds draft KV); acceptance may drop if the target moves away from it.
+adaptive depth need no other bookkeeping. A target weight update leaves the
+draft's weights as they are but drops every request's draft cache (`seqs`),
+as any weight update does; the draft's own weights are updated with
+`draft_model_only` (speculative/draft_weights.py).
 """
 
 from __future__ import annotations

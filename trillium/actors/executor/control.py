@@ -11,6 +11,10 @@ StopProfile. Produces one ControlReply each, same command_id:
     504  a trainer did not join / send within the group's timeout
     500  anything else (logged with its traceback)
 
+With speculative decoding every weight update drops the proposer's
+per-request state, and `draft_model_only` updates (disk, tensors) load the
+draft model or EAGLE head instead of the target (speculative/draft_weights.py).
+
 State owned: `DeviceMemory` (what is asleep), the weights update group
 (and the join in progress), the torch profiler. Every blocking call (file
 reads, copies, collectives) runs on the executor's torch thread, so the
@@ -57,6 +61,7 @@ from trillium.actors.protocol.admin import (
 from trillium.actors.protocol.vocabulary import WakeTag
 from trillium.actors.torch_thread import TorchThread
 from trillium.distributed import update_group
+from trillium.speculative import draft_weights
 from trillium.observability.profiling import LoopProfiler, NotProfiling
 
 log = logging.getLogger(__name__)
@@ -85,6 +90,7 @@ class ExecutorControl:
         self._nursery: trio.Nursery | None = None
         self._send: Callable[[ControlReply], Awaitable[None]] | None = None
         self._shadow: shadow_weights.ShadowWeights | None = None
+        self._draft_weights: draft_weights.DraftWeights | None = None  # draft_model_only updates
         self._handlers = {
             Sleep: self._sleep, WakeUp: self._wake_up,
             UpdateWeightsFromDisk: self._from_disk, UpdateWeightsFromTensors: self._from_tensors,
@@ -171,6 +177,9 @@ class ExecutorControl:
 
     async def _from_disk(self, msg: UpdateWeightsFromDisk) -> dict:
         def load() -> dict:
+            if msg.draft_model_only:
+                draft = self._draft()
+                return self._draft_swap(draft, draft.read_checkpoint(msg.model_path), complete=True)
             named = weights.read_checkpoint(msg.model_path, self.core.model)
             return self._swap(named, msg.flush_cache, complete=True)
 
@@ -182,6 +191,8 @@ class ExecutorControl:
                 return weights.read_safetensors_file(msg.safetensors_path)
             return weights.parse_safetensors(msg.safetensors)
 
+        if msg.draft_model_only:
+            return await self.torch.run(lambda: self._draft_swap(self._draft(), read()))
         return await self.torch.run(lambda: self._swap(read(), msg.flush_cache))
 
     async def _from_distributed(self, msg: UpdateWeightsFromDistributed) -> dict:
@@ -264,7 +275,23 @@ class ExecutorControl:
             "num_tensors": len(named),
             "num_weights_missing": self.memory.num_missing_weights,
             "weights_asleep": WakeTag.WEIGHTS in self.memory.asleep,
+            # INVARIANT: no proposer state computed before a weight change survives it.
+            "draft": {**draft_weights.flush_draft_state(self.core), "weights": "kept"},
         }
+
+    def _draft(self) -> draft_weights.DraftWeights:
+        """The draft's updater (400 when the proposer has no model), built once."""
+        if self._draft_weights is None:
+            self._draft_weights = draft_weights.DraftWeights(self.core)
+        return self._draft_weights
+
+    def _draft_swap(self, draft: draft_weights.DraftWeights, named: weights.NamedTensors, *,
+                    complete: bool = False) -> dict:
+        """The draft's update: validate everything, copy, drop the state the old draft computed."""
+        names = draft.check(named, complete=complete)
+        draft.apply(named)
+        return {"num_tensors": len(named), "num_draft_weights_updated": len(names),
+                "draft": {**draft_weights.flush_draft_state(self.core), "weights": "updated"}}
 
     # -- update group ---------------------------------------------------------
 

@@ -74,6 +74,9 @@ class UpdateWeightsFromDisk:
     weight_version: str | None = None
     flush_cache: bool = True
     drain_timeout_s: float | None = None
+    # True: the update is the speculative draft's (draft model or EAGLE head), not the
+    # target's: its own weight version, the target's weights untouched (speculative/draft_weights.py).
+    draft_model_only: bool = False
 
 
 @attrs.frozen
@@ -89,6 +92,7 @@ class UpdateWeightsFromTensors:
     flush_cache: bool = True
     drain_timeout_s: float | None = None
     safetensors_path: str | None = None
+    draft_model_only: bool = False  # as UpdateWeightsFromDisk's
 
 
 @attrs.frozen

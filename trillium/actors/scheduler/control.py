@@ -154,6 +154,11 @@ class EngineControl:
         self.state = S.SERVING
         self.weight_version = "0"
         self.model_path = engine.model
+        # Speculative decoding's draft (draft model / EAGLE head): its own version, and what the
+        # last weight update did to it (the executor's reply, speculative/draft_weights.py).
+        self.draft_weight_version = "0"
+        self.draft_model_path = engine.speculative_config.model
+        self.draft_last_update: dict | None = None
         self.sleep_level = 0
         self.asleep: tuple[WakeTag, ...] = ()
         self.update_group: str | None = None
@@ -237,6 +242,9 @@ class EngineControl:
             "weights_update_group": self.update_group,
             "weights_update_group_forming": self._joining.group_name if self._joining is not None else None,
             "profiling": self.profiling.active,
+            "speculative": None if not engine.speculative_config.enabled else {
+                "method": engine.speculative_config.method, "draft_model_path": self.draft_model_path or None,
+                "draft_weight_version": self.draft_weight_version, "last_update": self.draft_last_update},
         }
 
     # -- inputs -------------------------------------------------------------
@@ -527,6 +535,9 @@ class EngineControl:
             if reply.data.get("group_closed"):
                 self.update_group = None
             return [self._failed(msg, reply)]  # the executor kept the old weights
+        self.draft_last_update = reply.data.get("draft")
+        if getattr(msg, "draft_model_only", False):
+            return self._draft_updated(msg, reply)
         self.weight_version = msg.weight_version or next_weight_version(self.weight_version)
         if msg.flush_cache:
             self.core.reset_prefix_cache(weight_version=self.weight_version)
@@ -537,6 +548,16 @@ class EngineControl:
         if isinstance(msg, lc.UpdateWeightsFromDisk):
             self.model_path = msg.model_path
         return [self._finish(msg, f"weights updated (version {self.weight_version})", reply.data)]
+
+    def _draft_updated(self, msg, reply: ControlReply) -> list[Effect]:
+        """The draft's own weights changed: its version moves; the target's and its KV do not."""
+        self.draft_weight_version = msg.weight_version or next_weight_version(self.draft_weight_version)
+        if msg.flush_cache:  # asked for; the target's prefix cache is still valid (kept version)
+            self.core.reset_prefix_cache(weight_version=self.weight_version)
+        if isinstance(msg, lc.UpdateWeightsFromDisk):
+            self.draft_model_path = msg.model_path
+        data = {**reply.data, "draft_weight_version": self.draft_weight_version}
+        return [self._finish(msg, f"draft weights updated (version {self.draft_weight_version})", data)]
 
     def _init_group(self, msg: lc.InitWeightsUpdateGroup, now: float) -> list[Effect]:
         self._check(Op.UPDATE_GROUP)

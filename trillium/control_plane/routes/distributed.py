@@ -38,6 +38,7 @@ from trillium.control_plane.protocol import (
     UpdateFromDistributedRequest,
     parse_body,
 )
+from trillium.control_plane.errors import bad_request
 from trillium.control_plane.responses import success
 from trillium.control_plane.state import AdminState, new_command_id
 
@@ -69,6 +70,9 @@ def blueprint(state: AdminState) -> Blueprint:
     @bp.post("/update_weights_from_distributed")
     async def update_from_distributed():
         req = parse_body(UpdateFromDistributedRequest, await request.get_data())
+        if req.draft_model_only:  # WHY refused: the trainer's broadcast is the target's (the draft's: disk/tensor)
+            raise bad_request("draft_model_only is not implemented for update_weights_from_distributed: update "
+                              "the draft from disk or with /update_weights_from_tensor", "draft_model_only")
         command = UpdateWeightsFromDistributed(
             new_command_id(), names=tuple(req.names), dtypes=tuple(req.dtypes),
             shapes=tuple(tuple(shape) for shape in req.shapes),

@@ -24,6 +24,12 @@
 Each update runs through `AdminState.update_weights` (admission closed,
 requests in flight drained, one update at a time) and answers
 `{"success": true, "message", "weight_version"}`.
+
+`draft_model_only` (disk body, tensor query) updates the speculative draft
+instead (draft model or EAGLE head; a 400 on a server without one): the same
+path and tensor checks, the draft's own `draft_weight_version` in the answer.
+SGLang's `disable_draft_model`: true is a plain target update; false (target
+and draft from one payload) is a 400 naming it (protocol.check_draft_routing).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from trillium.control_plane.errors import bad_request, forbidden
 from trillium.control_plane.protocol import (
     UpdateFromDiskRequest,
     UpdateWeightVersionRequest,
+    check_draft_routing,
     parse_body,
     parse_bool,
 )
@@ -97,12 +104,14 @@ def refuse_json_payload(content_type: str, body: bytes) -> None:
 
 async def load_from_disk(
     state: AdminState, model_path: str, *, weight_version: str | None = None, flush_cache: bool = True,
-    abort_all_requests: bool = False, param: str = "model_path",
+    abort_all_requests: bool = False, param: str = "model_path", draft_model_only: bool = False,
 ) -> tuple[ControlReply, str]:
     """One disk update as every route that loads a checkpoint directory runs it (SGLang's, AReaL's,
     prime-rl's): the allowed-paths check (403), the path must exist (400), no link in it may
     lead out of the allowed roots (403), then
     `AdminState.update_weights`. Returns the engine's reply and the resolved path."""
+    if draft_model_only:
+        check_has_draft(state)
     policy = state.engine.weight_paths
     if not policy.is_allowed(model_path):
         allowed = ", ".join(policy.roots) or "none (start with --allowed-weight-paths)"
@@ -115,9 +124,24 @@ async def load_from_disk(
         raise forbidden(f"{param} {model_path!r} holds links out of the allowed weight paths: "
                         f"{', '.join(escaping[:8])}", param)
     command = UpdateWeightsFromDisk(new_command_id(), model_path=path, weight_version=weight_version,
-                                    flush_cache=flush_cache)
+                                    flush_cache=flush_cache, draft_model_only=draft_model_only)
     reply = await state.update_weights(command, source="disk", abort_all_requests=abort_all_requests)
     return reply, path
+
+
+def check_has_draft(state: AdminState) -> None:
+    """400 for draft_model_only on a server whose proposer has no weights (ngram, or none)."""
+    method = state.engine.engine_config.speculative_config.method
+    if method not in ("draft_model", "eagle"):
+        what = f"--speculative-config method {method!r}" if method else "no --speculative-config"
+        raise bad_request(f"draft_model_only: this server has no draft model to update ({what}); only the "
+                          "draft_model and eagle methods have draft weights", "draft_model_only")
+
+
+def _updated(reply: ControlReply, draft_model_only: bool, message: str, state: AdminState):
+    """The success body; a draft update names its own version (the target's is unchanged)."""
+    extra = {"draft_weight_version": reply.data.get("draft_weight_version")} if draft_model_only else {}
+    return success(reply, message, weight_version=state.status.weight_version, **extra)
 
 
 def blueprint(state: AdminState) -> Blueprint:
@@ -127,17 +151,28 @@ def blueprint(state: AdminState) -> Blueprint:
     async def update_from_disk():
         req = parse_body(UpdateFromDiskRequest, await request.get_data())
         reply, path = await load_from_disk(state, req.model_path, weight_version=req.weight_version,
-                                           flush_cache=req.flush_cache, abort_all_requests=req.abort_all_requests)
-        return success(reply, f"loaded weights from {path}", weight_version=state.status.weight_version)
+                                           flush_cache=req.flush_cache, abort_all_requests=req.abort_all_requests,
+                                           draft_model_only=req.draft_model_only)
+        what = "draft weights" if req.draft_model_only else "weights"
+        return _updated(reply, req.draft_model_only, f"loaded {what} from {path}", state)
 
     @bp.post("/update_weights_from_tensor")
-    @takes_query("weight_version", "flush_cache", "abort_all_requests")
+    @takes_query("weight_version", "flush_cache", "abort_all_requests", "draft_model_only", "disable_draft_model")
     async def update_from_tensor():
         version = request.args.get("weight_version") or None
         if version is not None and len(version) > MAX_VERSION_CHARS:
             raise bad_request(f"weight_version: at most {MAX_VERSION_CHARS} characters", "weight_version")
         flush_cache = parse_bool(request.args.get("flush_cache"), "flush_cache", True)
         abort_all = parse_bool(request.args.get("abort_all_requests"), "abort_all_requests", False)
+        draft_only = parse_bool(request.args.get("draft_model_only"), "draft_model_only", False)
+        disable_draft = request.args.get("disable_draft_model")
+        try:
+            check_draft_routing(draft_only, None if disable_draft in (None, "") else
+                                parse_bool(disable_draft, "disable_draft_model", True))
+        except ValueError as exc:
+            raise bad_request(str(exc), "disable_draft_model") from None
+        if draft_only:
+            check_has_draft(state)
         async with streamed_upload(request.body, state.engine.max_body_bytes) as upload:
             if not upload.num_bytes:
                 raise bad_request("the body must be a safetensors file (got an empty body)")
@@ -152,10 +187,9 @@ def blueprint(state: AdminState) -> Blueprint:
                 raise bad_request(str(exc)) from None
             command = UpdateWeightsFromTensors(new_command_id(), safetensors=np.zeros(0, dtype=np.uint8),
                                                weight_version=version, flush_cache=flush_cache,
-                                               safetensors_path=upload.path)
+                                               safetensors_path=upload.path, draft_model_only=draft_only)
             reply = await state.update_weights(command, source="tensor", abort_all_requests=abort_all)
-        return success(reply, f"loaded {num_tensors} tensors ({num_bytes} bytes)",
-                       weight_version=state.status.weight_version)
+        return _updated(reply, draft_only, f"loaded {num_tensors} tensors ({num_bytes} bytes)", state)
 
     @bp.get("/weight_version")
     @bp.get("/get_weight_version")
