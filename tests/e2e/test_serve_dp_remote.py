@@ -72,14 +72,13 @@ def deployment(model_path, tmp_path_factory):
         headless = subprocess.Popen(
             [sys.executable, "-m", "trillium.cli", "serve", "--model", str(model_path), *common,
              "--data-parallel-start-rank", "1", "--headless"], stdout=log, stderr=subprocess.STDOUT)
-    api = AdminServer(str(model_path), *common, "--allowed-weight-paths", str(model_path.parent),
-                      "--engine-stall-timeout-s", "0")
+    api = AdminServer(str(model_path), *common, "--allowed-weight-paths", str(model_path.parent))
     api.headless, api.headless_log, api.rpc_port = headless, log_path, rpc_port
     try:
         api.wait_ready(timeout_s=300)
         yield api
     finally:
-        api.stop()
+        assert api.stop() == 0, api.log()
         if headless.poll() is None:
             headless.send_signal(signal.SIGTERM)
         headless.wait(timeout=60)

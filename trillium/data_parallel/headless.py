@@ -5,14 +5,14 @@
 Replicas R..R+K-1 (K = --data-parallel-size-local) each run their scheduler,
 executor and detokenizer here, as one process each under this process's
 supervisor (as `trillium serve` runs them on the api host), their inboxes bound on
-tcp://H:<free port> (H: this host's address on the route to the api host). Once
-every replica's actors are up, one Hello (signed with the deployment secret)
-tells the api host at tcp://A:P where they listen (data_parallel/remote.py).
+tcp://H:<free port> (H: this host's address on the route to the api host). First
+one Hello (signed with the deployment secret) tells the api host at tcp://A:P
+where they will listen (data_parallel/remote.py), so both hosts load at once.
 Each replica's links use its own secret derived from the deployment's.
 
 How it ends:
-- the api host stops: it sends every replica Shutdown; the actors exit 0 and so
-  does this process;
+- the api host stops or dies: the tcp:// connection to a replica's api inbox drops
+  (`remote.LinkWatch`, ZeroMQ heartbeats); this process stops its replicas, exit 0;
 - an actor here dies: this process stops every replica here and exits 1; the api
   host sees the tcp:// links drop and fails these replicas' requests;
 - SIGTERM / Ctrl-C: the actors are stopped, exit 0.
@@ -21,6 +21,7 @@ How it ends:
 from __future__ import annotations
 
 import logging
+import os
 import signal
 
 import trio
@@ -72,12 +73,24 @@ async def _supervise(configs: dict, api_host: str, rpc_port: int, secret: str, f
                     outcome.append(1)
             nursery.cancel_scope.cancel()  # WHY all: one host, one fate (the api sees every link drop)
 
+        async def watch_api(index: int, address: str) -> None:
+            with remote.LinkWatch(address) as watch:
+                await watch.wait_lost()
+            log.info("headless host: the api host's link for replica %d (%s) dropped: stopping", index, address)
+            outcome.append(0)
+            nursery.cancel_scope.cancel()
+
         nursery.start_soon(on_signal)
+        # WHY the Hello first: the api host starts its own replicas once every remote one has joined;
+        # it counts a replica as up when its scheduler (started last) accepts the connection.
+        hello = remote.hello_frames(secret, fingerprint, {i: c.addresses for i, c in configs.items()},
+                                    {i: {"headless": os.getpid()} for i in configs})
+        outbox = await remote.send_hello(api_host, rpc_port, hello)
         for index, config in configs.items():
             supervision = await nursery.start(replica, index, config)
             pids[index] = dict(supervision.pids)
-        hello = remote.hello_frames(secret, fingerprint, {i: c.addresses for i, c in configs.items()}, pids)
-        outbox = await remote.send_hello(api_host, rpc_port, hello)
+        for index, config in configs.items():
+            nursery.start_soon(watch_api, index, config.addresses.api)
         log.info("headless host ready: %s", "; ".join(
             f"replica {i}: " + ", ".join(f"{n} pid {p}" for n, p in found.items()) for i, found in pids.items()))
         try:

@@ -11,8 +11,8 @@
     headless   trillium serve --headless --data-parallel-size N --data-parallel-size-local K
                  --data-parallel-start-rank R --data-parallel-address A --data-parallel-rpc-port P
                  --link-secret-file S
-               replicas R..R+K-1: scheduler, executor, detokenizer each, bound on
-               tcp://H:<free ports> (H: this host's address towards A), then one Hello to tcp://A:P.
+               one Hello to tcp://A:P, then replicas R..R+K-1: scheduler, executor, detokenizer
+               each, bound on tcp://H:<free ports> (H: this host's address towards A).
 
 The shape is vLLM's multi-node data parallelism (vllm-project/vllm:
 vllm/engine/arg_utils.py `--data-parallel-size-local`, `--data-parallel-start-rank`,
@@ -36,10 +36,12 @@ does not verify joins nothing (unauthenticated / replayed), nor does a verified 
 that announces another engine config or comes after the join (forbidden).
 
 FAILURE. `RemoteReplica` keeps a ZeroMQ heartbeat on a socket to replica i's
-scheduler inbox: when the connection drops (the host died, its process was killed)
-replica i fails exactly as a local replica whose actor died (data_parallel/processes.py:
-its open requests end with an error naming it, the others keep serving). A hang
-without a drop is the stall watchdog's (actors/liveness.py), as on one host.
+scheduler inbox (`LinkWatch`): when the connection drops (the host died, its process
+was killed) replica i fails exactly as a local replica whose actor died
+(data_parallel/processes.py: its open requests end with an error naming it, the others
+keep serving). A hang without a drop is the stall watchdog's (actors/liveness.py), as
+on one host. The headless host watches its replicas' api inboxes the same way: when the
+api host stops or dies, it stops its replicas.
 
 State: the listener's joined replicas and rejection counts; per RemoteReplica its link watch.
 """
@@ -104,7 +106,7 @@ def headless_addresses(host: str, api_host: str, rpc_port: int, replica: int) ->
     return Addresses(scheduler, executor, detokenizer, api_inbox_address(api_host, rpc_port, replica))
 
 
-# -- the Hello (headless -> api host, once, after its replicas' actors are up) --
+# -- the Hello (headless -> api host, once, before its replicas start: both hosts load at once) --
 
 def hello_frames(secret: str, fingerprint: bytes, replicas: dict[int, Addresses], pids: dict[int, dict]) -> list:
     body = {"fingerprint": fingerprint.hex(),
@@ -201,9 +203,9 @@ def fingerprint_of(engine) -> bytes:
 class RemoteReplica(_EngineProcesses):
     """Replica i on a headless host, as the api's `ReplicaProcesses` sees it (see the module docstring).
 
-    No children here: `supervise` reports the pids the Hello announced and then
-    watches the tcp:// connection to the replica's scheduler; when it drops,
-    `on_failure` (ReplicaProcesses.replica_failed) takes the replica out."""
+    No children here: `supervise` is started once the replica's scheduler inbox
+    accepts the connection, then watches it; when it drops, `on_failure`
+    (ReplicaProcesses.replica_failed) takes the replica out."""
 
     def __init__(self, config, client, stall_timeout_s: float, shutdown, *, pids: dict, peer: str,
                  on_failure, fail_streams) -> None:
@@ -213,21 +215,30 @@ class RemoteReplica(_EngineProcesses):
         self._pids = {name: int(pid) for name, pid in pids.items()}
 
     async def supervise(self, *, task_status) -> None:
-        self.supervision = Supervision(alive={name: True for name in self._pids}, pids=dict(self._pids))
-        task_status.started(self.supervision)
-        with _LinkWatch(self._config.addresses.scheduler) as watch:
+        address = self._config.addresses.scheduler
+        with LinkWatch(address) as watch:
+            # WHY the connection is the readiness: the headless host announces its replica before it
+            # starts it (so both hosts load at once); its scheduler, started last, binds when the rest is up.
+            log.info("data-parallel replica on %s: waiting for its scheduler at %s", self.peer, address)
+            await watch.wait_connected()
+            self.supervision = Supervision(alive={name: True for name in _REMOTE_ACTORS}, pids=dict(self._pids))
+            task_status.started(self.supervision)
             await watch.wait_lost()
-        self.supervision = Supervision(alive={name: False for name in self._pids}, pids=dict(self._pids))
-        exc = ActorFailed(f"scheduler at {self._config.addresses.scheduler}",
-                          "the tcp:// link to the headless host dropped")
+        self.supervision = Supervision(alive={name: False for name in _REMOTE_ACTORS}, pids=dict(self._pids))
+        exc = ActorFailed(f"scheduler at {address}", "the tcp:// link to the headless host dropped")
         self.failure = exc
         log.error("data-parallel replica on %s: %s", self.peer, exc)
         self._on_failure(exc)
 
 
-class _LinkWatch:
-    """A PUSH socket to the remote scheduler inbox that sends nothing: ZeroMQ heartbeats and a monitor
-    tell when its connection drops (a killed process at once, a dead host after 3 heartbeats)."""
+_REMOTE_ACTORS = ("scheduler", "executor", "detokenizer")
+
+
+class LinkWatch:
+    """A PUSH socket to an inbox on the other host that sends nothing: ZeroMQ heartbeats and a monitor
+    tell when its connection drops (a killed process at once, a dead host after 3 heartbeats). The api
+    host watches each remote replica's scheduler inbox, a headless host each of its replicas' api inbox.
+    NOTE: a drop before the first connection is not one (the peer may not listen yet)."""
 
     def __init__(self, address: str) -> None:
         self._socket = zmq.Context.instance().socket(zmq.PUSH)
@@ -236,21 +247,26 @@ class _LinkWatch:
         self._socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * _HEARTBEAT_MS)
         self._monitor = self._socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._socket.connect(address)
+        self._connected = False
+
+    async def wait_connected(self) -> None:
+        await self._next(zmq.EVENT_CONNECTED)
+        self._connected = True
 
     async def wait_lost(self) -> None:
+        if not self._connected:
+            await self.wait_connected()
+        await self._next(zmq.EVENT_DISCONNECTED)
+
+    async def _next(self, wanted: int) -> None:
         from zmq.utils.monitor import recv_monitor_message
 
-        connected = False
         while True:
             try:
-                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)["event"]
+                if recv_monitor_message(self._monitor, zmq.NOBLOCK)["event"] == wanted:
+                    return
             except zmq.Again:
                 await trio.sleep(0.2)  # WHY polled: a handful of events in a server's life
-                continue
-            if event == zmq.EVENT_CONNECTED:
-                connected = True
-            elif event == zmq.EVENT_DISCONNECTED and connected:
-                return
 
     def __enter__(self):
         return self
