@@ -69,3 +69,18 @@ def test_each_replica_has_its_own_secret():
     secrets = {remote.replica_secret(SECRET, i) for i in range(4)}
     assert len(secrets) == 4 and SECRET not in secrets
     assert remote.replica_secret(SECRET, 1) == remote.replica_secret(SECRET, 1)
+
+
+async def test_the_link_watch_sees_the_peer_come_and_go():
+    """What fails a remote replica on the api host, and stops a headless host when the api host goes."""
+    from trillium.actors.codec import Codec
+    from trillium.actors.transport import Inbox
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    with remote.LinkWatch(address) as watch:
+        inbox = Inbox.bind(address, Codec([]))
+        with trio.fail_after(20):
+            await watch.wait_connected()
+        inbox.close()
+        with trio.fail_after(20):
+            await watch.wait_lost()
