@@ -274,9 +274,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         if remote_replicas(args):  # ... or its data-parallel replicas (data_parallel/headless.py)
             from trillium.data_parallel.headless import run_headless_replicas
 
-            return run_headless_replicas(engine, args.data_parallel_start_rank,
-                                         args.data_parallel_size_local or args.data_parallel_size - args.data_parallel_start_rank,
-                                         args.data_parallel_address, args.data_parallel_rpc_port, link_secret)
+            start = args.data_parallel_start_rank
+            local = args.data_parallel_size_local or args.data_parallel_size - start
+            return run_headless_replicas(engine, start, local, args.data_parallel_address,
+                                         args.data_parallel_rpc_port, link_secret)
         return run_headless(engine, args.node_rank, link_secret)
     from trillium.control_plane.paths import split_path_list
 
