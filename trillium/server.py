@@ -195,7 +195,9 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
     loras = LoRARegistry() if engine_config.enable_lora else None
     registry = CollectorRegistry()
     shutdown = trio.Event()
-    join = await _join_remote_replicas(engine_config, server_config)
+    from trillium.data_parallel.remote import join_remote_replicas
+
+    join = await join_remote_replicas(engine_config, server_config)  # None: every replica on this host
     client, processes = _build_engine(engine_config, server_config, ipc_dir, registry, loras, shutdown, join)
     status = EngineStatus(lambda: client.last_stats)
     tracing = RequestTracing.from_config(engine_config, "api")
@@ -288,26 +290,6 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
         raise processes.failure
 
 
-async def _join_remote_replicas(engine_config, server_config):
-    """Replicas on other hosts: wait until every one announced itself (data_parallel/remote.py); else None."""
-    local = server_config.data_parallel_size_local
-    if local is None or local >= server_config.data_parallel_size:
-        return None
-    from trillium.data_parallel.remote import JoinListener, fingerprint_of
-
-    join = JoinListener(server_config.data_parallel_address, server_config.data_parallel_rpc_port,
-                        server_config.link_secret, range(local, server_config.data_parallel_size),
-                        fingerprint_of(engine_config))
-    log.info("data-parallel replicas %d..%d run on other hosts: waiting for them at %s", local,
-             server_config.data_parallel_size - 1, join.address)
-    try:
-        await join.wait_joined()
-    except BaseException:
-        join.close()
-        raise
-    return join
-
-
 def _build_engine(engine_config, server_config, ipc_dir, registry, loras, shutdown, join=None):
     """The client the HTTP planes use and the supervised processes behind it, engine series registered:
     one engine, or --data-parallel-size replicas (data_parallel/: a ReplicaClient and ReplicaProcesses,
@@ -341,8 +323,10 @@ def _build_engine(engine_config, server_config, ipc_dir, registry, loras, shutdo
         client = ReplicaClient(clients, ReplicaRouter(num_replicas, engine_config.block_size,
                                                       engine_config.num_kv_tokens))
         processes = ReplicaProcesses([], client, shutdown)
+        from trillium.data_parallel.remote import replica_processes
+
         processes.replicas = [
-            _replica_processes(index, config, replica, stall_s, shutdown, processes, client, join)
+            replica_processes(index, config, replica, stall_s, shutdown, processes, client, join)
             for index, (config, replica) in enumerate(zip(configs, clients))]
         registries = [CollectorRegistry() for _ in clients]
         registry.register(ReplicaSeries(registries))
@@ -361,18 +345,6 @@ def _build_engine(engine_config, server_config, ipc_dir, registry, loras, shutdo
         metrics.attach(replica)
         metrics.watch_liveness(replica_processes.detector)
     return client, processes
-
-
-def _replica_processes(index, config, replica, stall_s, shutdown, processes, client, join):
-    """Replica `index`'s supervised processes: here (`_EngineProcesses`), or on another host."""
-    kwargs = dict(on_failure=functools.partial(processes.replica_failed, index),
-                  fail_streams=functools.partial(client.fail_replica_streams, index))
-    if join is None or index not in join.joined:
-        return _EngineProcesses(config, replica, stall_s, shutdown, **kwargs)
-    from trillium.data_parallel.remote import RemoteReplica
-
-    joined = join.joined[index]
-    return RemoteReplica(config, replica, stall_s, shutdown, pids=joined["pids"], peer=joined["peer"], **kwargs)
 
 
 async def _serve_http(http, app, admin_app, admin, engine_config, server_config, shutdown) -> None:

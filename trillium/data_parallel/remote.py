@@ -49,6 +49,7 @@ State: the listener's joined replicas and rejection counts; per RemoteReplica it
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import hmac
 import json
@@ -191,6 +192,34 @@ class JoinListener:
                               "peer": peer}
             log.info("data-parallel replica %d joined from %s (scheduler at %s)", i, peer,
                      self.joined[i]["addresses"].scheduler)
+
+
+async def join_remote_replicas(engine_config, server_config) -> JoinListener | None:
+    """`trillium serve`'s api host: wait until every remote replica announced itself; None without any."""
+    local = server_config.data_parallel_size_local
+    if local is None or local >= server_config.data_parallel_size:
+        return None
+    join = JoinListener(server_config.data_parallel_address, server_config.data_parallel_rpc_port,
+                        server_config.link_secret, range(local, server_config.data_parallel_size),
+                        fingerprint_of(engine_config))
+    log.info("data-parallel replicas %d..%d run on other hosts: waiting for them at %s", local,
+             server_config.data_parallel_size - 1, join.address)
+    try:
+        await join.wait_joined()
+    except BaseException:
+        join.close()
+        raise
+    return join
+
+
+def replica_processes(index, config, replica, stall_s, shutdown, processes, client, join):
+    """Replica `index`'s supervised processes: here (server._EngineProcesses), or on another host."""
+    kwargs = dict(on_failure=functools.partial(processes.replica_failed, index),
+                  fail_streams=functools.partial(client.fail_replica_streams, index))
+    if join is None or index not in join.joined:
+        return _EngineProcesses(config, replica, stall_s, shutdown, **kwargs)
+    joined = join.joined[index]
+    return RemoteReplica(config, replica, stall_s, shutdown, pids=joined["pids"], peer=joined["peer"], **kwargs)
 
 
 def fingerprint_of(engine) -> bytes:
