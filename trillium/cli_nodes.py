@@ -39,10 +39,12 @@ def add_node_args(serve) -> None:
                        help=f"port of that store (default {DEFAULT_MASTER_PORT} with --nnodes > 1, as "
                             "vLLM's; on one host a free loopback port)")
     group.add_argument("--headless", action="store_true",
-                       help="run only this node's executor ranks (no api, no HTTP); needs --node-rank >= 1")
+                       help="run only this node's executor ranks (no api, no HTTP); needs --node-rank >= 1. "
+                            "With --data-parallel-start-rank: only this host's data-parallel replicas")
     group.add_argument("--link-secret-file", default=None, metavar="PATH",
                        help="file with the deployment's secret (64 hex digits, mode 600, the same file on "
-                            "every host, e.g. `openssl rand -hex 32`); needed with --nnodes > 1. Every "
+                            "every host, e.g. `openssl rand -hex 32`); needed with --nnodes > 1 and with data-parallel "
+                            "replicas on other hosts. Every "
                             "engine link and every rank proves it; never logged")
     dp = serve.add_argument_group(
         "Data-parallel replicas on more than one host (vLLM's flags; README \"Scaling out\")")
