@@ -8,8 +8,9 @@ port in vllm/v1/engine/utils.py `launch_core_engines`): the api host runs replic
 the headless host (another `trillium serve` process, as on another host) runs replica 1, both read
 the same `--link-secret-file`.
 
-- requests spread over both replicas and their greedy tokens equal transformers'; /server_info lists
-  replica 1 as remote (tcp://); a weight update from disk reaches both (one version);
+- requests spread over both replicas and their greedy tokens equal transformers'; a conversation's
+  turns stay on one replica; /server_info lists replica 1 as remote (tcp://); a weight update from
+  disk reaches both (one version);
 - peers without the secret at the api host's join socket, at replica 1's api inbox and at the
   headless host's scheduler inbox get nothing served and are counted (engine_rejected_frames_total);
 - last: the headless host killed mid-stream -> only its stream ends with an error, the local
@@ -119,6 +120,12 @@ def test_both_hosts_serve_transformers_greedy_tokens(deployment, model_path):
     assert [r["replica"] for r in info] == [0, 1] and all(r["serving"] for r in info)
     assert info[0]["remote"] is None and info[1]["remote"].startswith("tcp://127.0.0.1:")
     assert min(r["num_routed_requests"] for r in info) >= 2, info
+    # Prefix affinity across hosts alike: a conversation's turns (two shared 16-token blocks) stay on one replica.
+    before = [r["num_routed_requests"] for r in info]
+    for turn in range(3):
+        assert generate(deployment, list(range(40, 72)) + [7] * turn, n_tokens=2).status_code == 200
+    grew = [r["num_routed_requests"] - b for r, b in zip(replicas(deployment), before)]
+    assert sorted(grew) == [0, 3], grew
     # A control command reaches the headless host's replica too: one version for the server.
     deployment.admin_ok("POST", "/update_weights_from_disk",
                         json={"model_path": str(model_path), "weight_version": "v-remote"})
