@@ -132,6 +132,7 @@ class JoinListener:
 
     def __init__(self, api_host: str, rpc_port: int, secret: str, expected: range, fingerprint: bytes) -> None:
         self.address = f"tcp://{api_host}:{rpc_port}"
+        self._api_host, self._rpc_port = api_host, rpc_port
         self._inbox = Inbox.bind(self.address, Codec([]), max_message_bytes=_HELLO_MAX_BYTES)
         self._verifier = Verifier(LinkKey(bytes.fromhex(secret)), (HELLO_ROLE,))
         self._expected = expected
@@ -187,9 +188,14 @@ class JoinListener:
         if wrong:
             raise JoinRefused(f"replica(s) {wrong}: not expected here (remote replicas {list(self._expected)}, "
                               f"joined {sorted(self.joined)})")
+        addresses = {i: Addresses(**entry["addresses"]) for i, entry in announced.items()}
+        for i, where in addresses.items():  # WHY: the api binds the api inbox the Hello names
+            if where.api != api_inbox_address(self._api_host, self._rpc_port, i) or not all(
+                    a.startswith("tcp://") for a in (where.scheduler, where.executor, where.detokenizer)):
+                raise JoinRefused(f"replica {i}: addresses {where} are not this api host's layout "
+                                  f"(api inbox {api_inbox_address(self._api_host, self._rpc_port, i)}, tcp://)")
         for i, entry in announced.items():
-            self.joined[i] = {"addresses": Addresses(**entry["addresses"]), "pids": dict(entry["pids"]),
-                              "peer": peer}
+            self.joined[i] = {"addresses": addresses[i], "pids": dict(entry["pids"]), "peer": peer}
             log.info("data-parallel replica %d joined from %s (scheduler at %s)", i, peer,
                      self.joined[i]["addresses"].scheduler)
 
