@@ -3,8 +3,9 @@
 A headless host's Hello (signed with the deployment secret) joins its replicas; a Hello signed with
 another secret, without a proof, replayed, announcing another engine config or a replica outside the
 expected range, naming another api inbox than the api host's layout, or arriving after the join
-joins nothing and is counted by reason. The shape mirrors vLLM's handshake on the rpc port (vllm-project/vllm, vllm/v1/engine/utils.py `wait_for_engine_startup`:
-every engine checks in before the api serves), which here is authenticated.
+joins nothing and is counted by reason. The shape mirrors vLLM's handshake on the rpc port
+(vllm-project/vllm, vllm/v1/engine/utils.py `wait_for_engine_startup`: every engine checks in
+before the api serves), which here is authenticated.
 """
 
 from __future__ import annotations
