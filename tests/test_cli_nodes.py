@@ -4,8 +4,9 @@ placement of ranks, and the ranks' membership proof over an in-memory group.
 Flags as vLLM's serve parser declares them (vllm-project/vllm, vllm/engine/arg_utils.py
 `--nnodes -n`, `--node-rank -r`, `--master-addr`, `--master-port`; vllm/entrypoints/cli/
 serve.py `--headless`); vLLM's multi-node data-parallel flags (`--data-parallel-size-local`,
-`--data-parallel-address`, `--data-parallel-rpc-port`, `--data-parallel-start-rank`) are
-refused by name. The two-process run is tests/e2e/test_serve_multi_node.py.
+`--data-parallel-address`, `--data-parallel-rpc-port`, `--data-parallel-start-rank`, same
+arg_utils.py) in the combinations not built are refused by name. The two-process runs are
+tests/e2e/test_serve_multi_node.py and tests/e2e/test_serve_dp_remote.py.
 """
 
 from __future__ import annotations
@@ -39,10 +40,20 @@ def secret_file(tmp_path):
     (["-tp", "2", "--nnodes", "2", "--node-rank", "1", "--link-secret-file", "S"], "--headless"),
     (["-tp", "2", "--nnodes", "2", "--headless", "--link-secret-file", "S"], "--headless"),
     (["-dp", "2", "--nnodes", "2", "-tp", "2", "--link-secret-file", "S"], "--data-parallel-size 2"),
-    (["--data-parallel-size-local", "1"], "--data-parallel-size-local"),
+    (["-dp", "2", "--data-parallel-size-local", "3"], "--data-parallel-size-local 3"),
     (["--data-parallel-address", "10.0.0.1"], "--data-parallel-address"),
     (["--data-parallel-rpc-port", "13345"], "--data-parallel-rpc-port"),
-    (["--data-parallel-start-rank", "1"], "--data-parallel-start-rank"),
+    (["--data-parallel-start-rank", "1"], "--data-parallel-start-rank 1"),
+    (["-dp", "2", "-dpl", "1", "--link-secret-file", "S"], "--data-parallel-address"),
+    (["-dp", "2", "-dpl", "1", "-dpa", "127.0.0.1", "-dpp", "13345"], "--link-secret-file"),
+    (["-dp", "2", "-dpl", "1", "-dpa", "127.0.0.1", "-dpp", "13345", "--link-secret-file", "S", "-tp", "2"],
+     "--tensor-parallel-size 2"),
+    (["-dp", "2", "-dpl", "1", "--headless", "-dpa", "127.0.0.1", "-dpp", "13345", "--link-secret-file", "S"],
+     "--data-parallel-start-rank"),
+    (["-dp", "2", "-dpr", "0", "--headless", "-dpa", "127.0.0.1", "-dpp", "13345", "--link-secret-file", "S"],
+     "--data-parallel-start-rank 0"),
+    (["-dp", "2", "-dpr", "1", "--headless", "-dpa", "127.0.0.1", "-dpp", "13345", "--link-secret-file", "S",
+      "--nnodes", "2", "-tp", "2"], "--nnodes 2"),
 ])
 def test_combinations_not_built_are_start_up_errors_naming_the_flag(flags, named, secret_file):
     flags = [str(secret_file) if f == "S" else f for f in flags]

@@ -252,7 +252,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import os
 
     from trillium.cli_compat import check_serve_args, serve_model
-    from trillium.cli_nodes import check_node_args, node_secret
+    from trillium.cli_nodes import check_node_args, node_secret, node_server_kwargs, remote_replicas
     from trillium.cli_limits import request_limits
     from trillium.server import ServerConfig, run_server
 
@@ -271,6 +271,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             engine = engine.resolve()
         except ValueError as exc:
             raise SystemExit(str(exc)) from None
+        if remote_replicas(args):  # ... or its data-parallel replicas (data_parallel/headless.py)
+            from trillium.data_parallel.headless import run_headless_replicas
+
+            start = args.data_parallel_start_rank
+            local = args.data_parallel_size_local or args.data_parallel_size - start
+            return run_headless_replicas(engine, start, local, args.data_parallel_address,
+                                         args.data_parallel_rpc_port, link_secret)
         return run_headless(engine, args.node_rank, link_secret)
     from trillium.control_plane.paths import split_path_list
 
@@ -301,6 +308,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         engine_stall_timeout_s=args.engine_stall_timeout_s,
         responses_store_size=args.responses_store_size,
         link_secret=link_secret,
+        **node_server_kwargs(args),
     )
     return run_server(engine, server)
 

@@ -109,6 +109,11 @@ class ServerConfig:
     data_parallel_size: int = 1  # engine replicas behind this api (data_parallel/; README "Scaling out")
     # --link-secret-file (more than one host, cli_nodes.py): the deployment's secret, hex; None: a fresh one
     link_secret: str | None = attrs.field(default=None, repr=False)
+    # Replicas on other hosts (data_parallel/remote.py): this host runs replicas 0..local-1, the join
+    # socket listens at tcp://address:rpc_port; None: every replica here.
+    data_parallel_size_local: int | None = None
+    data_parallel_address: str | None = None
+    data_parallel_rpc_port: int | None = None
 
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
@@ -190,7 +195,10 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
     loras = LoRARegistry() if engine_config.enable_lora else None
     registry = CollectorRegistry()
     shutdown = trio.Event()
-    client, processes = _build_engine(engine_config, server_config, ipc_dir, registry, loras, shutdown)
+    from trillium.data_parallel.remote import join_remote_replicas
+
+    join = await join_remote_replicas(engine_config, server_config)  # None: every replica on this host
+    client, processes = _build_engine(engine_config, server_config, ipc_dir, registry, loras, shutdown, join)
     status = EngineStatus(lambda: client.last_stats)
     tracing = RequestTracing.from_config(engine_config, "api")
     if tracing.enabled:
@@ -201,6 +209,8 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(client.run)
+            if join is not None:
+                nursery.start_soon(join.count_strangers)
             log.info("starting engine actors (executor, detokenizer, scheduler)%s for %s",
                      f" x {server_config.data_parallel_size} replicas" if server_config.data_parallel_size > 1
                      else "", engine_config.model)
@@ -271,6 +281,8 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
             nursery.cancel_scope.cancel()
     finally:
         client.close()
+        if join is not None:
+            join.close()
         tracing.close()
         shutil.rmtree(ipc_dir, ignore_errors=True)
         log.info("stopped; engine processes are gone")
@@ -278,7 +290,7 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> No
         raise processes.failure
 
 
-def _build_engine(engine_config, server_config, ipc_dir, registry, loras, shutdown):
+def _build_engine(engine_config, server_config, ipc_dir, registry, loras, shutdown, join=None):
     """The client the HTTP planes use and the supervised processes behind it, engine series registered:
     one engine, or --data-parallel-size replicas (data_parallel/: a ReplicaClient and ReplicaProcesses,
     each replica's series labelled engine="<i>")."""
@@ -287,10 +299,17 @@ def _build_engine(engine_config, server_config, ipc_dir, registry, loras, shutdo
     from trillium.observability.metrics import EngineMetrics
 
     num_replicas, stall_s = server_config.data_parallel_size, server_config.engine_stall_timeout_s
+    num_local = num_replicas if join is None else server_config.data_parallel_size_local
     configs = [attrs.evolve(config, tokenizer_backend_file=_backend_file(ipc_dir))
-               for config in replica_configs(engine_config, ipc_dir, num_replicas)]
-    if server_config.link_secret is not None:  # every host's ranks prove the one they share
+               for config in replica_configs(engine_config, ipc_dir, num_local)]
+    if server_config.link_secret is not None and join is None:  # every host's ranks prove the one they share
         configs = [attrs.evolve(config, link_secret=server_config.link_secret) for config in configs]
+    if join is not None:  # replicas on other hosts: tcp:// links, each its own derived secret
+        from trillium.data_parallel.remote import replica_secret
+
+        configs += [ActorConfig(engine_config, join.joined[i]["addresses"],
+                                link_secret=replica_secret(server_config.link_secret, i))
+                    for i in range(num_local, num_replicas)]
     clients = [EngineClient(config) for config in configs]
     if num_replicas == 1:
         client = clients[0]
@@ -304,13 +323,19 @@ def _build_engine(engine_config, server_config, ipc_dir, registry, loras, shutdo
         client = ReplicaClient(clients, ReplicaRouter(num_replicas, engine_config.block_size,
                                                       engine_config.num_kv_tokens))
         processes = ReplicaProcesses([], client, shutdown)
+        from trillium.data_parallel.remote import replica_processes
+
         processes.replicas = [
-            _EngineProcesses(config, replica, stall_s, shutdown,
-                             on_failure=functools.partial(processes.replica_failed, index),
-                             fail_streams=functools.partial(client.fail_replica_streams, index))
+            replica_processes(index, config, replica, stall_s, shutdown, processes, client, join)
             for index, (config, replica) in enumerate(zip(configs, clients))]
         registries = [CollectorRegistry() for _ in clients]
         registry.register(ReplicaSeries(registries))
+        if join is not None:  # strangers at the join socket (data_parallel/remote.py), actor="dp-join"
+            from trillium.data_parallel.remote import JOIN_ACTOR
+            from trillium.observability.link_metrics import RejectedFramesCollector
+
+            registry.register(RejectedFramesCollector(engine_config.served_model_name, join.rejected_frames,
+                                                      actors=(JOIN_ACTOR,)))
         fed = list(zip(registries, clients, processes.replicas))
     for replica_registry, replica, replica_processes in fed:
         metrics = EngineMetrics(replica_registry, engine_config.served_model_name,

@@ -182,6 +182,9 @@ class ReplicaClient:
                 "kv_cache_usage": stats.kv_usage if stats else 0.0,
                 "num_routed_requests": self.router.num_routed[i], "pending_tokens": self.router.pending_tokens[i],
                 "device": client.config.engine.device,
+                # another host's replica (data_parallel/remote.py): where its scheduler listens
+                "remote": client.config.addresses.scheduler if client.config.addresses.scheduler.startswith(
+                    "tcp://") else None,
             })
         return info
 

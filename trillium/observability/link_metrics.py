@@ -19,9 +19,11 @@ from trillium.actors.protocol.senders import ROLES
 
 
 class RejectedFramesCollector:
-    def __init__(self, model_name: str, rejected_frames: Callable[[], dict[str, dict[str, int]]]) -> None:
+    def __init__(self, model_name: str, rejected_frames: Callable[[], dict[str, dict[str, int]]],
+                 actors: tuple[str, ...] = ROLES) -> None:
         self._model_name = model_name
         self._rejected_frames = rejected_frames
+        self._actors = actors  # data_parallel/remote.py: ("dp-join",), the join socket's
 
     def collect(self):
         family = CounterMetricFamily(
@@ -31,7 +33,7 @@ class RejectedFramesCollector:
             labels=["model_name", "actor", "reason"],
         )
         totals = self._rejected_frames()
-        for actor in ROLES:
+        for actor in self._actors:
             counts = totals.get(actor, {})
             for reason in REJECT_REASONS:
                 family.add_metric([self._model_name, actor, reason], counts.get(reason, 0))
