@@ -337,13 +337,13 @@ def _build_engine(engine_config, server_config, ipc_dir, registry, loras, shutdo
             registry.register(RejectedFramesCollector(engine_config.served_model_name, join.rejected_frames,
                                                       actors=(JOIN_ACTOR,)))
         fed = list(zip(registries, clients, processes.replicas))
-    for replica_registry, replica, replica_processes in fed:
+    for replica_registry, replica, replica_procs in fed:
         metrics = EngineMetrics(replica_registry, engine_config.served_model_name,
                                 lambda replica=replica: replica.last_stats,
                                 api_mailbox_depth=lambda replica=replica: replica.mailbox_depth,
-                                actors_alive=lambda p=replica_processes: dict(p.supervision.alive), loras=loras)
+                                actors_alive=lambda p=replica_procs: dict(p.supervision.alive), loras=loras)
         metrics.attach(replica)
-        metrics.watch_liveness(replica_processes.detector)
+        metrics.watch_liveness(replica_procs.detector)
     return client, processes
 
 
