@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType as Q
 from support.gguf_writer import write_gguf
 from support.paged_runner import random_sequences, run_schedule
 from support.tp_threads import run_ranks
-from test_models_gguf_packed import greedy, llama_cpp_mix
+from test_models_gguf_packed import greedy, llama_cpp_mix, q4_k_m_mix
 from trillium.kernels import gguf_cpu
 from trillium.models.loader import load_model
 from trillium.models.packed_linear import GgufLinear
@@ -35,9 +35,14 @@ pytestmark = pytest.mark.skipif(not gguf_cpu.available(), reason="no C compiler 
 
 @pytest.fixture(scope="module")
 def quantized(checkpoint, tmp_path_factory):
-    def get(variant: str, **overrides):
-        path = tmp_path_factory.mktemp(f"tpq-{variant}") / "model.gguf"
-        return write_gguf(checkpoint(variant, **overrides), path, quantize=llama_cpp_mix)
+    built = {}
+
+    def get(variant: str, mix=llama_cpp_mix, **overrides):
+        key = (variant, mix.__name__, tuple(sorted(overrides.items())))
+        if key not in built:
+            path = tmp_path_factory.mktemp(f"tpq-{variant}") / "model.gguf"
+            built[key] = write_gguf(checkpoint(variant, **overrides), path, quantize=mix)
+        return built[key]
 
     return get
 
@@ -46,12 +51,19 @@ def _blocks(model) -> dict[str, torch.Tensor]:
     return {name: m.blocks for name, m in model.named_modules() if isinstance(m, GgufLinear)}
 
 
-@pytest.mark.parametrize("variant, overrides", [
-    ("llama-tied", {"vocab_size": 509}),  # permuted Q/K, tied Q8_0 head, the last rank's vocab rows padded
-    ("qwen2", {}),                        # q/k/v bias; untied head
-    ("mistral", {}),                      # one KV head, replicated on both ranks
+# K-quants: 256-weight super-blocks, so each rank's o_proj (2 heads x 128) and down_proj (512 / 2) columns
+# are exactly one; the Q6_K embedding / head and layer 0's Q6_K down_proj beside Q4_K (q4_k_m_mix).
+KQUANT = {"mix": q4_k_m_mix, "hidden_size": 512, "intermediate_size": 512, "head_dim": 128}
+
+
+@pytest.mark.parametrize("variant, overrides, dequantize", [
+    ("llama-tied", {"vocab_size": 509}, False),  # permuted Q/K, tied Q8_0 head, the last rank's vocab rows padded
+    ("llama-tied", {"vocab_size": 509}, True),
+    ("qwen2", {}, False),                        # q/k/v bias; untied head
+    ("qwen2", {}, True),
+    ("mistral", {}, False),                      # one KV head, replicated on both ranks
+    ("llama-tied", KQUANT, False),
 ])
-@pytest.mark.parametrize("dequantize", [False, True])
 def test_gguf_shards_compute_the_whole_model(quantized, variant, overrides, dequantize):
     path = quantized(variant, **overrides)
     whole, config = load_model(path, progress=False, gguf_dequantize=dequantize)
@@ -115,16 +127,21 @@ def test_reload_refills_each_ranks_slices(quantized):
     assert run_ranks(2, work) == [True, True]
 
 
-def test_split_off_a_block_boundary_is_refused_at_start(quantized):
-    """4 ranks of 4 heads x 16: each rank's 16 o_proj columns are half a 32-weight block."""
+@pytest.mark.parametrize("overrides, size, message", [
+    # 4 ranks of 4 heads x 16: each rank's 16 o_proj columns are half a 32-weight block.
+    ({}, 4, r"blk\.0\.attn_output\.weight \(Q5_0, 64 input columns\).*16 columns are not whole Q5_0 blocks of 32"),
+    # K-quants at width 256: 2 ranks' 128 down_proj (and o_proj) columns are half a 256-weight super-block.
+    ({"mix": q4_k_m_mix, "hidden_size": 256, "intermediate_size": 256, "head_dim": 64}, 2,
+     r"blk\.0\.ffn_down\.weight \(Q6_K, 256 input columns\).*128 columns are not whole Q6_K blocks of 256"),
+])
+def test_split_off_a_block_boundary_is_refused_at_start(quantized, overrides, size, message):
     from trillium.config import EngineConfig
 
-    path = quantized("llama-tied")
-    with pytest.raises(ValueError, match=r"blk\.0\.attn_output\.weight \(Q5_0, 64 input columns\).*"
-                                         r"each rank's 16 columns are not whole Q5_0 blocks of 32"):
-        EngineConfig(model=str(path), tensor_parallel_size=4, kv_cache_memory="1MiB").resolve()
-    # The same file on 2 ranks (32 columns each) starts.
-    assert EngineConfig(model=str(path), tensor_parallel_size=2, kv_cache_memory="1MiB").resolve().num_blocks > 0
+    path = quantized("llama-tied", **overrides)
+    with pytest.raises(ValueError, match=f"--tensor-parallel-size {size}: GGUF tensor " + message):
+        EngineConfig(model=str(path), tensor_parallel_size=size, kv_cache_memory="1MiB").resolve()
+    if size == 4:  # the same file on 2 ranks (32 columns each) starts
+        assert EngineConfig(model=str(path), tensor_parallel_size=2, kv_cache_memory="1MiB").resolve().num_blocks
 
 
 def test_tp2_engine_serves_a_gguf_like_tp1(quantized, checkpoint):
