@@ -127,6 +127,38 @@ def test_reload_refills_each_ranks_slices(quantized):
     assert run_ranks(2, work) == [True, True]
 
 
+def test_lora_on_packed_shards_matches_one_rank(quantized, checkpoint, tmp_path):
+    """A LoRA adapter on all seven projections over the packed GGUF: the row-parallel packed o_proj /
+    down_proj add the delta to their partial product before the one all-reduce (llama.project_with_lora),
+    so 2 ranks give the one-rank packed model's logits, base and adapter requests in one batch."""
+    pytest.importorskip("peft")
+    from support.lora_adapters import ADAPTERS, make_peft_adapter
+    from support.lora_batches import LENGTHS, run_phase
+    from trillium.lora.manager import LoRAManager
+
+    path = quantized("qwen2")
+    adapter = make_peft_adapter(checkpoint("qwen2"), tmp_path / "all", 0, **ADAPTERS["all"])
+    _, config = load_model(path, progress=False)
+    sequences = random_sequences(config.vocab_size, lengths=LENGTHS, seed=7)
+    slots_of = [-1, 0, -1, 0]  # per sequence: base, the adapter, ...
+
+    def work(group=None):
+        model, _ = load_model(path, progress=False, **({"tp": group} if group is not None else {}))
+        manager = LoRAManager(config, max_loras=1, max_rank=16, max_cpu_loras=1, dtype=torch.float32,
+                              tp_shard=model.tp)
+        manager.register(1, "all", str(adapter))
+        manager.batch([1], [1])
+        assert isinstance(model.model.layers[0].mlp.down_proj, GgufLinear)
+        return run_phase(model, manager.slots, slots_of, sequences)
+
+    with torch.inference_mode():
+        expected = work()
+    got = run_ranks(2, work)[0]
+    for ours, ref in zip(got, expected):
+        assert (ours - ref).abs().max().item() < 1e-4
+        assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
 @pytest.mark.parametrize("overrides, size, message", [
     # 4 ranks of 4 heads x 16: each rank's 16 o_proj columns are half a 32-weight block.
     ({}, 4, r"blk\.0\.attn_output\.weight \(Q5_0, 64 input columns\).*16 columns are not whole Q5_0 blocks of 32"),
