@@ -127,32 +127,36 @@ def test_reload_refills_each_ranks_slices(quantized):
     assert run_ranks(2, work) == [True, True]
 
 
-def test_lora_on_packed_shards_matches_one_rank(quantized, checkpoint, tmp_path):
+def test_lora_on_packed_shards_matches_one_rank(quantized):
     """A LoRA adapter on all seven projections over the packed GGUF: the row-parallel packed o_proj /
     down_proj add the delta to their partial product before the one all-reduce (llama.project_with_lora),
-    so 2 ranks give the one-rank packed model's logits, base and adapter requests in one batch."""
-    pytest.importorskip("peft")
-    from support.lora_adapters import ADAPTERS, make_peft_adapter
-    from support.lora_batches import LENGTHS, run_phase
-    from trillium.lora.manager import LoRAManager
+    so 2 ranks give the one-rank packed model's logits, base and adapter requests in one batch. The
+    adapter is random and in memory (support/lora_adapters.random_adapter), cut per rank as the
+    manager cuts a read one (lora/tensor_parallel.shard_adapter)."""
+    from support.lora_adapters import random_adapter
+    from support.lora_batches import LENGTHS, SCHEDULE, run_phase
+    from trillium.lora import LoRASlots
+    from trillium.lora.tensor_parallel import shard_adapter
 
     path = quantized("qwen2")
-    adapter = make_peft_adapter(checkpoint("qwen2"), tmp_path / "all", 0, **ADAPTERS["all"])
     _, config = load_model(path, progress=False)
+    modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    adapter = random_adapter(config, modules, rank=8, scaling=0.5)
     sequences = random_sequences(config.vocab_size, lengths=LENGTHS, seed=7)
-    slots_of = [-1, 0, -1, 0]  # per sequence: base, the adapter, ...
+    slot_of_seq = [-1, 0, -1, 0]  # base, the adapter, base, the adapter
 
     def work(group=None):
         model, _ = load_model(path, progress=False, **({"tp": group} if group is not None else {}))
-        manager = LoRAManager(config, max_loras=1, max_rank=16, max_cpu_loras=1, dtype=torch.float32,
-                              tp_shard=model.tp)
-        manager.register(1, "all", str(adapter))
-        manager.batch([1], [1])
         assert isinstance(model.model.layers[0].mlp.down_proj, GgufLinear)
-        return run_phase(model, manager.slots, slots_of, sequences)
+        slots = LoRASlots(model.tp.local_config, max_loras=1, max_rank=8)
+        slots.load(0, shard_adapter(adapter, model.tp))
+        return run_phase(model, slots, slot_of_seq, sequences)
 
     with torch.inference_mode():
         expected = work()
+        plain = run_schedule(load_model(path, progress=False)[0], sequences, schedule=SCHEDULE)
+    assert (expected[1] - plain[1]).abs().max().item() > 0.05  # the adapter really changes the outputs
+    assert (expected[0] - plain[0]).abs().max().item() < 1e-4  # and base requests beside it do not
     got = run_ranks(2, work)[0]
     for ours, ref in zip(got, expected):
         assert (ours - ref).abs().max().item() < 1e-4

@@ -248,8 +248,9 @@ def reload_weights(model: LlamaForCausalLM, path: str | Path, *, progress: bool 
     ):
         raise ValueError(f"{path} holds a different model ({config.architecture}, {config.num_layers} layers)")
     gguf_path = find_gguf_file(path)
-    if gguf_path is not None and getattr(model, "tp", None) is not None and model.tp.size > 1:  # this rank's slices only, packed ones included
-        weights = _iter_gguf_shards(gguf_path, config, model.tp, packed_types, None)
+    shard = getattr(model, "tp", None)
+    if gguf_path is not None and shard is not None and shard.size > 1:  # this rank's slices, packed ones too
+        weights = _iter_gguf_shards(gguf_path, config, shard, packed_types, None)
         _fill(model, weights, total, progress, Path(path), sliced=True)
         return
     _fill(model, weights, total, progress, Path(path), int4=int4)
