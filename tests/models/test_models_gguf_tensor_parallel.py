@@ -9,10 +9,11 @@ with `gguf_dequantize=True`; each rank's packed blocks are exactly its
 slice of the one-rank blocks (rows for column-parallel layers, whole blocks
 of the input dim for row-parallel ones), so no rank holds more than its
 share. vLLM shards GGUF the same way (vllm-project/vllm,
-vllm/model_executor/layers/quantization/gguf.py: `qweight` carries
-`input_dim` / `output_dim` and is narrowed in bytes of whole blocks by the
-parallel linear layers' weight loaders); an input-dim slice that is not whole
-blocks is refused at start here, naming the tensor.
+vllm/model_executor/layers/quantization/gguf.py `GGUFLinearMethod.create_weights`:
+the raw `qweight` carries `input_dim` 1 / `output_dim` 0, which the parallel
+layers' weight loaders in vllm/model_executor/layers/linear.py narrow on its
+bytes, the row-parallel ones dividing the row's bytes by the TP size); here an
+input-dim slice that is not whole blocks is refused at start, naming the tensor.
 """
 
 from __future__ import annotations
