@@ -97,6 +97,10 @@ def test_two_hosts_serve_transformers_greedy_tokens(deployment, model_path):
     info = deployment.admin_ok("GET", "/get_server_info")
     assert info["tp_size"] == 2
     assert "executor" in info["actors"] and "executor-rank1" not in info["actors"]  # rank 1 is node 1's
+    head, remote = info["tp_ranks"]  # /server_info lists the other host's rank too, unpolled
+    assert head == {"rank": 0, "node": 0, "local": True, "actor": "executor",
+                    "pid": info["actors"]["executor"]["pid"], "alive": True}
+    assert remote == {"rank": 1, "node": 1, "local": False, "actor": None, "pid": None, "alive": None}
     assert "members proved" in _headless_log(deployment)
 
 

@@ -1,7 +1,7 @@
 """What runs under tensor parallelism, checked at start (pure; no torch).
 
     refuse_engine(config)            ValueError naming every feature that does not run under TP
-    refuse_model(config, model_cfg)  the same for the checkpoint (family, GGUF, head counts)
+    refuse_model(config, model_cfg)  the same for the checkpoint (family, head counts, GGUF blocks)
 
 Under `--tensor-parallel-size N > 1` the dense Llama family (Llama, Mistral,
 Qwen2, Qwen3: GQA, tied embeddings, qkv bias, q/k norm) is sharded over N
@@ -11,7 +11,10 @@ per-layer scales calibrated from them (models/kv_cache.py). The host KV tier
 neither: the scheduler keeps one index (block ids and host slots are the same
 on every rank), every rank receives the same KvTransfers in its ExecuteBatch
 and copies its own shard of each block (executor/host_kv.py holds this
-rank's heads; --kv-host-bytes is per rank, like --kv-cache-memory). What is not
+rank's heads; --kv-host-bytes is per rank, like --kv-cache-memory). GGUF
+files shard too (models/gguf_tensor_parallel.py: rows and whole quant blocks,
+read per rank) when each rank's o_proj / down_proj columns are whole blocks
+(32 weights; 256 for the K-quants). What is not
 sharded is refused here, before anything starts, never served wrong: a
 feature is either split correctly or named.
 """
@@ -36,7 +39,6 @@ def refuse_engine(config) -> None:
         raise ValueError(f"--tp-collective-timeout-s must be > 0, got {config.tp_collective_timeout_s}")
     refused = [
         (config.runner == "pooling", "--runner pooling (embedding / classification models)"),
-        (config.quantization == "gguf", "GGUF checkpoints"),
         (config.gpu_memory_utilization > 0, "--gpu-memory-utilization (give --kv-cache-memory per rank)"),
     ]
     names = [name for flag, name in refused if flag]
@@ -50,9 +52,6 @@ def refuse_model(config, model_config, is_gguf: bool) -> None:
     size = config.tensor_parallel_size
     if size == 1:
         return
-    if is_gguf:
-        raise ValueError(f"--tensor-parallel-size {size}: GGUF checkpoints are not sharded; "
-                         "serve a safetensors checkpoint")
     if model_config.architecture not in TP_ARCHITECTURES:
         raise ValueError(f"--tensor-parallel-size {size}: {model_config.architecture} is not sharded "
                          f"(MoE, Gemma and Phi-3 run on one rank); sharded: {', '.join(TP_ARCHITECTURES)}")
@@ -66,6 +65,21 @@ def refuse_model(config, model_config, is_gguf: bool) -> None:
         why = f"its MLP width {inter} does not split over {size} ranks"
     if why:
         raise ValueError(f"--tensor-parallel-size {size}: {model_config.architecture} cannot be sharded: {why}")
+    if is_gguf:
+        _refuse_gguf_blocks(config, model_config)
+
+
+def _refuse_gguf_blocks(config, model_config) -> None:
+    """A GGUF o_proj / down_proj is cut on its input dim: each rank's columns must be whole quant blocks."""
+    from trillium.models.checkpoint_files import find_gguf_file
+    from gguf import GGUFReader
+    from trillium.models.gguf_tensor_parallel import check_splits
+
+    size = config.tensor_parallel_size
+    try:
+        check_splits(GGUFReader(str(find_gguf_file(config.model))), model_config, size)
+    except ValueError as exc:
+        raise ValueError(f"--tensor-parallel-size {size}: {exc}") from None
 
 
 def local_kv_model_config(model_config, size: int):

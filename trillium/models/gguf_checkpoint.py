@@ -188,12 +188,17 @@ def iter_weights(
     config: ModelConfig,
     packed_types: frozenset[int] = frozenset(),
     dequantized: dict[str, str] | None = None,
+    shard: Any = None,
 ) -> Iterator[tuple[str, torch.Tensor | PackedTensor]]:
     """(HF name, float tensor) for every weight in the file, dequantized and un-permuted;
     2-D weights whose type is in `packed_types` come as `PackedTensor` instead.
 
     With packing on, `dequantized` collects the quantized weights that still come as floats, and why.
+    `shard` (a tensor-parallel `TpShard`): each tensor is this rank's slice, cut from the file's
+    blocks before anything is decoded (gguf_tensor_parallel.py).
     """
+    if shard is not None:
+        from trillium.models.gguf_tensor_parallel import rank_piece
     arch = reader.fields["general.architecture"].contents()
     permuted = arch in _PERMUTED_ARCHS
     norm_shifted = arch in _NORM_SHIFTED_ARCHS
@@ -203,8 +208,9 @@ def iter_weights(
             continue
         kind = GGMLQuantizationType(int(tensor.tensor_type))
         packable = kind in packed_types and len(tensor.shape) == 2 and not _is_stacked(tensor.name)
+        data = tensor.data if shard is None else rank_piece(tensor, name, shard)
         if packable:
-            packed = _packed(tensor, config, permuted)
+            packed = _packed(tensor, data, config, permuted)
             if tensor.name != "token_embd.weight":
                 yield name, packed
                 continue
@@ -212,7 +218,7 @@ def iter_weights(
                 yield "lm_head.weight", packed
         if packed_types and dequantized is not None and kind not in _FLOAT_TYPES:
             dequantized[name] = f"{kind.name} {'embedding lookup' if packable else 'no packed kernel'}"
-        weights = dequantize(tensor.data, tensor.tensor_type)
+        weights = dequantize(data, tensor.tensor_type)
         if _is_stacked(tensor.name):
             for expert in range(weights.shape[0]):
                 yield name.format(expert), torch.from_numpy(np.array(weights[expert]))  # a copy: the map is read-only
@@ -229,15 +235,17 @@ def iter_weights(
 
 
 def _unpermute(gguf_name: str, rows: np.ndarray, config: ModelConfig, permuted: bool) -> np.ndarray:
-    if permuted and ".attn_q." in gguf_name:
-        return unpermute_rows(rows, config.num_heads)
-    if permuted and ".attn_k." in gguf_name:
-        return unpermute_rows(rows, config.num_kv_heads)
+    """NOTE: the permute is within each head, so the head count is the rows' (a tensor-parallel
+    rank's slice holds whole heads: un-permuting it gives its rows of the un-permuted tensor)."""
+    if permuted and (".attn_q." in gguf_name or ".attn_k." in gguf_name):
+        return unpermute_rows(rows, rows.shape[0] // config.head_dim)
     return rows
 
 
-def _packed(tensor: Any, config: ModelConfig, permuted: bool) -> PackedTensor:
-    """The tensor's blocks [rows, row bytes] as a torch copy (rows un-permuted like the floats)."""
-    blocks = _unpermute(tensor.name, np.asarray(tensor.data), config, permuted)
-    cols, rows = (int(n) for n in tensor.shape)  # GGUF lists dims innermost first
-    return PackedTensor(torch.from_numpy(np.array(blocks, dtype=np.uint8)), int(tensor.tensor_type), (rows, cols))
+def _packed(tensor: Any, data: np.ndarray, config: ModelConfig, permuted: bool) -> PackedTensor:
+    """`data`'s blocks [rows, row bytes] (the tensor's, or a rank's slice) as a torch copy,
+    rows un-permuted like the floats."""
+    blocks = _unpermute(tensor.name, np.asarray(data), config, permuted)
+    cols = int(tensor.shape[0]) * blocks.shape[1] // np.asarray(tensor.data).shape[1]  # a slice's share of K
+    return PackedTensor(torch.from_numpy(np.array(blocks, dtype=np.uint8)), int(tensor.tensor_type),
+                        (blocks.shape[0], cols))

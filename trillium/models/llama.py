@@ -131,9 +131,10 @@ def project_with_lora(module: nn.Module, projection: str, x: torch.Tensor, lora:
     A is sharded on the input dim like the weight (lora/tensor_parallel.py),
     so its delta is a partial sum too and the layer's one all-reduce adds both
     (vLLM's RowParallelLinearWithLoRA applies base + LoRA, then all-reduces).
-    Quantized layers (GGUF, int4) never run sharded: plain forward, then the delta.
+    Packed GGUF layers split forward the same way (packed_linear.GgufLinear); int4 layers never
+    run sharded: plain forward, then the delta.
     """
-    if isinstance(module, Linear):
+    if hasattr(module, "partial"):
         out = module.partial(x)
         lora.apply(projection, x, out)
         return module.reduce(out)

@@ -26,7 +26,9 @@ dequantized into the float parameters, and the log says why.
 
 Tensor parallel (`tp=` a group of N > 1 ranks): the model is this rank's
 shard (`tensor_parallel.py`) and each safetensors tensor is read through
-`get_slice`, so a rank reads only its rows or columns.
+`get_slice`, so a rank reads only its rows or columns; a GGUF tensor is cut
+from the file's blocks before decoding (`gguf_tensor_parallel.py`), packed
+projections keeping the rank's blocks.
 """
 
 from __future__ import annotations
@@ -64,6 +66,12 @@ def _iter_safetensors_shards(files: list[Path], shard) -> Iterator[tuple[str, to
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():
                 yield name, shard.read(name, f.get_slice(name))
+
+
+def _iter_gguf_shards(gguf_path: Path, config: ModelConfig, shard, packed_types, dequantized):
+    """Tensor parallel: each GGUF tensor's rows / blocks for this rank (gguf_tensor_parallel.py)."""
+    reader = gguf_checkpoint.open_gguf(gguf_path)
+    return gguf_checkpoint.iter_weights(reader, config, packed_types, dequantized, shard=shard)
 
 
 def _count_safetensors(files: list[Path]) -> int:
@@ -106,7 +114,7 @@ def _fill(
 
         loaded |= install_int4(model, int4[0], quantized, int4[1])
     if packed:
-        used, report = install_packed(model, packed)
+        used, report = install_packed(model, packed, sliced)
         report.dequantized.update(dequantized or {})
         loaded |= used
         log.info("%s: %s", source.name, report.summary())
@@ -158,7 +166,7 @@ def load_model(
     `gguf_dequantize`: dequantize every GGUF weight (no packed projections).
     `tp`: a `TpGroup` of more than one rank: build this rank's shard of the
     model (`tensor_parallel.py`) and read only its slices of each tensor
-    (safetensors only: the engine config refused GGUF under TP).
+    (safetensors `get_slice`; GGUF rows / whole blocks: gguf_tensor_parallel.py).
     """
     wanted = dtype_name(dtype) if dtype is not None and dtype != "auto" else "float32"  # GGUF's own: float32
     packed_types = _packed_types(path, wanted, torch.device(device), gguf_dequantize)
@@ -172,8 +180,12 @@ def load_model(
 
         shard = TpShard(tp, config)
         model = cls.empty(config, dtype=config.dtype, device=device, max_positions=max_positions, tp=shard)
-        weights = _iter_safetensors_shards(safetensors_files(path), shard)
-        _fill(model, weights, total, progress, Path(path), sliced=True)
+        gguf_path = find_gguf_file(path)
+        if gguf_path is None:
+            weights = _iter_safetensors_shards(safetensors_files(path), shard)
+        else:
+            weights = _iter_gguf_shards(gguf_path, config, shard, packed_types, dequantized)
+        _fill(model, weights, total, progress, Path(path), dequantized, sliced=True)
         model.eval()
         return model, config
     model = cls.empty(config, dtype=config.dtype, device=device, max_positions=max_positions)
@@ -226,7 +238,8 @@ def reload_weights(model: LlamaForCausalLM, path: str | Path, *, progress: bool 
     is_packed = any(isinstance(m, GgufLinear) for m in model.modules())
     spec = None if find_gguf_file(path) is not None else quant_spec_of(path)
     int4 = None if spec is None else (spec, any(isinstance(m, Int4Linear) for m in model.modules()))
-    config, weights, total = open_checkpoint(path, frozenset(gguf_cpu.BLOCK_BYTES) if is_packed else frozenset())
+    packed_types = frozenset(gguf_cpu.BLOCK_BYTES) if is_packed else frozenset()
+    config, weights, total = open_checkpoint(path, packed_types)
     ours = model.config
     if (config.architecture, config.num_layers, config.hidden_size) != (
         ours.architecture,
@@ -234,6 +247,12 @@ def reload_weights(model: LlamaForCausalLM, path: str | Path, *, progress: bool 
         ours.hidden_size,
     ):
         raise ValueError(f"{path} holds a different model ({config.architecture}, {config.num_layers} layers)")
+    gguf_path = find_gguf_file(path)
+    shard = getattr(model, "tp", None)
+    if gguf_path is not None and shard is not None and shard.size > 1:  # this rank's slices, packed ones too
+        weights = _iter_gguf_shards(gguf_path, config, shard, packed_types, None)
+        _fill(model, weights, total, progress, Path(path), sliced=True)
+        return
     _fill(model, weights, total, progress, Path(path), int4=int4)
 
 

@@ -23,6 +23,11 @@ larger batches (prefill) dequantize the blocks once into a temporary float32
 matrix and run oneDNN, whose float GEMM wins once the weight read is shared
 by many rows (bench/quant_matmul.py measures both).
 
+Tensor parallel: each rank's blocks are the packed rows / whole blocks of
+its slice (gguf_tensor_parallel.py), so the same kernel runs on the shard;
+a packed o_proj / down_proj takes the row-parallel layer's `group` and
+all-reduces its partial product (`partial` / `reduce`, as llama.Linear).
+
 NOTE: `reload_weights` refills a packed projection through `install_packed`
 (a GGUF of the same formats is copied into the blocks). The executor's live
 updates carry float tensors, and float tensors for a packed
@@ -61,6 +66,8 @@ class GgufLinear(nn.Module):
         self.ggml_type, self.in_features, self.out_features = ggml_type, in_features, blocks.shape[0]
         self.register_buffer("blocks", blocks)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        # Tensor parallel: the TpGroup of a row-parallel shard (its bias is rank 0's only), else None.
+        self.group = None
 
     @property
     def format_name(self) -> str:
@@ -70,6 +77,10 @@ class GgufLinear(nn.Module):
         return gguf_cpu.dequantize(self.blocks, self.ggml_type, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.reduce(self.partial(x))
+
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's product (all of it without tensor parallelism)."""
         flat = x.reshape(-1, self.in_features)
         if flat.shape[0] > DEQUANTIZE_ROWS:
             out = linear(flat, self.dequantized(), self.bias)
@@ -78,6 +89,10 @@ class GgufLinear(nn.Module):
             if self.bias is not None:
                 out += self.bias
         return out.view(*x.shape[:-1], self.out_features)
+
+    def reduce(self, out: torch.Tensor) -> torch.Tensor:
+        """Row-parallel (o_proj / down_proj under tensor parallelism: `group` set): the ranks' sum."""
+        return out if self.group is None else self.group.all_reduce(out)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format_name}"
@@ -136,8 +151,8 @@ def _target(model: "LlamaForCausalLM", name: str) -> tuple[str, int] | None:
 
 
 def _module_rows(model: "LlamaForCausalLM", module_name: str) -> tuple[int, int]:
-    if module_name == "lm_head" and model.lm_head is None:
-        return model.config.vocab_size, model.config.hidden_size
+    if module_name == "lm_head" and model.lm_head is None:  # tied: the embedding's (this rank's) rows
+        return getattr(model, "local_config", model.config).vocab_size, model.config.hidden_size
     module = model.get_submodule(module_name)
     return module.out_features, module.in_features
 
@@ -171,9 +186,12 @@ def _group(model: "LlamaForCausalLM", packed: dict[str, PackedTensor], report: P
 
 
 @torch.no_grad()
-def install_packed(model: "LlamaForCausalLM", packed: dict[str, PackedTensor]) -> tuple[set[str], PackedReport]:
+def install_packed(
+    model: "LlamaForCausalLM", packed: dict[str, PackedTensor], sliced: bool = False
+) -> tuple[set[str], PackedReport]:
     """Make each projection fully covered by one packable format a `GgufLinear` (or refill one);
-    load the other packed weights dequantized. Returns the HF names used and the report."""
+    load the other packed weights dequantized. Returns the HF names used and the report.
+    `sliced`: the tensors are a tensor-parallel rank's slices (load_weights must not cut them again)."""
     report = PackedReport()
     ready, fallback = _group(model, packed, report)
     used: set[str] = set()
@@ -188,12 +206,16 @@ def install_packed(model: "LlamaForCausalLM", packed: dict[str, PackedTensor]) -
             bias = None if current is None else current.bias
             parent_name, _, child = module_name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, GgufLinear(blocks.contiguous(), ggml_type, in_features, bias))
+            packed_linear = GgufLinear(blocks.contiguous(), ggml_type, in_features, bias)
+            group = getattr(current, "group", None)  # a row-parallel layer (tensor_parallel.py) keeps its sum
+            if group is not None:
+                packed_linear.group = group
+            setattr(parent, child, packed_linear)
         report.packed[module_name] = gguf_cpu.FORMAT_NAMES[ggml_type]
         used.update(name for _, name, _ in parts)
     for name, tensor in fallback.items():
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             used.add(name)  # the embedding (loaded as float) is the head
             continue
-        used |= model.load_weights([(name, tensor.dequantize())])
+        used |= model.load_weights([(name, tensor.dequantize())], **({"sliced": True} if sliced else {}))
     return used, report

@@ -5,6 +5,7 @@
       .shard(name, full)   an HF tensor -> this rank's slice (views; zero-padded vocab rows)
       .split_dim(name)     0 / 1: the dim it is cut on (LoRA pairs follow it: lora/tensor_parallel.py)
       .read(name, slice)   the same slice read straight from a safetensors `get_slice`
+      .part(name)          (dim, first, count) of that slice, for other layouts (GGUF: gguf_tensor_parallel.py)
       .parallelize(model)  o_proj / down_proj become RowParallelLinear (all-reduce)
 
 Layout on rank r of N (H heads, KH KV heads, I MLP width, V vocab, Vr = ceil(V / N)):
@@ -111,6 +112,20 @@ class TpShard:
     def splits(self, name: str) -> bool:
         """Whether the HF tensor `name` differs between the ranks (False without TP)."""
         return self._split(name) is not None
+
+    def part(self, name: str) -> tuple[int | None, int, int] | None:
+        """(dim, first index, count) of this rank's slice of HF tensor `name`; None when it is replicated.
+
+        dim None: a row-parallel layer's bias, whole on rank 0 and zero elsewhere. `count` may run past
+        the tensor's end (the vocabulary's last rank): those rows are zero.
+        """
+        split = self._split(name)
+        if split is None:
+            return None
+        dim, part = split
+        if dim is None:
+            return None, 0, 0
+        return (dim, *self._range(part))
 
     def shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the full HF tensor `name` (unchanged when replicated)."""

@@ -7,6 +7,7 @@
          "actors": {name: {"pid", "alive"}}, "api_pid",
          "allowed_weight_paths", "profile_dir", "profiling",
          "engine_info": {...} | null,
+         "tp_ranks": [{"rank", "node", "local", "actor", "pid", "alive"}],
          "replicas": [{"replica", "serving", "failure", "engine_state", "weight_version",
                        "num_running", "num_waiting", "kv_cache_usage", "device", ...}]}
         (one per --data-parallel-size replica, with its routed-request count under DP;
@@ -22,6 +23,14 @@
 
 `engine_info` is the engine's own answer to GetEngineInfo, null when it
 does not answer within a few seconds (a weight load in progress).
+
+`tp_ranks` lists every tensor-parallel rank of the engine (one without TP),
+with the node that runs it (`--nnodes`: rank r on node r // (N / nnodes),
+distributed/nodes.py). This host's ranks carry their actor name, pid and
+liveness; another host's (`--headless` there) have `"local": false` and null
+pid / alive: nothing here polls them. NOTE: a remote rank that dies or hangs
+still stops the engine (its next collective fails or times out:
+--tp-collective-timeout-s), so `/health` and `engine_state` say so.
 """
 
 from __future__ import annotations
@@ -48,6 +57,8 @@ def blueprint(state: AdminState) -> Blueprint:
         _, alive = state.healthy()
         alive = alive if isinstance(alive, dict) else {}
         config = engine.engine_config
+        actors = {name: {"pid": pid, "alive": bool(alive.get(name, False))}
+                  for name, pid in engine.actor_pids().items()}
         return {
             "version": engine.version,
             "served_model_name": config.served_model_name,
@@ -62,14 +73,14 @@ def blueprint(state: AdminState) -> Blueprint:
             "num_running": stats.num_running if stats else 0,
             "num_waiting": stats.num_waiting if stats else 0,
             "step_id": stats.step_id if stats else 0,
-            "actors": {name: {"pid": pid, "alive": bool(alive.get(name, False))}
-                       for name, pid in engine.actor_pids().items()},
+            "actors": actors,
             "api_pid": os.getpid(),
             "allowed_weight_paths": list(engine.weight_paths.roots),
             "profile_dir": engine.profile_dir,
             "profiling": state.profiling,
             "engine_info": dict(reply.data) if reply.ok else None,
             "replicas": _replicas(engine, stats),
+            "tp_ranks": _tp_ranks(config, actors),
         }
 
     @bp.get("/server_info")
@@ -97,6 +108,19 @@ def blueprint(state: AdminState) -> Blueprint:
         })
 
     return bp
+
+
+def _tp_ranks(config, actors: dict[str, dict]) -> list[dict]:
+    """Every rank of the tensor-parallel group and its node; this host's (node 0's) with pid and liveness."""
+    size, nnodes = config.tensor_parallel_size, config.tp_nnodes
+    out = []
+    for rank in range(size):
+        node = rank // (size // nnodes)
+        name = "executor" if rank == 0 else f"executor-rank{rank}"
+        local = actors.get(name) if node == 0 else None
+        out.append({"rank": rank, "node": node, "local": node == 0, "actor": name if node == 0 else None,
+                    "pid": local["pid"] if local else None, "alive": local["alive"] if local else None})
+    return out
 
 
 def _replicas(engine, stats) -> list[dict]:
