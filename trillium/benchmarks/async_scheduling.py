@@ -16,6 +16,15 @@ scheduler's result handling and planning and the executor's wait for its
 next batch (the wake-ups `trillium bench timeline` shows). Both modes must
 produce the same greedy tokens (checked). Prints medians; nothing is asserted
 about speed.
+
+On a shared machine a round's figures move by several times with the load
+(one mode's tok/s ranged 6-28 in one run here), far more than the effect
+measured, so the order alternates (sync first in even rounds, async first
+in odd ones: neither always runs after the other), and each figure comes
+with its min-max over the rounds and in how many paired rounds async was
+ahead; a median of three rounds alone cannot tell a 0.5x from noise. With
+compiled decode the run also counts Dynamo frame compiles during the
+measured rounds (0: no recompile, no graph break, under either mode).
 """
 
 from __future__ import annotations
@@ -60,7 +69,8 @@ def _round(llm, rng: random.Random, streams: int) -> tuple[dict[str, float], lis
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per mode (median reported)")
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="interleaved rounds per mode (median, min-max and paired wins reported)")
     parser.add_argument("--streams", type=int, default=16, help="concurrent requests of the batched figure")
     parser.add_argument("--compile-batch-sizes", default="1,2,4,8,16", help="compiled decode buckets")
     parser.add_argument("--enforce-eager", action="store_true", help="both engines eager")
@@ -78,28 +88,54 @@ def main(argv: list[str] | None = None) -> int:
     engines = {mode: _engine(model_dir, mode == "async", args.enforce_eager, sizes, args.executor_threads)
                for mode in ("sync", "async")}
     results: dict[str, list[dict[str, float]]] = {mode: [] for mode in engines}
+    load_before = os.getloadavg()[0]
     try:
         for llm in engines.values():
             _round(llm, random.Random(-1), 1)  # warm-up
+        frames = _frames_compiled()
         for r in range(args.rounds):
             tokens = {}
-            for mode, llm in engines.items():
-                figures, tokens[mode] = _round(llm, random.Random(args.seed + r), args.streams)
+            for mode in ("sync", "async") if r % 2 == 0 else ("async", "sync"):
+                figures, tokens[mode] = _round(engines[mode], random.Random(args.seed + r), args.streams)
                 results[mode].append(figures)
                 print(f"round {r} {mode}: " + ", ".join(f"{k} {v:.2f}" for k, v in figures.items()), flush=True)
             assert tokens["sync"] == tokens["async"], "async scheduling changed greedy tokens"
+        recompiles = _frames_compiled() - frames
     finally:
         for llm in engines.values():
             llm.shutdown()
-    load = os.getloadavg()[0]
-    print(f"\ntorch {torch.__version__}, {os.cpu_count()} CPUs, load average {load:.1f}, median of "
-          f"{args.rounds} interleaved rounds; {'eager' if args.enforce_eager else 'compiled ' + args.compile_batch_sizes}"
-          f", executor threads {args.executor_threads or torch.get_num_threads()}")
-    print(f"{'':<22}{'sync':>12}{'async':>12}{'ratio':>8}")
-    for key in results["sync"][0]:
-        sync, fast = (statistics.median(row[key] for row in results[m]) for m in ("sync", "async"))
-        print(f"{key:<22}{sync:>12.2f}{fast:>12.2f}{fast / sync:>8.2f}")
+    print(f"\ntorch {torch.__version__}, {os.cpu_count()} CPUs, load average {load_before:.1f} -> "
+          f"{os.getloadavg()[0]:.1f}, median of {args.rounds} interleaved rounds; "
+          f"{'eager' if args.enforce_eager else 'compiled ' + args.compile_batch_sizes}, executor threads "
+          f"{args.executor_threads or torch.get_num_threads()}")
+    if not args.enforce_eager:
+        print(f"Dynamo frames compiled during the rounds (both engines): {recompiles}")
+    _report(results)
     return 0
+
+
+def _frames_compiled() -> int:
+    """Frames Dynamo has compiled in this process (a recompile or graph break adds to it)."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["total"])
+
+
+def _report(results: dict[str, list[dict[str, float]]]) -> None:
+    """Median per mode, async / sync, each mode's min-max, and the paired rounds async was ahead in."""
+    print(f"{'':<22}{'sync':>10}{'async':>10}{'ratio':>7}   {'sync min-max':>15}{'async min-max':>16}  async ahead")
+    for key in results["sync"][0]:
+        rows = {m: [row[key] for row in results[m]] for m in ("sync", "async")}
+        sync, fast = (statistics.median(rows[m]) for m in ("sync", "async"))
+        lower_is_better = key.endswith("ms")
+        ahead = sum((a < s) if lower_is_better else (a > s) for s, a in zip(rows["sync"], rows["async"]))
+        spread = {m: f"{min(v):.1f}-{max(v):.1f}" for m, v in rows.items()}
+        print(f"{key:<22}{sync:>10.2f}{fast:>10.2f}{fast / sync:>7.2f}   {spread['sync']:>15}{spread['async']:>16}"
+              f"  {ahead}/{len(rows['sync'])}")
 
 
 if __name__ == "__main__":

@@ -45,10 +45,16 @@ Not supported yet (config.py `_resolve_async_scheduling` turns it off, with a
 warning): speculative decoding, the host / disk KV tiers, pooling models.
 
 NOTE (measured, README "Where a step's time goes"): on a 2-core CPU the
-executor's idle gap between steps goes (13 ms -> 0.15 ms median), but the
-work now overlapping each step (the engine's Python threads, sharing the GIL
-in one process, and the cores with OpenMP) slows compiled decode steps by
-more than that; hence off by default.
+executor's idle gap between steps goes (13 ms -> 0.15 ms median). Compiled
+decode is not re-specialised by it: the steps planned ahead use the same
+buckets and padded buffers, Dynamo compiles no frame during async rounds
+(bench/async_scheduling.py counts them; tests/actors/executor/
+test_compiled_decode.py asserts it), and the torch thread's CPU time per
+step is the same in both modes. What moves is wall time per step on a
+loaded machine, by several times between rounds of one mode, so the
+earlier 0.52x (3 rounds) is not reproducible; with 16 compiled, 16 streams
+came out 0.84x, 0.98x and 1.08x of sync in three runs (where it loses, the
+engine thread now runs beside the OpenMP threads), hence still off by default.
 """
 
 from __future__ import annotations
