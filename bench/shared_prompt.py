@@ -52,7 +52,7 @@ def main() -> None:
         path = build_checkpoint(Path(root) / "bench", "bench")
         with LLM(str(path), max_num_seqs=args.requests, max_num_batched_tokens=step_tokens,
                  max_model_len=args.system_tokens + args.user_tokens + 8, kv_cache_memory="1GiB",
-                 enforce_eager=True)  # WHY: prefill only; compiled decode would only slow the start as llm:
+                 enforce_eager=True) as llm:  # WHY eager: prefill only; compiled decode only slows the start
             llm.generate(prompts[:1], params)  # warm-up
             passes = []
             for i in range(args.rounds):
