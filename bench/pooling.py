@@ -1,7 +1,7 @@
 """Pooling throughput: embeddings/s and rerank pairs/s, Trillium beside transformers in one run.
 
 Run: .venv/bin/python bench/pooling.py [--num-inputs 64] [--batch-size 32] [--max-num-seqs 256]
-     [--rounds 3] [--threads N] [--only embed|rerank] [--lengths short,long,mixed]
+     [--rounds 3] [--threads N] [--only embed|rerank] [--lengths short,long,mixed] [--query-tokens 12]
 
 Checkpoints: the bench backbone (hidden 512, 8 layers, vocab 8192) built as
 `bench-embed` (LlamaModel, last-token pooling, normalized) and
@@ -9,7 +9,7 @@ Checkpoints: the bench backbone (hidden 512, 8 layers, vocab 8192) built as
 into a temporary folder (trillium/models/synthetic.py; nothing downloaded).
 Inputs: windows of the built-in corpus, "short" ~16 tokens, "long" ~384, and
 "mixed": lengths drawn uniformly from 16 to 512 tokens, in arrival order (rerank:
-a query + a document of that size, one prompt per pair).
+a query (--query-tokens) + a document of that size, one prompt per pair).
 
 Trillium: `LLM.embed` / `LLM.score` (every input one engine request through
 the scheduler: up to --max-num-seqs requests and --step-tokens tokens a step,
@@ -137,7 +137,7 @@ def bench_rerank(path: Path, args, lengths) -> list[tuple]:
     with LLM(str(path), max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.step_tokens,
              kv_cache_memory="1GiB", device=args.device) as llm:
         for name, length in lengths:
-            query = windows(tokenizer, 1, 12, seed=1)[0]
+            query = windows(tokenizer, 1, args.query_tokens, seed=1)[0]
             docs = windows(tokenizer, args.num_inputs, length, seed=sum(map(ord, name)) + 1)
             llm.score(query, docs[:2])
             hf_rerank(hf, tokenizer, [(query, d) for d in docs[:2]], args.batch_size)
@@ -158,6 +158,9 @@ def main() -> None:
                         help="Trillium's --max-num-seqs: requests in one step (vLLM's default, 256)")
     parser.add_argument("--step-tokens", type=int, default=4096, help="Trillium's --max-num-batched-tokens")
     parser.add_argument("--rounds", type=int, default=3, help="timed passes per side, alternating; the best is kept")
+    parser.add_argument("--query-tokens", type=int, default=12,
+                        help="rerank: about this many query tokens, shared by every pair (Qwen3-Reranker's template "
+                             "puts its system prompt and instruction before the query: ~80 with them)")
     parser.add_argument("--only", choices=("embed", "rerank"), help="run one task only")
     parser.add_argument("--lengths", default="short,long,mixed",
                         help="comma-separated input rows to run, of short, long, mixed")
@@ -180,7 +183,7 @@ def main() -> None:
             rows += bench_rerank(build_checkpoint(Path(root) / "rerank", "bench-rerank"), args, lengths)
     print(f"{args.num_inputs} inputs per row; transformers batches of {args.batch_size}; Trillium up to "
           f"{args.max_num_seqs} requests / {args.step_tokens} tokens a step; torch threads {torch.get_num_threads()}; "
-          f"best of {args.rounds}; load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} "
+          f"rerank query ~{args.query_tokens} tokens; best of {args.rounds}; load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} CPUs")
     print(f"{'task':<7} {'inputs':<6} {'tokens/input':>12} {'trillium/s':>11} {'transformers/s':>15} "
           f"{'speed-up':>9} {'max |diff|':>11}")

@@ -58,14 +58,20 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(checkpoint):
     assert len(alone) == 16
 
 
-def test_n_samples_share_the_prompt_and_differ(checkpoint):
-    path = checkpoint("llama")
+@pytest.fixture(scope="module")
+def llama_llm(checkpoint):
+    """One engine on the `llama` checkpoint for the tests below (each engine start costs seconds)."""
+    with LLM(str(checkpoint("llama"))) as llm:
+        yield llm
+
+
+def test_n_samples_share_the_prompt_and_differ(llama_llm):
     params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8, ignore_eos=True)
     prompt = {"prompt_token_ids": list(range(10, 80))}
-    with LLM(str(path)) as llm:
-        first = llm.generate([prompt], params)[0]
-        second = llm.generate([prompt], params)[0]
-        stats = llm.get_stats()
+    llm = llama_llm
+    first = llm.generate([prompt], params)[0]
+    second = llm.generate([prompt], params)[0]
+    stats = llm.get_stats()
     assert len(first.outputs) == 3
     assert [c.token_ids for c in first.outputs] == [c.token_ids for c in second.outputs]
     assert len({tuple(c.token_ids) for c in first.outputs}) > 1
@@ -136,3 +142,34 @@ def test_chat_uses_the_chat_template(checkpoint):
         with pytest.raises(ValueError, match="continue_final_message"):
             llm.chat(messages, continue_final_message=True)
     assert out.prompt_token_ids == list(expected_ids)
+
+
+def test_prompts_sent_together_with_a_shared_prefix_match_each_alone(llama_llm):
+    """Same-step prefix sharing (scheduler/step_plan.py; vLLM v1 caches a block as its slots are
+    allocated: vllm/v1/core/kv_cache_manager.py `allocate_slots`): requests sent together with a
+    common 32-token prefix decode exactly as each does alone; one that asks for prompt logprobs
+    never reads the cache, so it still gets every prompt position's."""
+    import time
+
+    from trillium.actors.protocol.admin import ResetPrefixCache
+
+    prefix = list(range(100, 132))  # two 16-token blocks
+    prompts = [{"prompt_token_ids": prefix + [50 + i, 60 + i]} for i in range(3)]
+    params = [SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)] * 2 + [
+        SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, prompt_logprobs=1)]
+    llm = llama_llm
+    apart = []
+    for prompt, p in zip(prompts, params):
+        assert llm._call(llm._client.control, ResetPrefixCache(f"t{time.monotonic_ns()}")).status == 200
+        apart.append(llm.generate([prompt], p)[0])
+    assert llm._call(llm._client.control, ResetPrefixCache(f"t{time.monotonic_ns()}")).status == 200
+    together = llm.generate(prompts, params)
+    # NOTE: whether the three reach one step depends on their arrival (the api adds them one by one);
+    # the scheduler test (tests/actors/scheduler/test_same_step_prefix.py) is the one that fails
+    # without same-step sharing. Either way the second hits the prefix and outputs match.
+    assert [o.num_cached_tokens for o in together][1:] == [32, 0]
+    assert [o.outputs[0].token_ids for o in together] == [o.outputs[0].token_ids for o in apart]
+    got, want = together[2].prompt_logprobs, apart[2].prompt_logprobs
+    assert len(got) == len(want) == 34 and got[0] is None
+    for a, b in zip(got[1:], want[1:]):
+        assert a.keys() == b.keys() and all(abs(a[k].logprob - b[k].logprob) < 1e-5 for k in a)

@@ -200,3 +200,34 @@ def test_encode_token_classify_matches_the_score_head_per_token(classify_llm):
     np.testing.assert_allclose(raw.outputs.data, logits, atol=TOL)
     with pytest.raises(ValueError, match="Unsupported task: 'token_embed'"):
         llm.encode("x", pooling_task="token_embed")
+
+
+def _reset_prefix_cache(llm) -> None:
+    import time
+
+    from trillium.actors.protocol.admin import ResetPrefixCache
+
+    assert llm._call(llm._client.control, ResetPrefixCache(f"t{time.monotonic_ns()}")).status == 200
+
+
+def test_embeddings_sent_together_with_a_shared_prefix_match_each_alone(embed_llm):
+    """Same-step prefix sharing (scheduler/step_plan.py; vLLM v1 caches a block as its slots are
+    allocated: vllm/v1/core/kv_cache_manager.py `allocate_slots`): the second prompt, admitted in
+    the same 32-token step as the first, reads the first's 16-token block as it is computed (or, if
+    the api's adds reach the scheduler a step apart, once computed), and its embedding equals the
+    one computed apart. The scheduler test (test_same_step_prefix.py) pins the same-step part."""
+    llm, _ = embed_llm
+    prefix = list(range(5, 23))  # one full 16-token block, and two tokens more
+    prompts = [{"prompt_token_ids": prefix + [30, 31, 32]}, {"prompt_token_ids": prefix + [40, 41]}]
+    apart = []
+    for prompt in prompts:
+        _reset_prefix_cache(llm)
+        apart.append(llm.embed([prompt])[0].outputs.embedding)
+    _reset_prefix_cache(llm)
+    hits = llm.get_stats().prefix_cache_hits_total
+    together = llm.embed(prompts)
+    wait_until(lambda: llm.get_stats().prefix_cache_hits_total > hits, timeout_s=5, interval_s=0.02,
+               what="the step's stats")
+    assert llm.get_stats().prefix_cache_hits_total - hits == 16
+    for out, alone in zip(together, apart):
+        np.testing.assert_allclose(out.outputs.embedding, alone, atol=1e-5)

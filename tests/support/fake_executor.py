@@ -94,16 +94,21 @@ class FakeExecutor:
     def execute(self, batch) -> BatchResult:
         order = self._apply(batch)
         counts = batch.num_scheduled_tokens.tolist()
-        owners: dict[int, set[str]] = {}
+        owners: dict[int, set[SimState]] = {}
         for state in self.states.values():
             for b in state.blocks[self._first_read(state.computed) // self.block_size :]:
-                owners.setdefault(b, set()).add(state.rid)
+                owners.setdefault(b, set()).add(state)
         for state, num in zip(order, counts):  # writes first, as write_kv_cache does
             assert num > 0 and state.computed + num <= len(state.tokens)
             assert len(state.blocks) * self.block_size >= state.computed + num
             for pos in range(state.computed, state.computed + num):
                 slot = self._slot(state, pos)
-                assert owners[slot // self.block_size] == {state.rid}, "wrote into a shared block"
+                # A block another request holds may be written only with the KV that request
+                # reads there: same-step prefix sharing (step_plan.py), where this step computes
+                # a block a request admitted in the same step found in the cache.
+                for other in owners[slot // self.block_size] - {state}:
+                    assert (pos < len(other.tokens) and other.blocks[pos // self.block_size] == slot // self.block_size
+                            and other.fingerprint(pos) == state.fingerprint(pos)), "wrote into a shared block"
                 self.kv[slot] = state.fingerprint(pos)
         sampled = []
         for state, num in zip(order, counts):

@@ -324,14 +324,45 @@ class BlockPool:
         always holds its KV (with steps still in flight, pass the tokens whose
         step came back). Returns the number of blocks newly registered.
         """
+        computed = request.num_computed_tokens if num_tokens is None else min(num_tokens, request.num_computed_tokens)
+        return len(self._register(request, computed))
+
+    def cache_scheduled_blocks(self, request: PoolRequest, num_tokens: int) -> list[BlockId]:
+        """Register now the request's full blocks whose tokens are all among its first
+        `num_tokens`, the tokens computed once the step being planned has run (same-step
+        sharing: a request admitted later in this step, or a later step, hits them).
+        Returns the blocks newly registered, for `uncache` if the request leaves the plan.
+
+        WHY before the step runs (vLLM v1 caches blocks in allocate_slots, block_pool.py
+        cache_full_blocks): in a step's forward every layer writes all rows' K/V into the
+        paged cache before any row's attention reads it (models/kv_cache.py
+        `KvCache.attend`), so a row may attend to KV another row of its step writes. A
+        cached block is one whose KV is written by the time any step that reads it runs
+        (steps run in order). A block only partly scheduled (a prefill chunk's tail) is
+        not full of scheduled tokens and waits; placeholder and draft positions carry no
+        hash (`block_hashes` covers known tokens only), so they are never registered.
+        """
+        return self._register(request, num_tokens)
+
+    def uncache(self, block_ids: Sequence[BlockId]) -> None:
+        """Forget blocks `cache_scheduled_blocks` registered for a plan that then dropped
+        their request (preempted while the step was planned): their KV will never be written.
+        INVARIANT: called before the request frees them, while no other request holds them."""
+        for block_id in block_ids:
+            block_hash = self._hash[block_id]
+            if block_hash is not None:
+                self._index.discard(block_hash, block_id)
+                self._hash[block_id] = None
+
+    def _register(self, request: PoolRequest, num_tokens: int) -> list[BlockId]:
+        """Index the request's not yet registered blocks full of its first `num_tokens` tokens."""
         rid = request.request_id
         blocks = self._req_blocks.get(rid)
         if blocks is None:
-            return 0
+            return []
         done = self._req_num_cached_blocks[rid]
-        computed = request.num_computed_tokens if num_tokens is None else min(num_tokens, request.num_computed_tokens)
-        upto = min(max(0, computed) // self.block_size, len(request.block_hashes), len(blocks))
-        num_new = 0
+        upto = min(max(0, num_tokens) // self.block_size, len(request.block_hashes), len(blocks))
+        registered = []
         for i in range(done, upto):
             block_id = blocks[i]
             if self.sliding_window and block_id == NULL_BLOCK:
@@ -340,9 +371,9 @@ class BlockPool:
             # the same prefix at once) stays unregistered and is reused first.
             if self._hash[block_id] is None and self._index.insert(request.block_hashes[i], block_id):
                 self._hash[block_id] = request.block_hashes[i]
-                num_new += 1
+                registered.append(block_id)
         self._req_num_cached_blocks[rid] = max(done, upto)
-        return num_new
+        return registered
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached block (e.g. after a weight update). Blocks in use

@@ -20,8 +20,10 @@ One step is in flight at a time: `schedule()`, then `update_from_output()`
 with that step's result, then the next `schedule()`; with
 --async-scheduling two, the second planned while the first runs, over the
 first's output placeholders (in_flight.py). Progress is counted when a step
-is scheduled; blocks are registered in the prefix cache only when its
-result comes back, so a cached block always holds computed KV.
+is scheduled; a block full of scheduled tokens is registered in the
+prefix cache as it is planned (step_plan.py: a request admitted later in
+the same step hits it, since a forward writes every row's KV before any
+row reads), so a cached block holds KV by the time a step reading it runs.
 `step_plan.py` turns a step's choices into the ExecuteBatch message;
 `policy.py` holds the waiting order, the preemption choice and n > 1 gating.
 The KV tiers under the pool (host memory, disk) are one component,
@@ -186,7 +188,7 @@ class Scheduler:
             raise RuntimeError(f"step {self._in_flight.oldest_step_id} is in flight: call update_from_output first")
         for request in self._queue_timeout.expired(self._policy, self.events.clock()):
             self._end((request.request_id,), RequestStatus.FINISHED_ABORTED)
-        plan = StepPlan(token_budget=self.config.max_num_batched_tokens)
+        plan = StepPlan(token_budget=self.config.max_num_batched_tokens, pool=self.pool)  # same-step sharing
         self._schedule_running(plan)
         self._preempted_ids.extend(plan.preempted)
         if not plan.preempted:  # WHY: blocks are short; admitting now would thrash

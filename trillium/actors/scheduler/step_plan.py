@@ -9,6 +9,11 @@ order (requests new to the executor first, then cached ones, columnar):
     new_block_offsets     [ 0, len0, len0 + len1, ... ]      (m + 1 entries)
 
 plus the host KV tier's copies queued while the step was planned.
+
+Same-step prefix sharing: given the pool, `add` registers at once the blocks
+the step fills (`BlockPool.cache_scheduled_blocks`), so a request admitted
+after it in this very step finds them (a batch of rerank pairs, of chats with
+one system prompt: the shared prefix is computed once); `drop` forgets them.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ class StepPlan:
     new_block_ids: dict[str, list[BlockId]] = attrs.Factory(dict)
     preempted: list[str] = attrs.Factory(list)
     num_drafts: dict[str, int] = attrs.Factory(dict)  # speculative: drafts among num_tokens (> 0 only)
+    # Set: blocks full of scheduled tokens are registered on `add` (module doc); None: at the step's result only.
+    pool: BlockPool | None = None
+    shared_blocks: dict[str, list[BlockId]] = attrs.Factory(dict)  # registered by `add`, per request
 
     def add(self, request: Request, num_tokens: int, new_blocks: list[BlockId], *, is_new: bool,
             num_drafts: int = 0) -> None:
@@ -39,6 +47,11 @@ class StepPlan:
             self.num_drafts[request.request_id] = num_drafts
         self.new_block_ids[request.request_id] = new_blocks
         self.token_budget -= num_tokens
+        if self.pool is not None:
+            # NOTE: num_computed_tokens is where this step's tokens start (advanced once the batch is sent).
+            registered = self.pool.cache_scheduled_blocks(request, request.num_computed_tokens + num_tokens)
+            if registered:
+                self.shared_blocks[request.request_id] = registered
 
     def drop(self, request: Request) -> None:
         """Unschedule a running request preempted after it was picked (the
@@ -49,6 +62,10 @@ class StepPlan:
             self.num_drafts.pop(request.request_id, None)
             self.cached.remove(request)
             del self.new_block_ids[request.request_id]
+            # INVARIANT: only running requests are dropped, before admission looks anything up,
+            # so no request holds these blocks but this one: their KV will never be written.
+            if self.pool is not None:
+                self.pool.uncache(self.shared_blocks.pop(request.request_id, ()))
 
     @property
     def requests(self) -> list[Request]:
