@@ -92,24 +92,6 @@ def test_adaptive_depth_goes_down_when_drafts_fail_and_probes_back():
     assert depth.next_depth() == 4
 
 
-def test_adaptive_depth_returns_to_k_after_a_step_that_accepted_every_draft():
-    """One miss lowers the next depth; a step whose drafts all held gives k again at once, not after
-    the ema has climbed back (a prompt-lookup match running on). Recovering from a stop does not."""
-    depth = AdaptiveDepth(4)
-    depth.observe(4, 0)
-    assert depth.next_depth() == 3  # ema 0.7
-    depth.observe(3, 3)
-    assert depth.ema < 0.875 and depth.next_depth() == 4  # ema 0.79: round(3.16) would be 3
-    depth.observe(4, 0)
-    assert depth.next_depth() == 2  # ema 0.55 after a miss: the ema decides
-    stopped = AdaptiveDepth(4)
-    for _ in range(6):
-        stopped.observe(4, 0)
-    assert stopped.ema < 0.15
-    stopped.observe(1, 1)  # a probe that held: ema 0.38
-    assert stopped.next_depth() == 2  # round(4 * 0.38), not k
-
-
 def _state(seed=None, **params) -> SamplingState:
     return SamplingState(SamplingParams(seed=seed, **params), [1, 2], vocab_size=V)
 

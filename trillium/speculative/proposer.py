@@ -20,9 +20,7 @@ how fast: every draft is verified against the target (verify.py).
 `AdaptiveDepth` is the per-request k: an exponential moving average of the
 fraction of drafts accepted (starts at 1, weight 0.3 per verified step);
 the next proposal is k_eff = max(1, round(k * ema)) tokens, so a request
-whose drafts keep failing verifies one draft per step; after a step that
-accepted every draft it proposes k again at once (while the ema is at least
-0.5: a request recovering from a stop climbs back through the ema). Below an ema of 0.15
+whose drafts keep failing verifies one draft per step. Below an ema of 0.15
 it stops drafting and only probes with one draft every 8th step (so it can
 recover): where a verified token costs compute (CPUs), drafts that fail
 would otherwise slow it down.
@@ -40,7 +38,6 @@ from trillium.speculative.config import SpeculativeConfig
 _EMA_WEIGHT = 0.3
 _STOP_BELOW = 0.15  # ema under which a request stops drafting ...
 _PROBE_EVERY = 8  # ... but for one draft every this many steps
-_FULL_AGAIN_ABOVE = 0.5  # ema from which a step that accepted every draft is followed by k drafts
 
 
 class Proposer(Protocol):
@@ -101,18 +98,16 @@ class NgramProposer:
 class AdaptiveDepth:
     """One request's draft depth (see the module docstring)."""
 
-    __slots__ = ("k", "ema", "_idle", "_all_accepted")
+    __slots__ = ("k", "ema", "_idle")
 
     def __init__(self, k: int) -> None:
         self.k = k
         self.ema = 1.0
         self._idle = 0  # steps without drafts since the last probe
-        self._all_accepted = True  # the last verified step accepted every draft
 
     def observe(self, num_drafts: int, num_accepted: int) -> None:
         if num_drafts > 0:
             self.ema = (1 - _EMA_WEIGHT) * self.ema + _EMA_WEIGHT * (num_accepted / num_drafts)
-            self._all_accepted = num_accepted == num_drafts
 
     def next_depth(self) -> int:
         """Drafts to propose for the next step (0: none this step)."""
@@ -122,11 +117,6 @@ class AdaptiveDepth:
                 return 0
             self._idle = 0
             return 1
-        if self._all_accepted and self.ema >= _FULL_AGAIN_ABOVE:
-            # WHY k at once: drafts that all held (a prompt-lookup match running on) tend to keep
-            # holding; climbing back through the EMA after one miss (a few steps at k - 1) would
-            # leave accepted tokens undrafted.
-            return self.k
         return max(1, min(self.k, round(self.k * self.ema)))
 
 
