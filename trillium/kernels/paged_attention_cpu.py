@@ -128,7 +128,8 @@ def decode_attention(
         q.data_ptr(), num_rows, num_heads, head_dim, q.stride(0), q.stride(1),
         k_cache.data_ptr(), v_cache.data_ptr(), None if table is None else table.data_ptr(), block_size,
         num_kv_heads, meta.block_tables.data_ptr(), meta.block_tables.stride(0), row_lens.data_ptr(),
-        None if row_seq is None else row_seq.data_ptr(), scale, k_ptr, v_ptr, sliding_window or 0, softcap or 0.0, out.data_ptr(), torch.get_num_threads(),
+        None if row_seq is None else row_seq.data_ptr(), scale, k_ptr, v_ptr, sliding_window or 0,
+        softcap or 0.0, out.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
     if rc != 0:
         raise ValueError(f"paged decode attention refused q {tuple(q.shape)} over a cache {tuple(k_cache.shape)}")
