@@ -21,7 +21,7 @@ import torch
 
 from support.paged_batches import dense_causal_attention, make_paged_batch
 from trillium import kernels
-from trillium.kernels import paged_attention_cpu, reference
+from trillium.kernels import AttentionMetadata, paged_attention_cpu, reference
 from trillium.kernels.fp8 import quantize_fp8
 
 pytestmark = pytest.mark.skipif(not paged_attention_cpu.available(), reason="no C compiler for the kernel")
@@ -92,3 +92,30 @@ def test_dispatch_takes_the_kernel_for_decode_only(monkeypatch):
     monkeypatch.delenv("TRILLIUM_KERNELS")
     mixed = make_paged_batch([1, 4], [20, 9], num_heads=8, num_kv_heads=4, head_dim=64, block_size=16)
     assert not paged_attention_cpu.decode_supported(mixed.q, mixed.k_cache, mixed.v_cache, mixed.meta)
+
+
+def test_verify_rows_attend_as_their_decode_steps():
+    """A speculative verify step (meta.verify_rows: each sequence's last token and drafts) takes the
+    kernel: every row matches the gather path, and equals, bit for bit, the decode step at that
+    row's position (what greedy identity with plain decoding rests on). Without the flag, or past
+    MAX_VERIFY_ROWS rows, the step goes to the gather path."""
+    qlens, lens = [5, 1, 3], [40, 17, 9]
+    batch = make_paged_batch(qlens, lens, num_heads=8, num_kv_heads=4, head_dim=64, block_size=16, seed=3)
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+    assert not paged_attention_cpu.decode_supported(*args[:4])
+    meta = attrs.evolve(batch.meta, verify_rows=True, derived={})
+    assert paged_attention_cpu.decode_supported(*args[:3], meta)
+    out = kernels.paged_attention(batch.q, batch.k_cache, batch.v_cache, meta, batch.scale)
+    torch.testing.assert_close(out, reference.paged_attention(*args), atol=2e-6, rtol=1e-5)
+    tables, row = batch.meta.block_tables.tolist(), 0
+    for b, (q_len, n) in enumerate(zip(qlens, lens)):
+        for i in range(q_len):
+            keys = n - q_len + i + 1
+            one = AttentionMetadata.build([1], [keys], [tables[b]], batch.k_cache.shape[1])
+            alone = paged_attention_cpu.decode_attention(batch.q[row : row + 1], *args[1:3], one, batch.scale)
+            assert torch.equal(alone[0], out[row])
+            row += 1
+    long = make_paged_batch([paged_attention_cpu.MAX_VERIFY_ROWS + 1], [40], num_heads=8, num_kv_heads=4,
+                            head_dim=64, block_size=16)
+    assert not paged_attention_cpu.decode_supported(long.q, long.k_cache, long.v_cache,
+                                                    attrs.evolve(long.meta, verify_rows=True))

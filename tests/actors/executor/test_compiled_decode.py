@@ -8,7 +8,10 @@ weight update (in-place copy, and a `param.data` swap as shadow weights and
 sleep do) must change the compiled tokens exactly as it changes eager ones:
 the graph holds no stale weights. The same run under --async-scheduling (two
 steps in flight, each result taken after the next step was planned) gives the
-same tokens, every decode step in the graph, and no recompile.
+same tokens, every decode step in the graph, and no recompile. With ngram
+speculation (k=3), verify steps of 4 tokens (the last token and 3 drafts) run
+the same bucket's graph, greedy output identical to eager speculation and to
+plain decoding.
 
 Mirrors vLLM's habit of compiling decode at fixed batch sizes and padding a
 batch to the next one (vllm/config/compilation.py `cudagraph_capture_sizes`,
@@ -36,9 +39,9 @@ PROMPTS = {"a": [5, 9, 13, 2, 7], "b": list(range(10, 40)), "c": [3] * 21}
 MAX_TOKENS = {"a": 8, "b": 6, "c": 4}  # finish at different steps: decode batches of 3, 2, 1
 
 
-def _config(path, enforce_eager: bool) -> EngineConfig:
-    return EngineConfig(model=str(path), kv_cache_memory="4MiB", enforce_eager=enforce_eager,
-                        compile_batch_sizes=(4,)).resolve()
+def _config(path, enforce_eager: bool, **extra) -> EngineConfig:
+    return EngineConfig.build(model=str(path), kv_cache_memory="4MiB", enforce_eager=enforce_eager,
+                              compile_batch_sizes=(4,), **extra).resolve()
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +51,15 @@ def cores(checkpoint):
     return ExecutorCore(_config(path, False)), ExecutorCore(_config(path, True)), path
 
 
-def _greedy(core: ExecutorCore, async_scheduling: bool = False, ahead: list | None = None) -> dict[str, list[int]]:
+def _greedy(core: ExecutorCore, prompts=PROMPTS, speculative: bool = True, async_scheduling: bool = False,
+            ahead: list | None = None) -> dict[str, list[int]]:
     scheduler = build_scheduler(attrs.evolve(core.config, async_scheduling=async_scheduling))
-    for rid, prompt in PROMPTS.items():
-        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS[rid], ignore_eos=True)
+    for rid, prompt in prompts.items():
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS.get(rid, 8), ignore_eos=True,
+                                speculative=speculative)
         scheduler.add_request(AddRequest(request_id=rid, prompt_token_ids=np.array(prompt, np.int32),
                                          sampling=params, eos_token_ids=(2,), arrival_time=time.time()))
-    out: dict[str, list[int]] = {rid: [] for rid in PROMPTS}
+    out: dict[str, list[int]] = {rid: [] for rid in prompts}
     in_flight = []  # results not taken yet, oldest first (--async-scheduling: up to two)
     while scheduler.has_work() or in_flight:
         while not in_flight or scheduler.may_schedule_ahead:
@@ -66,6 +71,7 @@ def _greedy(core: ExecutorCore, async_scheduling: bool = False, ahead: list | No
             in_flight.append(core.execute(batch))  # the executor runs batches in the order sent
         if not in_flight:
             break
+        # deltas carry every new token, a verified run's accepted drafts included
         for delta in scheduler.update_from_output(in_flight.pop(0)).deltas:
             out[delta.request_id].extend(delta.new_token_ids)
     return out
@@ -106,3 +112,38 @@ def test_compiled_greedy_matches_eager_and_transformers_then_follows_weight_upda
     assert after != before
     assert after == _greedy(eager)
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_speculative_verify_steps_run_the_compiled_graph_with_eager_tokens(cores, monkeypatch):
+    """Batch 1 with speculation (k=3): verify steps of 4 tokens (the last token and 3 drafts, bucket
+    4) run the compiled graph, and the tokens equal eager speculation's and plain compiled decoding's
+    (the same core, the request opting out). The
+    drafts: the plain greedy continuation itself, every other step with its last draft wrong (a
+    random model's text gives prompt lookup nothing to find), so both acceptance and rejection run."""
+    from trillium.speculative.proposer import NgramProposer
+
+    path = cores[2]  # NOTE: not the cores themselves: the test above changed their weights
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    compiled = ExecutorCore(_config(path, False, speculative_config=spec))
+    eager = ExecutorCore(_config(path, True, speculative_config=spec))
+    for rid, prompt in (("a", PROMPTS["a"]), ("b", PROMPTS["b"])):
+        verified = compiled.forward.num_compiled_verify_steps
+        # NOTE: request ids new to each core run (a core keeps a finished request's state until
+        # a next step would tell it, and this loop has none).
+        plain = _greedy(compiled, {"plain-" + rid: prompt}, speculative=False)["plain-" + rid]  # it opts out
+        assert compiled.forward.num_compiled_verify_steps == verified
+        calls = []
+
+        def propose(self, token_ids, max_tokens, plain=plain, prompt=prompt, calls=calls):
+            done = len(token_ids) - len(prompt)
+            drafts = plain[done : done + max_tokens]
+            calls.append(len(drafts))
+            if len(calls) % 2 == 0 and len(drafts) == 3:
+                drafts[-1] = (drafts[-1] + 1) % compiled.model_config.vocab_size
+            return drafts
+
+        monkeypatch.setattr(NgramProposer, "propose", propose)
+        assert _greedy(compiled, {"spec-" + rid: prompt})["spec-" + rid] == plain  # 8 tokens each
+        assert _greedy(eager, {"spec-" + rid: prompt})["spec-" + rid] == plain
+        assert len(calls) >= 2
+    assert compiled.forward.num_compiled_verify_steps >= 3

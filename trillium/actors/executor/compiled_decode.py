@@ -7,7 +7,9 @@ The idea (vLLM's cudagraph capture sizes, on CPU): decode steps are small
 and alike, so the model's forward for them is compiled once per batch-size
 bucket (`--compile-batch-sizes`, default 1,2,4,8) at start, with Inductor's
 C++ backend. A step whose requests all decode one token (T == B) and whose B
-fits a bucket is padded to the next bucket and runs the compiled graph;
+fits a bucket is padded to the next bucket and runs the compiled graph (so
+does a speculative verify step whose T tokens fit one: its rows are decode
+rows to the attention op);
 everything else (prefill, mixed steps, larger batches, LoRA steps) runs
 eager. Compile seconds per bucket are logged at start.
 
@@ -41,6 +43,7 @@ import torch
 
 from trillium.config import EngineConfig
 from trillium.kernels import AttentionMetadata
+from trillium.kernels.paged_attention_cpu import MAX_VERIFY_ROWS
 from trillium.models.graph_attention import GraphAttentionContext, graph_kv_slots
 
 log = logging.getLogger(__name__)
@@ -147,6 +150,7 @@ class CompiledDecode(EagerForward):
         self._positions = {n: torch.zeros(n, dtype=torch.int64, device=device) for n in self.compiled_sizes}
         self.compile_s: dict[int, float] = {}
         self.num_compiled_steps = 0
+        self.num_compiled_verify_steps = 0  # of which speculative verify steps (several rows a sequence)
 
     @torch.inference_mode()
     def warm_up(self) -> dict[int, float]:
@@ -165,13 +169,17 @@ class CompiledDecode(EagerForward):
         return self.compile_s
 
     def bucket(self, meta: AttentionMetadata, lora) -> int:
-        """The bucket this step runs in, 0 for eager."""
-        num_seqs = meta.num_seqs
-        if meta.max_query_len != 1 or num_seqs > self.compiled_sizes[-1]:
+        """The bucket this step runs in, 0 for eager. A speculative verify step (each sequence's
+        last token and its drafts, `meta.verify_rows`) is bucketed by its tokens: the graph is
+        per token row but for attention, which reads the step's metadata (graph_attention)."""
+        num_tokens = meta.num_tokens
+        if meta.max_query_len != 1 and not (meta.verify_rows and meta.max_query_len <= MAX_VERIFY_ROWS):
+            return 0
+        if num_tokens > self.compiled_sizes[-1]:
             return 0
         if lora is not None and lora.has_work:
             return 0  # NOTE: LoRA deltas run eager (their per-slot batching is host-side Python)
-        return next(n for n in self.compiled_sizes if n >= num_seqs)
+        return next(n for n in self.compiled_sizes if n >= num_tokens)
 
     def __call__(self, input_ids, positions, kv_caches, meta: AttentionMetadata, lora=None) -> torch.Tensor:
         size = self.bucket(meta, lora)
@@ -190,4 +198,5 @@ class CompiledDecode(EagerForward):
         finally:
             self.context.meta = None
         self.num_compiled_steps += 1
+        self.num_compiled_verify_steps += meta.max_query_len > 1
         return hidden[:num_tokens]

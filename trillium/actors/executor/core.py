@@ -253,7 +253,8 @@ class ExecutorCore:
                 sample_states.append(state)
                 sample_index.append(index)
         meta = AttentionMetadata.build(
-            counts, seq_lens, [s.block_ids for s in states], self.config.block_size, self.device
+            counts, seq_lens, [s.block_ids for s in states], self.config.block_size, self.device,
+            verify_rows=bool(runs),  # drafts' rows may attend as decode rows (kernels/paged_attention_cpu.py)
         )
         ids_t = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.int64, device=self.device)
