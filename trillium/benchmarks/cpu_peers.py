@@ -78,6 +78,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="rounds of fresh prompts per workload; rows are medians")
     p.add_argument("--single-requests", type=int, default=4,
                    help="one-stream requests per round, sent one after another (default 4)")
+    p.add_argument("--input-len", type=int, default=128, help="prompt ids of a one-stream request (default 128)")
+    p.add_argument("--output-len", type=int, default=128, help="max_tokens of a one-stream request (default 128)")
     p.add_argument("--num-prompts", type=int, default=64, help="mixed requests per round (default 64)")
     p.add_argument("--concurrency", type=int, default=16, help="in flight in the mixed row (default 16)")
     p.add_argument("--llama-slots", type=int, default=16, help="llama-server -np for the one-stream and mixed rows")
@@ -94,7 +96,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-result", default=None, metavar="FILE.json", help="write every round as JSON")
     args = p.parse_args(argv)
-    for name in ("threads", "rounds", "single_requests", "num_prompts", "concurrency", "llama_slots",
+    for name in ("threads", "rounds", "single_requests", "input_len", "output_len", "num_prompts", "concurrency", "llama_slots",
                  "llama_slots_all"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -234,21 +236,25 @@ def _running(spec: ServerSpec, args: argparse.Namespace):
         print(f"{spec.name}: healthy after {time.perf_counter() - started:.1f} s (log {log_path})")
         yield url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
+        # WHY SIGTERM to the server alone: each shuts its own workers down in order (a
+        # signal to the whole group would stop Trillium's actors under its supervisor).
+        # Whatever of its group is left after that is killed.
+        process.send_signal(signal.SIGTERM)
         try:
             process.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            print(f"{spec.name}: still running 60 s after SIGTERM, killed")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
         log.close()
 
 
 def _round_requests(args: argparse.Namespace, workload: report.Workload, vocab: int, round_: int):
     """(prompt ids, max_tokens) of one round: the same for every server (seeded by workload and round)."""
     offset = {"single": 0, "mixed16": 0, "all64": 500, "smol_single": 0}[workload.key]
-    shape = argparse.Namespace(workload=workload.shape, random_input_len=128, random_output_len=128,
+    shape = argparse.Namespace(workload=workload.shape, random_input_len=args.input_len,
+                               random_output_len=args.output_len,
                                num_prompts=args.single_requests if workload.shape == "fixed" else args.num_prompts)
     return build_workload(shape, vocab, args.seed + offset + round_)
 
@@ -303,6 +309,8 @@ def run(args: argparse.Namespace) -> tuple[dict, dict[str, str], list[dict]]:
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     began = time.perf_counter()
+    # WHY: a SIGTERM (timeout, kill) unwinds through _running, so no server outlives the run.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         results, skipped, servers = run(args)
     except BenchError as e:
@@ -310,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"\n{args.threads} CPU threads per server on {os.cpu_count()} cores; {args.rounds} round(s); "
           f"the rows are each server's median round; took {time.perf_counter() - began:.0f} s")
+    print(f"one stream: {args.single_requests} x (prompt {args.input_len}, {args.output_len} out) one after "
+          f"another; mixed: {args.num_prompts} requests (prompts 32-512, outputs 16-256) {args.concurrency} "
+          f"concurrent, then {args.num_prompts} fresh ones all at once (llama.cpp: {args.llama_slots} slots, "
+          f"{args.llama_slots_all} for all at once); greedy, ignore_eos, token-id prompts")
     print(report.format_results(results, skipped))
     print()
     print(report.format_targets(results, skipped))

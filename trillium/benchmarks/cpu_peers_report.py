@@ -25,10 +25,10 @@ class Workload:
 
 
 WORKLOADS = (
-    Workload("single", "bench: one stream (prompt 128, 128 out)", "bench", "fixed"),
+    Workload("single", "bench: one stream", "bench", "fixed"),
     Workload("mixed16", "bench: mixed, 16 concurrent", "bench", "mixed"),
     Workload("all64", "bench: the mixed requests all at once", "bench", "mixed"),
-    Workload("smol_single", "SmolLM2-135M Q4_1: one stream (prompt 128, 128 out)", "smollm2", "fixed"),
+    Workload("smol_single", "SmolLM2-135M Q4_1: one stream", "smollm2", "fixed"),
 )
 
 
@@ -82,16 +82,16 @@ def _tok_s_range(rounds: list[dict]) -> str:
 
 def format_results(results: dict, skipped: dict[str, str]) -> str:
     """One row per workload and server: median round's tok/s (range over rounds), ITL mean/p50, tokens."""
-    lines = [f"{'workload':<53}{'server':<11}{'tok/s':>8}{'range':>13}{'ITL mean':>10}{'ITL p50':>9}  tokens"]
+    lines = [f"{'workload':<40}{'server':<11}{'tok/s':>8}{'range':>13}{'ITL mean':>10}{'ITL p50':>9}  tokens"]
     for w in WORKLOADS:
         for server in SERVERS:
             entry = results.get(server, {}).get(w.key)
             if entry is None:
                 why = skipped.get(server) or "not run on this workload"
-                lines.append(f"{w.title:<53}{server:<11}{'-':>8}  ({why})")
+                lines.append(f"{w.title:<40}{server:<11}{'-':>8}  ({why})")
                 continue
             m = entry["median"]
-            lines.append(f"{w.title:<53}{server:<11}{m['tok_s']:>8.1f}{_tok_s_range(entry['rounds']):>13}"
+            lines.append(f"{w.title:<40}{server:<11}{m['tok_s']:>8.1f}{_tok_s_range(entry['rounds']):>13}"
                          f"{m['itl_ms_mean']:>10.1f}{m['itl_ms_p50']:>9.1f}  {tokens_check(entry['rounds'])}")
     return "\n".join(lines)
 
@@ -108,13 +108,13 @@ def target_rows(results: dict) -> list[dict]:
 
 def format_targets(results: dict, skipped: dict[str, str]) -> str:
     titles = {w.key: w.title for w in WORKLOADS}
-    lines = [f"{'target':<53}{'vs':<11}{'ratio':>7}{'needed':>9}  met"]
+    lines = [f"{'target':<40}{'vs':<11}{'ratio':>7}{'needed':>9}  met"]
     for row in target_rows(results):
         if row["ratio"] is None:
             why = skipped.get(row["peer"]) or skipped.get(TRILLIUM) or "not measured"
-            lines.append(f"{titles[row['workload']]:<53}{row['peer']:<11}{'-':>7}{row['at_least']:>8.2f}x  "
+            lines.append(f"{titles[row['workload']]:<40}{row['peer']:<11}{'-':>7}{row['at_least']:>8.2f}x  "
                          f"n/a ({why})")
             continue
-        lines.append(f"{titles[row['workload']]:<53}{row['peer']:<11}{row['ratio']:>6.2f}x{row['at_least']:>8.2f}x"
+        lines.append(f"{titles[row['workload']]:<40}{row['peer']:<11}{row['ratio']:>6.2f}x{row['at_least']:>8.2f}x"
                      f"  {'yes' if row['met'] else 'NO'}")
     return "\n".join(lines)
