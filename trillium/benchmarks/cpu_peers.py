@@ -81,6 +81,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--input-len", type=int, default=128, help="prompt ids of a one-stream request (default 128)")
     p.add_argument("--output-len", type=int, default=128, help="max_tokens of a one-stream request (default 128)")
     p.add_argument("--num-prompts", type=int, default=64, help="mixed requests per round (default 64)")
+    p.add_argument("--cap-output-len", type=int, default=None, metavar="N",
+                   help="cap every mixed request's max_tokens at N (smoke runs on a loaded machine; "
+                        "not for the measurement)")
+    p.add_argument("--trillium-arg", action="append", default=[], metavar="ARG",
+                   help="an extra `trillium serve` argument, e.g. --trillium-arg=--enforce-eager (repeatable; "
+                        "default: none, its default flags)")
     p.add_argument("--concurrency", type=int, default=16, help="in flight in the mixed row (default 16)")
     p.add_argument("--llama-slots", type=int, default=16, help="llama-server -np for the one-stream and mixed rows")
     p.add_argument("--llama-slots-all", type=int, default=64, help="llama-server -np for the all-at-once row")
@@ -100,6 +106,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                  "llama_slots_all"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.cap_output_len is not None and args.cap_output_len < 1:
+        p.error("--cap-output-len must be at least 1")
     return args
 
 
@@ -182,7 +190,7 @@ def _specs(args: argparse.Namespace, models: dict, llama: str | None, vllm: str 
     def trillium(model: Path, name: str, workloads: tuple[str, ...]) -> ServerSpec:
         port = _free_port()
         return ServerSpec(report.TRILLIUM, f"trillium ({name})", cli + ["--model", str(model), "--port", str(port),
-                          "--served-model-name", name], port, name, workloads)
+                          "--served-model-name", name, *args.trillium_arg], port, name, workloads)
 
     def llama_cpp(model: Path, name: str, slots: int, workloads: tuple[str, ...]) -> ServerSpec:
         port = _free_port()
@@ -256,7 +264,10 @@ def _round_requests(args: argparse.Namespace, workload: report.Workload, vocab: 
     shape = argparse.Namespace(workload=workload.shape, random_input_len=args.input_len,
                                random_output_len=args.output_len,
                                num_prompts=args.single_requests if workload.shape == "fixed" else args.num_prompts)
-    return build_workload(shape, vocab, args.seed + offset + round_)
+    reqs = build_workload(shape, vocab, args.seed + offset + round_)
+    if args.cap_output_len and workload.shape == "mixed":
+        reqs = [(prompt, min(out, args.cap_output_len)) for prompt, out in reqs]
+    return reqs
 
 
 async def _bench_server(spec: ServerSpec, url: str, args: argparse.Namespace, vocab: int) -> dict:
@@ -321,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"one stream: {args.single_requests} x (prompt {args.input_len}, {args.output_len} out) one after "
           f"another; mixed: {args.num_prompts} requests (prompts 32-512, outputs 16-256) {args.concurrency} "
           f"concurrent, then {args.num_prompts} fresh ones all at once (llama.cpp: {args.llama_slots} slots, "
-          f"{args.llama_slots_all} for all at once); greedy, ignore_eos, token-id prompts")
+          f"{args.llama_slots_all} for all at once); greedy, ignore_eos, token-id prompts"
+          + (f"; mixed outputs CAPPED at {args.cap_output_len} (a smoke run)" if args.cap_output_len else ""))
     print(report.format_results(results, skipped))
     print()
     print(report.format_targets(results, skipped))
