@@ -90,8 +90,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=16, help="in flight in the mixed row (default 16)")
     p.add_argument("--llama-slots", type=int, default=16, help="llama-server -np for the one-stream and mixed rows")
     p.add_argument("--llama-slots-all", type=int, default=64, help="llama-server -np for the all-at-once row")
-    p.add_argument("--vllm-kv-gib", type=float, default=2.0,
-                   help="vLLM's KV cache (VLLM_CPU_KVCACHE_SPACE, GiB; default 2: ~131k float32 tokens of the "
+    p.add_argument("--vllm-kv-gib", type=int, default=2,
+                   help="vLLM's KV cache (VLLM_CPU_KVCACHE_SPACE, whole GiB; default 2: ~131k float32 tokens of the "
                         "bench model, well inside 23 GB of RAM)")
     p.add_argument("--smollm2", action=argparse.BooleanOptionalAction, default=True,
                    help="also the SmolLM2-135M Q4_1 one-stream row (Trillium vs llama.cpp)")
@@ -103,7 +103,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--save-result", default=None, metavar="FILE.json", help="write every round as JSON")
     args = p.parse_args(argv)
     for name in ("threads", "rounds", "single_requests", "input_len", "output_len", "num_prompts", "concurrency", "llama_slots",
-                 "llama_slots_all"):
+                 "llama_slots_all", "vllm_kv_gib"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.cap_output_len is not None and args.cap_output_len < 1:
@@ -207,7 +207,7 @@ def _specs(args: argparse.Namespace, models: dict, llama: str | None, vllm: str 
         port = _free_port()
         # NOTE: VLLM_CPU_OMP_THREADS_BIND pins its OpenMP threads to cores 0..N-1, as many
         # as the others get; the KV space is vLLM's own CPU knob (GiB).
-        env = {"VLLM_CPU_KVCACHE_SPACE": f"{args.vllm_kv_gib:g}",
+        env = {"VLLM_CPU_KVCACHE_SPACE": str(args.vllm_kv_gib),
                "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
         specs.append(ServerSpec(report.VLLM, "vllm (bench)",
                                 [vllm, "-m", "vllm.entrypoints.openai.api_server", "--model", str(models["bench"]),
