@@ -93,6 +93,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--vllm-kv-gib", type=int, default=2,
                    help="vLLM's KV cache (VLLM_CPU_KVCACHE_SPACE, whole GiB; default 2: ~131k float32 tokens of the "
                         "bench model, well inside 23 GB of RAM)")
+    p.add_argument("--vllm-omp-bind", default=None, metavar="MASK",
+                   help="VLLM_CPU_OMP_THREADS_BIND (default 0-(threads-1); auto: vLLM's own choice, which on "
+                        "x86 keeps one core for its scheduler process)")
     p.add_argument("--smollm2", action=argparse.BooleanOptionalAction, default=True,
                    help="also the SmolLM2-135M Q4_1 one-stream row (Trillium vs llama.cpp)")
     p.add_argument("--work-dir", default="/tmp/trillium-cpu-peers",
@@ -205,10 +208,11 @@ def _specs(args: argparse.Namespace, models: dict, llama: str | None, vllm: str 
         specs.append(llama_cpp(models["bench_gguf"], "bench", args.llama_slots_all, ("all64",)))
     if vllm:
         port = _free_port()
-        # NOTE: VLLM_CPU_OMP_THREADS_BIND pins its OpenMP threads to cores 0..N-1, as many
-        # as the others get; the KV space is vLLM's own CPU knob (GiB).
-        env = {"VLLM_CPU_KVCACHE_SPACE": str(args.vllm_kv_gib),
-               "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+        # NOTE: VLLM_CPU_OMP_THREADS_BIND=0-(N-1) gives its OpenMP threads as many cores as the
+        # others get. Its own "auto" on x86 reserves one core per rank for its scheduler process
+        # (vllm/utils/ompmultiprocessing.py): 1 OpenMP thread on a 2-core machine.
+        bind = args.vllm_omp_bind or f"0-{args.threads - 1}"
+        env = {"VLLM_CPU_KVCACHE_SPACE": str(args.vllm_kv_gib), "VLLM_CPU_OMP_THREADS_BIND": bind}
         specs.append(ServerSpec(report.VLLM, "vllm (bench)",
                                 [vllm, "-m", "vllm.entrypoints.openai.api_server", "--model", str(models["bench"]),
                                  "--served-model-name", "bench", "--dtype", "float32", "--host", "127.0.0.1",
