@@ -22,13 +22,14 @@ class Workload:
     title: str
     model: str  # "bench" (float32, 31.6M) or "smollm2" (the default model's Q4_1 GGUF)
     shape: str  # "fixed": prompt 128 / 128 out; "mixed": prompts 32-512, outputs 16-256
+    servers: tuple[str, ...] = SERVERS  # the SmolLM2 target compares with llama.cpp only
 
 
 WORKLOADS = (
     Workload("single", "bench: one stream", "bench", "fixed"),
     Workload("mixed16", "bench: mixed, 16 concurrent", "bench", "mixed"),
     Workload("all64", "bench: the mixed requests all at once", "bench", "mixed"),
-    Workload("smol_single", "SmolLM2-135M Q4_1: one stream", "smollm2", "fixed"),
+    Workload("smol_single", "SmolLM2-135M Q4_1: one stream", "smollm2", "fixed", (TRILLIUM, LLAMA_CPP)),
 )
 
 
@@ -84,7 +85,7 @@ def format_results(results: dict, skipped: dict[str, str]) -> str:
     """One row per workload and server: median round's tok/s (range over rounds), ITL mean/p50, tokens."""
     lines = [f"{'workload':<40}{'server':<11}{'tok/s':>8}{'range':>13}{'ITL mean':>10}{'ITL p50':>9}  tokens"]
     for w in WORKLOADS:
-        for server in SERVERS:
+        for server in w.servers:
             entry = results.get(server, {}).get(w.key)
             if entry is None:
                 why = skipped.get(server) or "not run on this workload"
