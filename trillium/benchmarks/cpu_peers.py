@@ -89,6 +89,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--trillium-arg", action="append", default=[], metavar="ARG",
                    help="an extra `trillium serve` argument, e.g. --trillium-arg=--enforce-eager (repeatable; "
                         "default: none, its default flags)")
+    p.add_argument("--llama-arg", action="append", default=[], metavar="ARG",
+                   help="an extra llama-server argument (repeatable), e.g. --llama-arg=--no-repack: where the CPU "
+                        "reports AMX but the kernel traps it (SIGILL loading a Q4_1 GGUF), no repacking keeps "
+                        "ggml off its AMX buffers")
     p.add_argument("--concurrency", type=int, default=16, help="in flight in the mixed row (default 16)")
     p.add_argument("--llama-slots", type=int, default=16, help="llama-server -np for the one-stream and mixed rows")
     p.add_argument("--llama-slots-all", type=int, default=64, help="llama-server -np for the all-at-once row")
@@ -212,7 +216,7 @@ def _specs(args: argparse.Namespace, models: dict, llama: str | None, vllm: str 
         return ServerSpec(report.LLAMA_CPP, f"llama.cpp ({name}, {slots} slots)",
                           [llama, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--alias", name,
                            "-t", t, "-tb", t, "-np", str(slots), "-c", str(slots * SLOT_CTX), "-fa", "on",
-                           "--no-webui"], port, name, workloads)
+                           "--no-webui", *args.llama_arg], port, name, workloads)
 
     ours = report.TRILLIUM in args.servers
     specs = [trillium(models["bench"], "bench", ("single", "mixed16", "all64"))] if ours else []
@@ -251,7 +255,9 @@ def _running(spec: ServerSpec, args: argparse.Namespace):
         deadline = started + args.startup_timeout
         while True:
             if process.poll() is not None:
-                raise BenchError(f"{spec.name} exited with {process.returncode} before it was healthy; "
+                hint = (" (SIGILL: an instruction this CPU's kernel refuses; for llama-server try "
+                        "--llama-arg=--no-repack)" if process.returncode == -signal.SIGILL else "")
+                raise BenchError(f"{spec.name} exited with {process.returncode}{hint} before it was healthy; "
                                  f"its log {log_path}:\n{log_path.read_text()[-2000:]}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
