@@ -173,7 +173,11 @@ async def run_workload(base_url: str, endpoint: str, model: str, reqs, *, reques
         async with limit:
             return await _one(session, url, model, prompt, max_tokens)
 
-    connector = aiohttp.TCPConnector(limit=(max_concurrency or len(reqs)) + 4)
+    # WHY force_close (a connection per request, as vLLM's benchmarks/backend_request_func.py opens
+    # a session per request):
+    # llama-server closes a keep-alive connection after a few requests, and a request sent on
+    # one it has just closed fails with ServerDisconnectedError mid-run.
+    connector = aiohttp.TCPConnector(limit=(max_concurrency or len(reqs)) + 4, force_close=True)
     tasks: list[asyncio.Task] = []
     try:
         async with aiohttp.ClientSession(connector=connector, headers=_headers(),
