@@ -22,17 +22,16 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import signal
-import subprocess
-import sys
 import threading
 
 import httpx
 import pytest
 import zmq
 
-from support.admin_server import API_KEY, AdminServer
+from support.admin_server import API_KEY
 from support.oracles import hf_greedy, transformers_model
 from support.serve_process import child_pids, free_port, is_alive
+from support.two_hosts import headless_beside, link_secret_file
 from support.waiting import wait_until
 
 PROMPTS = [[5, 17, 99, 250, 31], [400, 3, 77, 12, 8, 190, 44], [9, 9, 300], [61, 2, 480, 7]]
@@ -61,28 +60,17 @@ def model_path(checkpoint):
 
 @pytest.fixture(scope="module")
 def deployment(model_path, tmp_path_factory):
-    secret = tmp_path_factory.mktemp("dp-remote") / "link-secret"
-    secret.write_text(os.urandom(32).hex() + "\n")
-    secret.chmod(0o600)
+    secret = link_secret_file(tmp_path_factory.mktemp("dp-remote"))
     rpc_port = _rpc_port()
     common = ["--data-parallel-size", "2", "--data-parallel-size-local", "1", "--data-parallel-address",
               "127.0.0.1", "--data-parallel-rpc-port", str(rpc_port), "--link-secret-file", str(secret),
               "--kv-cache-memory", "2MiB", "--max-num-seqs", "8", "--executor-threads", "1"]
-    log_path = f"/tmp/trillium-dp-headless-{rpc_port}.log"
-    with open(log_path, "wb") as log:
-        headless = subprocess.Popen(
-            [sys.executable, "-m", "trillium.cli", "serve", "--model", str(model_path), *common,
-             "--data-parallel-start-rank", "1", "--headless"], stdout=log, stderr=subprocess.STDOUT)
-    api = AdminServer(str(model_path), *common, "--allowed-weight-paths", str(model_path.parent))
-    api.headless, api.headless_log, api.rpc_port = headless, log_path, rpc_port
-    try:
-        api.wait_ready(timeout_s=300)
+    with headless_beside(model_path, common, ["--data-parallel-start-rank", "1"],
+                         ["--allowed-weight-paths", str(model_path.parent)],
+                         f"/tmp/trillium-dp-headless-{rpc_port}.log") as api:
+        api.rpc_port = rpc_port
         yield api
-    finally:
-        assert api.stop() == 0, api.log()
-        if headless.poll() is None:
-            headless.send_signal(signal.SIGTERM)
-        headless.wait(timeout=60)
+    assert api.exit_code == 0, api.log()
 
 
 def generate(server, ids, n_tokens=N_TOKENS) -> httpx.Response:

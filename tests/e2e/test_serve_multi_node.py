@@ -20,17 +20,14 @@ host) runs executor rank 1. Both read the same `--link-secret-file`.
 from __future__ import annotations
 
 import concurrent.futures
-import os
-import signal
-import subprocess
-import sys
 
 import httpx
 import pytest
 
-from support.admin_server import API_KEY, AdminServer
+from support.admin_server import API_KEY
 from support.oracles import hf_greedy, transformers_model
 from support.serve_process import child_pids, free_port, is_alive
+from support.two_hosts import headless_beside, headless_log, link_secret_file
 from support.waiting import wait_until
 
 PROMPTS = [[5, 17, 99, 250, 31], [400, 3, 77, 12, 8, 190, 44], [9, 9, 300]]
@@ -46,33 +43,15 @@ def model_path(checkpoint):
 
 @pytest.fixture(scope="module")
 def deployment(model_path, tmp_path_factory):
-    secret = tmp_path_factory.mktemp("multi-node") / "link-secret"
-    secret.write_text(os.urandom(32).hex() + "\n")
-    secret.chmod(0o600)
+    secret = link_secret_file(tmp_path_factory.mktemp("multi-node"))
     master_port = free_port()
     common = ["--tensor-parallel-size", "2", "--nnodes", "2", "--master-addr", "127.0.0.1",
               "--master-port", str(master_port), "--link-secret-file", str(secret),
               "--kv-cache-memory", "2MiB", "--max-num-seqs", "8"]
-    log_path = f"/tmp/trillium-headless-{master_port}.log"
-    with open(log_path, "wb") as log:
-        headless = subprocess.Popen(
-            [sys.executable, "-m", "trillium.cli", "serve", "--model", str(model_path), *common,
-             "--node-rank", "1", "--headless"], stdout=log, stderr=subprocess.STDOUT)
-    head = AdminServer(str(model_path), *common, "--node-rank", "0")
-    head.headless, head.headless_log, head.master_port = headless, log_path, master_port
-    try:
-        head.wait_ready(timeout_s=300)
+    with headless_beside(model_path, common, ["--node-rank", "1"], ["--node-rank", "0"],
+                         f"/tmp/trillium-headless-{master_port}.log") as head:
+        head.master_port = master_port
         yield head
-    finally:
-        head.stop()
-        if headless.poll() is None:
-            headless.send_signal(signal.SIGTERM)
-        headless.wait(timeout=60)
-
-
-def _headless_log(deployment) -> str:
-    with open(deployment.headless_log, "rb") as f:
-        return f.read().decode(errors="replace")[-4000:]
 
 
 def generate(server, ids) -> httpx.Response:
@@ -101,7 +80,7 @@ def test_two_hosts_serve_transformers_greedy_tokens(deployment, model_path):
     assert head == {"rank": 0, "node": 0, "local": True, "actor": "executor",
                     "pid": info["actors"]["executor"]["pid"], "alive": True}
     assert remote == {"rank": 1, "node": 1, "local": False, "actor": None, "pid": None, "alive": None}
-    assert "members proved" in _headless_log(deployment)
+    assert "members proved" in headless_log(deployment)
 
 
 def test_the_store_listens_on_the_master_address_only(deployment):

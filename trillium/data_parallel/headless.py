@@ -22,17 +22,16 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 
 import trio
 
 from trillium.actors.assembly import ActorConfig, engine_specs
 from trillium.actors.supervisor import ActorFailed, run_in_subprocesses
 from trillium.data_parallel import remote
+from trillium.distributed.headless import API_SECRET_ENV_VARS, stop_on_signal
 
 log = logging.getLogger("trillium.serve")
 
-_SECRET_ENV_VARS = ("TRILLIUM_ADMIN_TOKEN", "TRILLIUM_API_KEY")  # the api's; no actor here needs them
 
 
 def run_headless_replicas(engine, start_rank: int, local_size: int, api_host: str, rpc_port: int,
@@ -52,18 +51,10 @@ async def _supervise(configs: dict, api_host: str, rpc_port: int, secret: str, f
     pids: dict[int, dict] = {}
     async with trio.open_nursery() as nursery:
 
-        async def on_signal() -> None:
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for signum in signals:
-                    log.info("headless host: %s, stopping its replicas", signal.Signals(signum).name)
-                    outcome.append(0)
-                    nursery.cancel_scope.cancel()
-                    return
-
         async def replica(index: int, config, task_status) -> None:
             try:
                 await run_in_subprocesses(engine_specs(config), task_status=task_status,
-                                          drop_env=_SECRET_ENV_VARS)
+                                          drop_env=API_SECRET_ENV_VARS)
             except ActorFailed as exc:
                 if exc.exit_code == 0:
                     log.info("headless host: replica %d stopped by the api host (%s exited)", index, exc.name)
@@ -80,7 +71,7 @@ async def _supervise(configs: dict, api_host: str, rpc_port: int, secret: str, f
             outcome.append(0)
             nursery.cancel_scope.cancel()
 
-        nursery.start_soon(on_signal)
+        nursery.start_soon(stop_on_signal, nursery.cancel_scope, outcome, "headless host: %s, stopping its replicas")
         # WHY the Hello first: the api host starts its own replicas once every remote one has joined;
         # it counts a replica as up when its scheduler (started last) accepts the connection.
         hello = remote.hello_frames(secret, fingerprint, {i: c.addresses for i, c in configs.items()},

@@ -33,8 +33,8 @@ from trillium.actors.supervisor import ActorFailed, run_in_subprocesses
 
 log = logging.getLogger("trillium.serve")
 
-# The api's secrets: a headless node holds none, and its children inherit none.
-_SECRET_ENV_VARS = ("TRILLIUM_ADMIN_TOKEN", "TRILLIUM_API_KEY")
+# The api's secrets: a headless host holds none, and its children inherit none.
+API_SECRET_ENV_VARS = ("TRILLIUM_ADMIN_TOKEN", "TRILLIUM_API_KEY")
 
 
 def run_headless(engine, node_rank: int, link_secret: str) -> int:
@@ -52,17 +52,9 @@ async def _supervise(specs) -> int:
     outcome: list[int] = []
     async with trio.open_nursery() as nursery:
 
-        async def on_signal() -> None:
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for signum in signals:
-                    log.info("headless node: %s, stopping its ranks", signal.Signals(signum).name)
-                    outcome.append(0)
-                    nursery.cancel_scope.cancel()
-                    return
-
         async def ranks() -> None:
             try:
-                await run_in_subprocesses(specs, task_status=_LogReady(), drop_env=_SECRET_ENV_VARS)
+                await run_in_subprocesses(specs, task_status=_LogReady(), drop_env=API_SECRET_ENV_VARS)
             except ActorFailed as exc:
                 if exc.exit_code == 0:
                     log.info("headless node: the head node stopped the engine (%s exited)", exc.name)
@@ -72,9 +64,20 @@ async def _supervise(specs) -> int:
                     outcome.append(1)
             nursery.cancel_scope.cancel()
 
-        nursery.start_soon(on_signal)
+        nursery.start_soon(stop_on_signal, nursery.cancel_scope, outcome, "headless node: %s, stopping its ranks")
         nursery.start_soon(ranks)
     return outcome[0] if outcome else 1
+
+
+async def stop_on_signal(cancel_scope: trio.CancelScope, outcome: list[int], message: str) -> None:
+    """A headless host's SIGTERM / Ctrl-C: log `message` (with the signal's name), record exit
+    code 0 and cancel `cancel_scope`, which stops the host's children (also data_parallel/headless.py)."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info(message, signal.Signals(signum).name)
+            outcome.append(0)
+            cancel_scope.cancel()
+            return
 
 
 class _LogReady:
