@@ -41,12 +41,11 @@ import time
 from pathlib import Path
 
 import attrs
-import httpx
 
 from trillium.benchmarks import cpu_peers_report as report
 from trillium.benchmarks.compare import _json_safe, build_workload
 from trillium.benchmarks.openai_client import BenchError, run_workload, summarize
-from trillium.benchmarks.serving import _free_port
+from trillium.benchmarks.serving import _free_port, _wait_healthy
 
 SLOT_CTX = 1024  # llama-server context per slot: the longest mixed request is 512 + 256 tokens
 
@@ -252,19 +251,15 @@ def _running(spec: ServerSpec, args: argparse.Namespace):
                                start_new_session=True)
     try:
         url = f"http://127.0.0.1:{spec.port}"
-        deadline = started + args.startup_timeout
-        while True:
-            if process.poll() is not None:
-                hint = (" (SIGILL: an instruction this CPU's kernel refuses; for llama-server try "
-                        "--llama-arg=--no-repack)" if process.returncode == -signal.SIGILL else "")
-                raise BenchError(f"{spec.name} exited with {process.returncode}{hint} before it was healthy; "
-                                 f"its log {log_path}:\n{log_path.read_text()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            if time.perf_counter() > deadline:
-                raise BenchError(f"{spec.name} not healthy after {args.startup_timeout:g} s (log {log_path})")
-            time.sleep(0.5)
+        try:
+            _wait_healthy(url, process, args.startup_timeout)
+        except RuntimeError:  # it exited
+            hint = (" (SIGILL: an instruction this CPU's kernel refuses; for llama-server try "
+                    "--llama-arg=--no-repack)" if process.returncode == -signal.SIGILL else "")
+            raise BenchError(f"{spec.name} exited with {process.returncode}{hint} before it was healthy; "
+                             f"its log {log_path}:\n{log_path.read_text()[-2000:]}") from None
+        except TimeoutError:
+            raise BenchError(f"{spec.name} not healthy after {args.startup_timeout:g} s (log {log_path})") from None
         print(f"{spec.name}: healthy after {time.perf_counter() - started:.1f} s (log {log_path})")
         yield url
     finally:
