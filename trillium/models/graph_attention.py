@@ -53,7 +53,7 @@ class GraphAttentionContext:
         _CONTEXTS[self.context_id] = self
 
 
-# NOTE: torch.library.Library, not @custom_op (see models/llama.py `onednn_linear`: per-call cost).
+# NOTE: torch.library.Library, not @custom_op (see models/llama.py `cpu_linear`: per-call cost).
 _LIB = torch.library.Library("trillium", "FRAGMENT")
 _LIB.define("graph_attention(Tensor q, Tensor k, Tensor v, int context, int layer, float scale, "
             "int? sliding_window, float? softcap) -> Tensor")

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trillium import kernels
-from trillium.kernels import AttentionMetadata
+from trillium.kernels import AttentionMetadata, dense_cpu
 from trillium.models.config import ModelConfig, torch_dtype
 from trillium.models.kv_cache import KvCache, allocate_kv_caches, kv_cache_block_bytes  # noqa: F401 (re-exported)
 from trillium.models.rope import build_cos_sin_cache, default_num_positions
@@ -67,40 +67,52 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # relative, so greedy tokens can flip where the top two logits are within
 # ~1e-5. oneDNN reads the plain weights on every call (no packed copy), so
 # weight updates and sleep need nothing. Inference only (no autograd).
-# Making this None puts every call back on F.linear.
+# Making this None puts every call of more than dense_cpu.MAX_ROWS rows back on F.linear.
 _ONEDNN_LINEAR = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear; float32 CPU inference runs on oneDNN (see _ONEDNN_LINEAR)."""
+    """F.linear; float32 CPU inference runs `_cpu_linear` (a few rows: dense_cpu's kernel, more: oneDNN)."""
     if (
-        _ONEDNN_LINEAR is not None
-        and x.dtype == torch.float32
+        x.dtype == torch.float32
         and weight.dtype == torch.float32
         and x.device.type == "cpu"
         and weight.device.type == "cpu"
         and x.numel() > 0
         and not torch.is_grad_enabled()
+        and (_ONEDNN_LINEAR is not None or dense_cpu.available())
     ):
         if torch.compiler.is_compiling():
-            return torch.ops.trillium.onednn_linear(x, weight, bias)
-        return _ONEDNN_LINEAR(x, weight, bias, "none", [], "")
+            return torch.ops.trillium.cpu_linear(x, weight, bias)
+        return _cpu_linear(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def _cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """float32 CPU inference. WHY two kernels: up to dense_cpu.MAX_ROWS rows (decode and verify steps)
+    the product is bound by reading the weights, which dense_cpu.c streams ~1.5x faster than oneDNN's
+    small-M path (the bench model's 33 linears of a batch-1 decode step: 8.1 against 13.2 ms, bench/dense_linear.py);
+    with more rows each weight is reused and oneDNN's blocked matmul wins."""
+    if x.dim() == 2 and dense_cpu.takes(x, weight, bias):
+        return dense_cpu.linear(x, weight, bias)
+    if _ONEDNN_LINEAR is None:
+        return F.linear(x, weight, bias)
+    return _ONEDNN_LINEAR(x, weight, bias, "none", [], "")
 
 
 # WHY an op of our own: Inductor's lowering of mkldnn._linear_pointwise expects
 # weights it packed itself (freezing), and F.linear in a graph becomes MKL's
-# sgemm again (see _ONEDNN_LINEAR). Opaque to the compiler, the same oneDNN
-# call as eager, reading the live weights (updates and sleep need nothing).
+# sgemm again (see _ONEDNN_LINEAR). Opaque to the compiler, the same kernels as
+# eager (`_cpu_linear`), reading the live weights (updates and sleep need nothing).
 # NOTE: torch.library.Library, not @custom_op: the latter wraps every call in
 # Python autograd and dynamo-disable layers (and imports torch._dynamo on the
 # first call); this op runs 4 times per layer per step.
 _LIB = torch.library.Library("trillium", "FRAGMENT")
-_LIB.define("onednn_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
-_LIB.impl("onednn_linear", lambda x, weight, bias: _ONEDNN_LINEAR(x, weight, bias, "none", [], ""), "CPU")
+_LIB.define("cpu_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+_LIB.impl("cpu_linear", _cpu_linear, "CPU")
 
 
-@torch.library.register_fake("trillium::onednn_linear")
+@torch.library.register_fake("trillium::cpu_linear")
 def _(x, weight, bias):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 

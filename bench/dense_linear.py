@@ -1,0 +1,74 @@
+"""float32 linears of a decode step: dense_cpu.c against oneDNN, at a few batch sizes, in one run.
+
+Run: .venv/bin/python bench/dense_linear.py [--rows 1,2,4,8,16,24,32] [--threads N] [--repeats 30]
+
+The `bench` model's shapes (hidden 512, 8 layers: qkv 1024x512, o 512x512,
+gate_up 2752x512, down 512x1376, and the 8192x512 LM head: 33 products, 110 MB
+of float32 weights, more than any cache here) with random weights; one "step"
+multiplies M activation rows through all 33, as a decode step of M sequences
+does. Per M: ms per step of trillium/kernels/dense_cpu.c (what `llama.linear`
+runs up to dense_cpu.MAX_ROWS rows) and of oneDNN's `_linear_pointwise` (what
+it runs above), alternated --rounds times (a shared machine drifts), medians,
+and the weight bytes per second each reads. Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from trillium.kernels import dense_cpu
+
+SHAPES = ((1024, 512), (512, 512), (2752, 512), (512, 1376))  # one layer's (N, K)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", default="1,2,4,8,16,24,32", help="activation rows M per step, comma-separated")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--repeats", type=int, default=30, help="steps timed per measurement")
+    p.add_argument("--rounds", type=int, default=3, help="alternations of the two kernels; medians reported")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    if not dense_cpu.available():
+        raise SystemExit(f"the dense kernel did not build: {dense_cpu.unavailable_reason()}")
+    onednn = torch.ops.mkldnn._linear_pointwise
+    gen = torch.Generator().manual_seed(0)
+    weights = [torch.randn(n, k, generator=gen) for _ in range(8) for n, k in SHAPES]
+    weights.append(torch.randn(8192, 512, generator=gen))
+    nbytes = sum(w.numel() * 4 for w in weights)
+    kernels = {
+        "dense_cpu.c": lambda x, w: dense_cpu.linear(x, w),
+        "oneDNN": lambda x, w: onednn(x, w, None, "none", [], ""),
+    }
+    print(f"{len(weights)} float32 weights, {nbytes / 1e6:.0f} MB per step, {args.threads} threads, "
+          f"dense_cpu.MAX_ROWS = {dense_cpu.MAX_ROWS}")
+    print(f"{'rows':>5} {'dense_cpu.c ms':>15} {'GB/s':>6} {'oneDNN ms':>10} {'GB/s':>6} {'speedup':>8}")
+    for m in (int(r) for r in args.rows.split(",")):
+        xs = {k: torch.randn(m, k, generator=gen) for k in {w.shape[1] for w in weights}}
+        if m <= dense_cpu.MAX_ROWS:
+            for k, x in xs.items():
+                w = next(w for w in weights if w.shape[1] == k)
+                torch.testing.assert_close(dense_cpu.linear(x, w), x @ w.T, atol=1e-3, rtol=1e-4)
+        times: dict[str, list[float]] = {name: [] for name in kernels}
+        with torch.inference_mode():
+            for _ in range(args.rounds):
+                for name, fn in kernels.items():
+                    for _ in range(3):
+                        for w in weights:
+                            fn(xs[w.shape[1]], w)
+                    start = time.perf_counter()
+                    for _ in range(args.repeats):
+                        for w in weights:
+                            fn(xs[w.shape[1]], w)
+                    times[name].append((time.perf_counter() - start) / args.repeats)
+        dense, dnn = (statistics.median(times[name]) for name in kernels)
+        print(f"{m:>5} {dense * 1e3:>15.2f} {nbytes / dense / 1e9:>6.1f} {dnn * 1e3:>10.2f} "
+              f"{nbytes / dnn / 1e9:>6.1f} {dnn / dense:>7.2f}x")
+
+
+if __name__ == "__main__":
+    main()

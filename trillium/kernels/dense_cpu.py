@@ -1,0 +1,77 @@
+"""float32 linear layers for a few rows on CPU: dense_cpu.c, built at first use, called by ctypes.
+
+    linear(x [M, K] float32, weight [N, K] float32, bias [N] | None) -> [M, N] float32   (M <= MAX_ROWS)
+    takes(x, weight, bias) -> bool        (this kernel runs the call; else the caller's matmul)
+    available() -> bool                   (a C compiler built the kernel here)
+
+Decode steps of 1..MAX_ROWS tokens are matrix-vector products bound by reading
+the weights from memory; the C file's header says why its chunked sequential
+walk reads them faster than oneDNN's small-M path. The result equals x @ w.T
+up to float32 summation order. Built like gguf_cpu.py (same flags, cached under
+`local_cache.cache_dir()`/kernels keyed by source, flags, compiler and CPU
+flags; nothing downloaded); where no compiler is found, `available()` is False
+and `models/llama.py` keeps oneDNN for every call. TRILLIUM_KERNELS=reference
+turns it off (read once, at import).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import torch
+
+from trillium.kernels.c_library import CLibrary
+
+# Rows (tokens) up to which a float32 CPU linear runs here: decode batches and verify steps.
+# Measured against oneDNN on the bench model's shapes (bench/dense_linear.py); above this many rows
+# the weights are reused enough that oneDNN's blocked kernel wins.
+MAX_ROWS = 16
+_SOURCE = Path(__file__).with_name("dense_cpu.c")
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.trillium_f32_linear.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long,
+                                        ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
+                                        ctypes.c_int]
+    lib.trillium_f32_linear.restype = ctypes.c_int
+
+
+_LIBRARY = CLibrary(_SOURCE, "the float32 small-batch linear kernel", _declare)
+available = _LIBRARY.available
+unavailable_reason = _LIBRARY.unavailable_reason
+_ENABLED = os.environ.get("TRILLIUM_KERNELS", "") != "reference"
+
+
+def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Does this kernel run `linear(x, weight, bias)`? (float32 CPU tensors, x [M <= MAX_ROWS, K]
+    with unit stride in its rows, contiguous weight; cheap tests first: it runs per layer per step)"""
+    return (
+        _ENABLED
+        and x.dim() == 2
+        and 0 < x.shape[0] <= MAX_ROWS
+        and x.stride(1) == 1
+        and weight.is_contiguous()
+        and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
+        and _LIBRARY.get() is not None
+    )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ weight [N, K].T (+ bias) -> [M, N] float32 (call when `takes` says so)."""
+    m, k = x.shape
+    n = weight.shape[0]
+    if weight.shape[1] != k:
+        raise ValueError(f"x {tuple(x.shape)} does not fit a weight of {tuple(weight.shape)}")
+    out = torch.empty(m, n, dtype=torch.float32)
+    rc = _LIBRARY.get().trillium_f32_linear(
+        x.data_ptr(), m, k, x.stride(0), weight.data_ptr(), n, None if bias is None else bias.data_ptr(),
+        out.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise ValueError(f"the float32 linear kernel refused x {tuple(x.shape)} @ w {tuple(weight.shape)}")
+    return out
+
+
+__all__ = ["MAX_ROWS", "available", "linear", "takes", "unavailable_reason"]
