@@ -91,9 +91,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def _cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """float32 CPU inference. WHY two kernels: up to dense_cpu.MAX_ROWS rows (decode and verify steps)
     the product is bound by reading the weights, which dense_cpu.c streams ~1.5x faster than oneDNN's
-    small-M path (the bench model's 33 linears of a batch-1 decode step: 8.1 against 13.2 ms, bench/dense_linear.py);
+    small-M path (the bench model's 33 linears of a batch-1 decode step: 8.8 against 12.0 ms, bench/dense_linear.py);
     with more rows each weight is reused and oneDNN's blocked matmul wins."""
-    if x.dim() == 2 and dense_cpu.takes(x, weight, bias):
+    if dense_cpu.takes(x, weight, bias):
         return dense_cpu.linear(x, weight, bias)
     if _ONEDNN_LINEAR is None:
         return F.linear(x, weight, bias)
