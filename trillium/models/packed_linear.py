@@ -82,12 +82,10 @@ class GgufLinear(nn.Module):
     def partial(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's product (all of it without tensor parallelism)."""
         flat = x.reshape(-1, self.in_features)
-        if flat.shape[0] > DEQUANTIZE_ROWS:
-            out = linear(flat, self.dequantized(), self.bias)
+        if torch.compiler.is_compiling():  # compiled decode: the same kernels behind one opaque op
+            out = torch.ops.trillium.gguf_linear(flat, self.blocks, self.ggml_type, self.in_features, self.bias)
         else:
-            out = gguf_cpu.matmul(flat, self.blocks, self.ggml_type, self.in_features)
-            if self.bias is not None:
-                out += self.bias
+            out = _gguf_linear(flat, self.blocks, self.ggml_type, self.in_features, self.bias)
         return out.view(*x.shape[:-1], self.out_features)
 
     def reduce(self, out: torch.Tensor) -> torch.Tensor:
@@ -96,6 +94,31 @@ class GgufLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format_name}"
+
+
+def _gguf_linear(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, in_features: int,
+                 bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] @ W^T (+ bias): the packed kernel up to DEQUANTIZE_ROWS rows, else dequantize + oneDNN."""
+    if x.shape[0] > DEQUANTIZE_ROWS:
+        return linear(x, gguf_cpu.dequantize(blocks, ggml_type, in_features), bias)
+    out = gguf_cpu.matmul(x, blocks, ggml_type, in_features)
+    if bias is not None:
+        out += bias
+    return out
+
+
+# WHY an op of our own (as llama.py's trillium::cpu_linear): the kernel is a ctypes call Dynamo
+# cannot trace, so compiled decode (executor/compiled_decode.py) sees the packed projection as one
+# opaque op; its blocks are a graph input (a buffer), so a reload that copies into them is seen on
+# the next step.
+_LIB = torch.library.Library("trillium", "FRAGMENT")
+_LIB.define("gguf_linear(Tensor x, Tensor blocks, int ggml_type, int in_features, Tensor? bias) -> Tensor")
+_LIB.impl("gguf_linear", _gguf_linear, "CPU")
+
+
+@torch.library.register_fake("trillium::gguf_linear")
+def _(x, blocks, ggml_type, in_features, bias):
+    return x.new_empty((x.shape[0], blocks.shape[0]))
 
 
 @attrs.define

@@ -11,7 +11,8 @@ steps in flight, each result taken after the next step was planned) gives the
 same tokens, every decode step in the graph, and no recompile. With ngram
 speculation (k=3), verify steps of 4 tokens (the last token and 3 drafts) run
 the same bucket's graph, greedy output identical to eager speculation and to
-plain decoding.
+plain decoding. A GGUF checkpoint kept packed (Q4_1 / Q4_0 / Q8_0 blocks through `trillium::gguf_linear`) compiles too: the same tokens as
+eager, and a reload copying other blocks in is seen by the graph.
 
 Mirrors vLLM's habit of compiling decode at fixed batch sizes and padding a
 batch to the next one (vllm/config/compilation.py `cudagraph_capture_sizes`,
@@ -147,3 +148,37 @@ def test_speculative_verify_steps_run_the_compiled_graph_with_eager_tokens(cores
         assert _greedy(eager, {"spec-" + rid: prompt})["spec-" + rid] == plain
         assert len(calls) >= 2
     assert compiled.forward.num_compiled_verify_steps >= 3
+
+
+def test_packed_gguf_decode_compiles_with_eager_tokens(checkpoint, tmp_path):
+    """A packed GGUF model (Q4_1, Q4_0 and Q8_0 blocks) runs its decode steps in the
+    compiled graph, its projections through trillium::gguf_linear, with the eager core's tokens; blocks
+    copied in place (a reload from disk, packed_linear.install_packed) change both alike."""
+    from gguf import GGMLQuantizationType as Q
+
+    from support.gguf_writer import write_gguf
+    from trillium.kernels import gguf_cpu
+    from trillium.models.packed_linear import GgufLinear
+
+    if not gguf_cpu.available():
+        pytest.skip(f"no packed kernel: {gguf_cpu.unavailable_reason()}")
+    def mix(name: str):  # as test_models_gguf_packed.llama_cpp_mix: Q8_0 embedding / head, Q4_0 down, Q4_1 rest
+        return Q.Q8_0 if name.startswith(("token_embd", "output.")) else Q.Q4_0 if ".ffn_down." in name else Q.Q4_1
+
+    gguf = write_gguf(checkpoint("llama"), tmp_path / "model.gguf", quantize=mix)
+    compiled, eager = ExecutorCore(_config(gguf, False)), ExecutorCore(_config(gguf, True))
+    assert isinstance(compiled.forward, CompiledDecode)
+    packed = [m for m in compiled.model.modules() if isinstance(m, GgufLinear)]
+    assert {m.format_name for m in packed} >= {"Q4_1", "Q4_0", "Q8_0"}
+    before = _greedy(compiled)
+    assert compiled.forward.num_compiled_steps >= 7
+    assert before == _greedy(eager)
+    for core in (compiled, eager):  # layer 0's gate/up blocks reversed row-wise: other weights, same format
+        layer = core.model.model.layers[0].mlp.gate_up_proj
+        assert isinstance(layer, GgufLinear)
+        layer.blocks.copy_(layer.blocks.flip(0))
+    steps = compiled.forward.num_compiled_steps
+    after = _greedy(compiled)
+    assert compiled.forward.num_compiled_steps > steps
+    assert after != before
+    assert after == _greedy(eager)

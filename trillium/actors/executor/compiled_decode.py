@@ -13,8 +13,10 @@ rows to the attention op);
 everything else (prefill, mixed steps, larger batches, LoRA steps) runs
 eager. Compile seconds per bucket are logged at start.
 
-What is compiled: embedding, norms, projections (through an opaque oneDNN
-op, `models/llama.py`), rope, MLP and residuals. Attention is an opaque op
+What is compiled: embedding, norms, projections (through opaque ops of ours:
+float weights `trillium::cpu_linear`, `models/llama.py`; GGUF weights kept
+packed `trillium::gguf_linear`, `models/packed_linear.py`), rope, MLP and
+residuals. Attention is an opaque op
 reading the step's paged cache and metadata from a context
 (`models/graph_attention.py`), so the graph does not depend on sequence
 lengths or block tables and never recompiles between steps.
@@ -85,9 +87,11 @@ def _unsupported(config: EngineConfig, model: torch.nn.Module) -> str:
         return f"{config.device}: compiled decode is CPU-only so far"
     if config.tensor_parallel_size > 1:
         return "tensor parallel ranks (their collectives stay outside graphs)"
-    packed = next((m.format_name for m in model.modules() if hasattr(m, "format_name")), None)
-    if packed is not None:  # GgufLinear (packed_linear.py), Int4Linear (int4_linear.py): their own kernels
-        return f"{packed} weights kept packed"
+    from trillium.models.int4_linear import Int4Linear
+
+    int4 = next((m.format_name for m in model.modules() if isinstance(m, Int4Linear)), None)
+    if int4 is not None:  # its own kernel, not (yet) behind an op of ours; GgufLinear's is (packed_linear.py)
+        return f"{int4} weights kept packed"
     if not config.compile_batch_sizes:
         return "no --compile-batch-sizes"
     if config.runner == "pooling":
