@@ -5,7 +5,8 @@ then SDPA) and the float64 per-head `dense_causal_attention`. Odd shapes:
 head dims 8 / 40 / 80 / 17, GQA ratios 1 to 8, block sizes 1 / 5 / 16,
 lengths that end mid-block, cross several blocks or fit in one, and batches
 of mixed lengths; fp8 caches (e4m3fn, e5m2, with scales), sliding windows and
-soft-capping as the reference has them. Unowned slots (the tails of last
+soft-capping as the reference has them; rows long enough to be split into
+several 64-key chunks and merged (split-K), windows that start mid-chunk. Unowned slots (the tails of last
 blocks, block-table padding, blocks behind a window) hold NaN: the kernel
 never reads them, where the reference gather reads (and masks) the first two.
 Mirrors vLLM's CPU decode kernel's shape: per sequence and KV head over the
@@ -33,6 +34,9 @@ SHAPES = [
     (4, 4, 80, 1, [9, 3]),
     (16, 2, 17, 16, [100, 2, 31]),
     (8, 8, 8, 5, [5, 26]),
+    # several 64-key chunks per row (split-K, merged): lengths at, just past and well past chunk ends
+    (9, 3, 64, 16, [300, 64, 65, 129]),
+    (6, 3, 40, 5, [200, 1, 128]),
 ]
 
 
@@ -60,6 +64,16 @@ def test_window_and_softcap_never_read_behind_the_window(window, softcap):
     for b, n in enumerate(batch.meta.seq_lens_list):  # blocks wholly behind the window: freed, poisoned
         for i in range(max(0, n - (window or n)) // block):
             batch.k_cache[table[b, i]] = batch.v_cache[table[b, i]] = float("nan")
+    args = (batch.q * 3, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+    out = paged_attention_cpu.decode_attention(*args, sliding_window=window, softcap=softcap)
+    expected = dense_causal_attention(attrs.evolve(batch, q=batch.q * 3), sliding_window=window, softcap=softcap)
+    torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window, softcap", [(70, None), (130, 4.0), (64, None)])
+def test_windows_over_several_chunks(window, softcap):
+    """Rows of several 64-key chunks with a window that starts inside one (or on a chunk's edge)."""
+    batch = _batch(SHAPES[5], seed=5)
     args = (batch.q * 3, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
     out = paged_attention_cpu.decode_attention(*args, sliding_window=window, softcap=softcap)
     expected = dense_causal_attention(attrs.evolve(batch, q=batch.q * 3), sliding_window=window, softcap=softcap)
@@ -99,7 +113,7 @@ def test_verify_rows_attend_as_their_decode_steps():
     kernel: every row matches the gather path, and equals, bit for bit, the decode step at that
     row's position (what greedy identity with plain decoding rests on). Without the flag, or past
     MAX_VERIFY_ROWS rows, the step goes to the gather path."""
-    qlens, lens = [5, 1, 3], [40, 17, 9]
+    qlens, lens = [5, 1, 3], [66, 17, 9]  # the first sequence's rows see 62 .. 66 keys: one chunk, then two
     batch = make_paged_batch(qlens, lens, num_heads=8, num_kv_heads=4, head_dim=64, block_size=16, seed=3)
     args = (batch.q, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
     assert not paged_attention_cpu.decode_supported(*args[:4])

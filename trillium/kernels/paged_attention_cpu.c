@@ -19,10 +19,17 @@
  * (times k_scale for fp8), soft-capped as cap * tanh(s / cap) when cap > 0, softmax, times V (times
  * v_scale for fp8). Slots past a sequence's end are never read.
  *
- * Work item: one (query row, KV head). Its H / KH query heads (GQA) are attended together, so each K
- * and V row is read once for the whole group. Online softmax one block at a time: the block's scores
- * for every head of the group, the running max raised once per block, the accumulators rescaled once
- * per block (not per key). Items are split across OpenMP threads (dynamic: lengths differ).
+ * Work item: one chunk of CHUNK_KEYS keys of one query row (chunks at fixed key positions 0, 64,
+ * 128, ... so a row's chunks depend only on its own length and window, never on the batch or the
+ * threads: a verify row and the decode step of the same position split alike), every head of the
+ * row: each slot's [KH, D] row is read once, front to back, as the blocks lie. Per head, online
+ * softmax one block at a time: the block's scores, the running max raised once per block, the
+ * accumulators rescaled once per block (not per key); the GQA group's heads share each K / V row.
+ * Chunks are split across OpenMP threads (dynamic: lengths differ), so one long sequence still
+ * keeps every thread busy. A row of one chunk is finished as before (acc / l); several chunks
+ * are merged in key order (flash-decoding's split-K: each chunk's acc and l rescaled to the
+ * largest max). While a block is read the next one's K and V rows are prefetched (the block
+ * table says where it lies).
  *
  * Vectorization: plain loops under `omp simd` (a reduction for the dot products; no intrinsics, so
  * any -march builds it), and a polynomial exp (Cephes expf's, ~1 ulp) that vectorizes where libm's
@@ -32,6 +39,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <omp.h>
+#include <stdlib.h>
 
 /* exp(x) for x <= 0 (a score minus the running max), ~1 ulp; x below -87 gives ~1e-38, not 0. */
 static inline float exp_nonpositive(float x) {
@@ -64,32 +72,48 @@ static inline const float *kv_row(const void *cache, const float *lut, long slot
 typedef struct {
     const void *k, *v;
     const float *lut;
-    long bs, kh, d, g;
+    long bs, kh, d, g, elem;  /* elem: bytes per cache element (4, or 1 for fp8) */
     float scale, softcap;
 } Cache;
 
-/* One (sequence, KV head): out_g[h] for the g query heads q_g (scaled) over keys start .. n-1. */
-static void attend_group(const Cache *c, const int32_t *table, long start, long n, const float *qg,
-                         float *restrict acc, float *restrict m, float *restrict l, float *restrict s,
-                         float *restrict buf, long kvh) {
-    const long bs = c->bs, d = c->d, g = c->g;
-    for (long h = 0; h < g; h++) { m[h] = -INFINITY; l[h] = 0.0f; }
-    memset(acc, 0, (size_t)(g * d) * sizeof(float));
-    for (long bi = start / bs; bi * bs < n; bi++) {
+/* Keys per work item (see the header): a row's chunks are [0, 64), [64, 128), ... cut to its keys. */
+#define CHUNK_KEYS 64
+
+static inline void prefetch_block(const Cache *c, long block) {
+    const long bytes = c->bs * c->kh * c->d * c->elem;
+    const char *kb = (const char *)c->k + block * bytes, *vb = (const char *)c->v + block * bytes;
+    for (long at = 0; at < bytes; at += 64) {
+        __builtin_prefetch(kb + at, 0, 3);
+        __builtin_prefetch(vb + at, 0, 3);
+    }
+}
+
+/* One query row's keys start .. end-1 (within its n keys) for all h = kh * g heads q (scaled by the
+ * caller's scale): per head the unnormalized acc[h * d], its running max m[h] and sum l[h]. */
+static void attend_chunk(const Cache *c, const int32_t *table, long start, long end, long n_blocks,
+                         const float *q, float *restrict acc, float *restrict m, float *restrict l,
+                         float *restrict s, float *restrict buf) {
+    const long bs = c->bs, d = c->d, g = c->g, kh = c->kh, h_all = kh * g;
+    for (long h = 0; h < h_all; h++) { m[h] = -INFINITY; l[h] = 0.0f; }
+    memset(acc, 0, (size_t)(h_all * d) * sizeof(float));
+    for (long bi = start / bs; bi * bs < end; bi++) {
         const long slot0 = (long)table[bi] * bs;
-        const long lo = start > bi * bs ? start - bi * bs : 0, hi = n - bi * bs < bs ? n - bi * bs : bs;
+        if (bi + 1 < n_blocks && (bi + 1) * bs < end) prefetch_block(c, table[bi + 1]);
+        const long lo = start > bi * bs ? start - bi * bs : 0, hi = end - bi * bs < bs ? end - bi * bs : bs;
         const long nk = hi - lo;
-        for (long t = 0; t < nk; t++) {
-            const float *kr = kv_row(c->k, c->lut, slot0 + lo + t, kvh, c->kh, d, buf);
-            for (long h = 0; h < g; h++) {
-                const float *qh = qg + h * d;
-                float dot = 0.0f;
+        for (long t = 0; t < nk; t++)
+            for (long kvh = 0; kvh < kh; kvh++) {
+                const float *kr = kv_row(c->k, c->lut, slot0 + lo + t, kvh, kh, d, buf);
+                for (long j = 0; j < g; j++) {
+                    const long h = kvh * g + j;
+                    const float *qh = q + h * d;
+                    float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-                for (long i = 0; i < d; i++) dot += qh[i] * kr[i];
-                s[h * bs + t] = dot * c->scale;
+                    for (long i = 0; i < d; i++) dot += qh[i] * kr[i];
+                    s[h * bs + t] = dot * c->scale;
+                }
             }
-        }
-        for (long h = 0; h < g; h++) {
+        for (long h = 0; h < h_all; h++) {
             float *sh = s + h * bs, mx = m[h], sum = 0.0f;
             if (c->softcap > 0.0f)
                 for (long t = 0; t < nk; t++) sh[t] = c->softcap * tanhf(sh[t] / c->softcap);
@@ -109,20 +133,25 @@ static void attend_group(const Cache *c, const int32_t *table, long start, long 
             }
             l[h] += sum;
         }
-        for (long t = 0; t < nk; t++) {
-            const float *vr = kv_row(c->v, c->lut, slot0 + lo + t, kvh, c->kh, d, buf);
-            for (long h = 0; h < g; h++) {
-                const float p = s[h * bs + t];
-                float *ah = acc + h * d;
+        for (long t = 0; t < nk; t++)
+            for (long kvh = 0; kvh < kh; kvh++) {
+                const float *vr = kv_row(c->v, c->lut, slot0 + lo + t, kvh, kh, d, buf);
+                for (long j = 0; j < g; j++) {
+                    const long h = kvh * g + j;
+                    const float p = s[h * bs + t];
+                    float *ah = acc + h * d;
 #pragma omp simd
-                for (long i = 0; i < d; i++) ah[i] += p * vr[i];
+                    for (long i = 0; i < d; i++) ah[i] += p * vr[i];
+                }
             }
-        }
     }
 }
 
-/* Returns 0, or -1 for a shape it does not take. k_scale / v_scale: NULL or one float each (fp8);
- * window <= 0: none; softcap <= 0: none. */
+/* The first key row r attends (a sliding window cuts the front). */
+static inline long first_key(long n, long window) { return window > 0 && n > window ? n - window : 0; }
+
+/* Returns 0, or -1 for a shape it does not take (or no memory for the chunks' partial results).
+ * k_scale / v_scale: NULL or one float each (fp8); window <= 0: none; softcap <= 0: none. */
 int trillium_paged_decode_attention(const float *q, long b, long h, long d, long q_row_stride,
                                     long q_head_stride, const void *k, const void *v, const float *lut,
                                     long bs, long kh, const int32_t *table, long table_stride,
@@ -131,33 +160,81 @@ int trillium_paged_decode_attention(const float *q, long b, long h, long d, long
                                     const float *v_scale, long window, float softcap, float *out,
                                     int num_threads) {
     if (kh <= 0 || h % kh || d <= 0 || bs <= 0) return -1;
-    const long g = h / kh, items = b * kh;
-    const Cache c = {k, v, lut, bs, kh, d, g, scale * (k_scale ? *k_scale : 1.0f), softcap};
+    const long g = h / kh;
+    const Cache c = {k, v, lut, bs, kh, d, g, lut ? 1 : 4, scale * (k_scale ? *k_scale : 1.0f), softcap};
     const float out_scale = v_scale ? *v_scale : 1.0f;
+    /* first[r]: row r's first work item (its chunks are first[r] .. first[r + 1] - 1) */
+    long *first = malloc((size_t)(b + 1) * sizeof(long));
+    if (first == NULL) return -1;
     long keys = 0;
-    for (long i = 0; i < b; i++) keys += seq_lens[i];
+    first[0] = 0;
+    for (long r = 0; r < b; r++) {
+        const long n = seq_lens[r], lo = first_key(n, window);
+        keys += n - lo;
+        first[r + 1] = first[r] + (n > lo ? (n - 1) / CHUNK_KEYS - lo / CHUNK_KEYS + 1 : 0);
+    }
+    const long items = first[b], part = h * (d + 2);  /* per item: acc [h, d], m [h], l [h] */
+    long *item_row = malloc((size_t)(items > 0 ? items : 1) * sizeof(long));
+    float *parts = malloc((size_t)(items > 0 ? items : 1) * (size_t)part * sizeof(float));
+    if (item_row == NULL || parts == NULL) {
+        free(first); free(item_row); free(parts);
+        return -1;
+    }
+    for (long r = 0; r < b; r++)
+        for (long it = first[r]; it < first[r + 1]; it++) item_row[it] = r;
     /* WHY a floor: below ~64K multiply-adds a thread team's wake-up costs more than it saves. */
     const int threads = keys * h * d < (1L << 16) ? 1 : num_threads;
 #pragma omp parallel num_threads(threads)
     {
-        float qg[g * d], acc[g * d], m[g], l[g], s[g * bs], buf[d];
+        float qs[h * d], s[h * bs], buf[d];
 #pragma omp for schedule(dynamic, 1)
         for (long it = 0; it < items; it++) {
-            const long seq = it / kh, kvh = it % kh, n = seq_lens[seq];
-            const long tab = row_seq ? row_seq[seq] : seq;  /* seq: the query row; tab: its block table */
-            const long start = window > 0 && n > window ? n - window : 0;
-            for (long j = 0; j < g; j++) {
-                const float *src = q + seq * q_row_stride + (kvh * g + j) * q_head_stride;
-                memcpy(qg + j * d, src, (size_t)d * sizeof(float));
-            }
-            attend_group(&c, table + tab * table_stride, start, n, qg, acc, m, l, s, buf, kvh);
-            for (long j = 0; j < g; j++) {
-                float *o = out + (seq * h + kvh * g + j) * d;
-                const float inv = l[j] > 0.0f ? out_scale / l[j] : 0.0f;
+            const long r = item_row[it], n = seq_lens[r];
+            const long tab = row_seq ? row_seq[r] : r;  /* r: the query row; tab: its block table */
+            const long lo = first_key(n, window), chunk = lo / CHUNK_KEYS + (it - first[r]);
+            const long start = chunk * CHUNK_KEYS > lo ? chunk * CHUNK_KEYS : lo;
+            const long end = (chunk + 1) * CHUNK_KEYS < n ? (chunk + 1) * CHUNK_KEYS : n;
+            for (long j = 0; j < h; j++)
+                memcpy(qs + j * d, q + r * q_row_stride + j * q_head_stride, (size_t)d * sizeof(float));
+            float *p = parts + it * part;
+            attend_chunk(&c, table + tab * table_stride, start, end, (n + bs - 1) / bs, qs, p, p + h * d,
+                         p + h * d + h, s, buf);
+        }
+        /* finish each row: one chunk as acc / l; several merged in key order at the largest max */
+#pragma omp for schedule(static)
+        for (long r = 0; r < b; r++) {
+            const long n_items = first[r + 1] - first[r];
+            const float *p0 = parts + first[r] * part;
+            for (long j = 0; j < h; j++) {
+                float *o = out + (r * h + j) * d;
+                if (n_items == 1) {
+                    const float lj = p0[h * d + h + j];
+                    const float inv = lj > 0.0f ? out_scale / lj : 0.0f;
 #pragma omp simd
-                for (long i = 0; i < d; i++) o[i] = acc[j * d + i] * inv;
+                    for (long i = 0; i < d; i++) o[i] = p0[j * d + i] * inv;
+                    continue;
+                }
+                float mx = -INFINITY, sum = 0.0f;
+                for (long it = 0; it < n_items; it++) {
+                    const float mi = p0[it * part + h * d + j];
+                    mx = mi > mx ? mi : mx;
+                }
+                memset(o, 0, (size_t)d * sizeof(float));
+                for (long it = 0; it < n_items; it++) {
+                    const float *pi = p0 + it * part;
+                    const float mi = pi[h * d + j];
+                    if (mi == -INFINITY) continue;
+                    const float w = expf(mi - mx);
+                    sum += pi[h * d + h + j] * w;
+#pragma omp simd
+                    for (long i = 0; i < d; i++) o[i] += pi[j * d + i] * w;
+                }
+                const float inv = sum > 0.0f ? out_scale / sum : 0.0f;
+#pragma omp simd
+                for (long i = 0; i < d; i++) o[i] *= inv;
             }
         }
     }
+    free(first); free(item_row); free(parts);
     return 0;
 }

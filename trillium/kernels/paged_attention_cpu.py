@@ -8,9 +8,12 @@ What it replaces: for a pure decode step (every sequence has one query
 token) `reference.paged_attention` gathers each sequence's blocks into a
 dense [B, max_len, KH, D] copy (widening fp8 as it goes) and runs SDPA over
 it with a padding mask. The kernel reads the blocks of each block table
-where they lie, one (sequence, KV head) per work item, the GQA group's query
-heads together, with an online softmax a block at a time; padded slots,
-block-table padding and blocks behind a sliding window are never read.
+where they lie, one 64-key chunk of one query row per work item (all its
+heads; the GQA group's query heads share each K / V row; several chunks of a
+row are merged as flash-decoding's split-K does, so one long sequence keeps
+every thread busy), with an online softmax a block at a time and the next
+block prefetched; padded slots, block-table padding and blocks behind a
+sliding window are never read.
 
 Taken: q float32 on the CPU with its head dim contiguous; caches float32, or
 fp8 (float8_e4m3fn / float8_e5m2, with their per-tensor scales) read through
@@ -24,9 +27,9 @@ reference, explicitly, in `dispatch.paged_attention`.
 
 A speculative verify step (`meta.verify_rows`, at most `MAX_VERIFY_ROWS`
 query rows per sequence: the last token and its drafts) takes the kernel
-too: each query row is a work item of its own, over its sequence's block
+too: each query row is a row of its own, over its sequence's block
 table, attending to the keys up to its own position, exactly as the decode
-step of that position would (same kernel, same summation order), where the
+step of that position would (same kernel, same chunks, same summation order), where the
 gather path would run SDPA over a dense copy.
 
 Under compiled decode the kernel runs inside the opaque
