@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from trillium import LLM, SamplingParams
+from trillium.speculative.proposer import NgramProposer
 from trillium.structured_outputs import StructuredOutputsParams
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
@@ -133,3 +134,49 @@ def test_a_request_can_opt_out(engines):
     assert counts[0] > 0 and counts[1] == 0
     with pytest.raises(ValueError, match="speculative"):
         spec.generate(_prompts()[:1], SamplingParams(max_tokens=2, speculative="no"))
+
+
+@pytest.fixture(scope="module")
+def by_batch_size(checkpoint):
+    with LLM(str(checkpoint("llama")), speculative_config={**SPEC, "disable_by_batch_size": 2}, **ENGINE) as llm:
+        yield llm
+
+
+def _spec_counts(llm: LLM, prompts: list[dict], params) -> tuple[list, int, int]:
+    """Outputs, drafts verified and steps planned with speculation off, over one generate."""
+    before = _stats(llm)
+    outs = llm.generate(prompts, params)
+    after = _stats(llm)
+    return (outs, after.spec_decode_num_drafts_total - before.spec_decode_num_drafts_total,
+            after.spec_decode_num_steps_disabled_by_batch_size_total
+            - before.spec_decode_num_steps_disabled_by_batch_size_total)
+
+
+def test_disable_by_batch_size_turns_drafts_off_while_more_requests_run(engines, by_batch_size, monkeypatch):
+    base, spec = engines
+    loops = [{"prompt_token_ids": [11 + i, 12 + i, 13 + i, 14 + i, 15 + i] * 4} for i in range(4)]
+    # Four requests running together the whole time: no step is within the threshold, and
+    # the executor does no n-gram lookup for steps that would drop it. NOTE: the prompts
+    # reach the scheduler a few ms apart, so the first may run a step or two alone (it may
+    # look up, and verify, then); none looks up past its second token.
+    same = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    ref = base.generate(loops, same)
+    _, free_drafts, _ = _spec_counts(spec, loops, same)
+    lookups = []  # the sequence length at each lookup
+    propose = NgramProposer.propose
+    monkeypatch.setattr(NgramProposer, "propose",
+                        lambda self, ids, n: lookups.append(len(ids)) or propose(self, ids, n))
+    outs, drafts, disabled = _spec_counts(by_batch_size, loops, same)
+    monkeypatch.undo()
+    _same(ref, outs)
+    assert free_drafts > 0 and drafts <= len(lookups) and max(lookups, default=0) <= 22, (drafts, lookups)
+    assert disabled >= 18, disabled
+    # Two of them end early: the other two draft once they run alone.
+    mixed = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (4, 40, 4, 40)]
+    outs, drafts, disabled = _spec_counts(by_batch_size, loops, mixed)
+    _same(base.generate(loops, mixed), outs)
+    assert drafts > 0 and 3 <= disabled <= 5, (drafts, disabled)
+    # One at a time: never over the threshold.
+    outs, drafts, disabled = _spec_counts(by_batch_size, loops[:1], same)
+    _same(ref[:1], outs)
+    assert drafts > 0 and disabled == 0, (drafts, disabled)

@@ -153,3 +153,18 @@ def test_greedy_identity_under_preemption(models):
                     assert px.keys() == py.keys() and all(abs(px[t].logprob - py[t].logprob) < 1e-4 for t in px)
     assert stats.num_preempted_total > 0, "the small KV cache should preempt"
     assert 0 < stats.spec_decode_num_accepted_tokens_total < stats.spec_decode_num_draft_tokens_total
+
+
+def test_greedy_identity_when_disable_by_batch_size_skips_proposals(models):
+    """Steps with more running requests than disable_by_batch_size propose nothing: the draft's
+    cache misses those tokens and catches up at the next proposal, output unchanged."""
+    target, draft = models
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (6, 30, 6, 30)]
+    with LLM(target, **ENGINE) as base, LLM(target, speculative_config=_spec(draft, disable_by_batch_size=2),
+                                            **ENGINE) as spec:
+        ref = base.generate(_prompts(), params)
+        out = spec.generate(_prompts(), params)
+        stats = spec.get_stats()
+    assert [c.token_ids for x in ref for c in x.outputs] == [c.token_ids for x in out for c in x.outputs]
+    assert stats.spec_decode_num_steps_disabled_by_batch_size_total >= 4
+    assert 0 < stats.spec_decode_num_accepted_tokens_total <= stats.spec_decode_num_draft_tokens_total

@@ -238,3 +238,19 @@ def test_greedy_identity_and_acceptance_through_the_engine(base, target, heads):
                                                              if before else 0)
     # Half the prompts were trained on (near-certain acceptance), half not (some).
     assert drafted > 0 and accepted / drafted > 0.4, (accepted, drafted)
+
+
+def test_greedy_identity_when_disable_by_batch_size_skips_proposals(base, target, heads):
+    """No drafts while more than 2 run; the head's cache still takes those steps' rows
+    (deferred), so the survivors' drafts after them are accepted and the output is unchanged."""
+    path, _, prompts, _ = target
+    spec = {"method": "eagle", "model": str(heads[0]), "num_speculative_tokens": K, "disable_by_batch_size": 2}
+    items = [{"prompt_token_ids": p} for p in prompts]
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (32, 6, 32, 6)]
+    ref = base.generate(items, params)
+    with LLM(str(path), speculative_config=spec, **ENGINE) as fast:
+        got = fast.generate(items, params)
+        stats = fast.get_stats()
+    assert [c.token_ids for x in ref for c in x.outputs] == [c.token_ids for x in got for c in x.outputs]
+    assert stats.spec_decode_num_steps_disabled_by_batch_size_total >= 4
+    assert stats.spec_decode_num_accepted_tokens_total > 0.4 * stats.spec_decode_num_draft_tokens_total > 0

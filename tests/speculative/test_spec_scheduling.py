@@ -15,9 +15,9 @@ from trillium.observability.metrics import EngineMetrics, render
 from trillium.speculative.scheduling import DraftBudget
 
 
-def _sched(k: int = 3) -> Scheduler:
+def _sched(k: int = 3, disable_by_batch_size: int = 0) -> Scheduler:
     config = SchedulerConfig(num_blocks=16, block_size=4, max_model_len=64, max_num_batched_tokens=32)
-    return Scheduler(config, drafts=DraftBudget(k))
+    return Scheduler(config, drafts=DraftBudget(k, disable_by_batch_size))
 
 
 def _result(batch, tokens, *, more=None, accepted=None, proposed=None) -> BatchResult:
@@ -87,12 +87,36 @@ def test_preemption_drops_the_drafts():
     assert [n.request_id for n in again.new_requests] == ["a"] and len(again.num_draft_tokens) == 0
 
 
+def test_disable_by_batch_size_verifies_no_drafts_while_more_requests_run():
+    sched = _sched(disable_by_batch_size=2)
+    sched.add_request(add_req("a", range(10, 16), max_tokens=2))
+    sched.add_request(add_req("b", range(20, 26), max_tokens=20))
+    sched.add_request(add_req("c", range(30, 36), max_tokens=20))
+    first = sched.schedule()  # planned with none running, admits 3: the executor should not propose
+    assert first.num_scheduled_tokens.tolist() == [6, 6, 6] and not first.propose_drafts
+    # Even drafts the executor holds are not verified while 3 run (more than 2).
+    sched.update_from_output(_result(first, {"a": 30, "b": 40, "c": 50}, proposed={"a": 3, "b": 3, "c": 3}))
+    second = sched.schedule()
+    assert second.num_scheduled_tokens.tolist() == [1, 1, 1] and len(second.num_draft_tokens) == 0
+    assert not second.propose_drafts and sched.stats().spec_decode_num_steps_disabled_by_batch_size_total == 1
+    deltas = sched.update_from_output(_result(second, {"a": 31, "b": 41, "c": 51}, proposed={"b": 3, "c": 3}))
+    assert deltas.deltas[0].finish_reason == "length"  # a is done: 2 left, within the threshold
+    third = sched.schedule()
+    assert third.num_draft_tokens.tolist() == [3, 3] and third.propose_drafts
+    stats = sched.stats()
+    assert stats.spec_decode_num_steps_disabled_by_batch_size_total == 1
+    assert sched.get_request("b").num_proposed_drafts == 3  # counted when verified, not before
+    sched.update_from_output(_result(third, {"b": 42, "c": 52}, accepted={"b": 0, "c": 0}))
+    assert sched.stats().spec_decode_num_draft_tokens_total == 6
+
+
 def test_metrics_series_use_vllm_names():
     stats = SchedulerStats(step_id=1, num_running=0, num_waiting=0, num_preempted_total=0, kv_usage=0.0,
                            num_free_blocks=1, prefix_cache_queries_total=0, prefix_cache_hits_total=0,
                            num_scheduled_tokens=0, spec_decode_num_drafts_total=5,
                            spec_decode_num_draft_tokens_total=15, spec_decode_num_accepted_tokens_total=7,
-                           spec_decode_num_accepted_tokens_per_pos_total=(4, 2, 1))
+                           spec_decode_num_accepted_tokens_per_pos_total=(4, 2, 1),
+                           spec_decode_num_steps_disabled_by_batch_size_total=9)
     registry = CollectorRegistry()
     EngineMetrics(registry, "m", lambda: stats)
     text = render(registry).decode()
@@ -100,5 +124,6 @@ def test_metrics_series_use_vllm_names():
                  'trillium:spec_decode_num_draft_tokens_total{model_name="m"} 15.0',
                  'trillium:spec_decode_num_accepted_tokens_total{model_name="m"} 7.0',
                  'trillium:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="0"} 4.0',
-                 'trillium:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="2"} 1.0'):
+                 'trillium:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="2"} 1.0',
+                 'trillium:spec_decode_num_steps_disabled_by_batch_size_total{model_name="m"} 9.0'):
         assert line in text, line

@@ -51,6 +51,13 @@ def test_config_parsing_and_errors():
     cfg = parse_speculative_config({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 4})
     assert (cfg.num_speculative_tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max) == (2, 4, 4)
     assert not parse_speculative_config(None).enabled
+    assert cfg.disable_by_batch_size == 0  # absent: never off
+    for given, stored in ((4, 4), (None, 0)):
+        assert parse_speculative_config({"method": "ngram", "num_speculative_tokens": 2,
+                                         "disable_by_batch_size": given}).disable_by_batch_size == stored
+    for bad in (True, 0, 1, -1, "2", 1.5):  # vLLM too refuses below 2
+        with pytest.raises(ValueError, match="disable_by_batch_size"):
+            parse_speculative_config({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": bad})
     for bad, words in (({"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1},
                         "draft_tensor_parallel_size"),
                        ({"method": "eagle", "num_speculative_tokens": 2}, "eagle"),
@@ -76,6 +83,16 @@ def test_draft_budget_bounds_and_counters():
     assert stats["spec_decode_num_draft_tokens_total"] == 7
     assert stats["spec_decode_num_accepted_tokens_total"] == 2
     assert stats["spec_decode_num_accepted_tokens_per_pos_total"] == (1, 1, 0, 0)
+    # disable_by_batch_size 2: a step planned with 3 running verifies none, with 2 it does.
+    budget = DraftBudget(4, disable_by_batch_size=2)
+    budget.begin_step(3)
+    assert budget.num_to_verify(4, 100, 0, 100, 10, 1000) == 0 and not budget.proposes_next(3)
+    budget.begin_step(2)
+    assert budget.num_to_verify(4, 100, 0, 100, 10, 1000) == 4 and budget.proposes_next(2)
+    assert budget.stats()["spec_decode_num_steps_disabled_by_batch_size_total"] == 1
+    never = DraftBudget(4)  # disable_by_batch_size 0: never off
+    never.begin_step(1000)
+    assert never.num_to_verify(4, 100, 0, 100, 10, 1000) == 4 and never.proposes_next(1000)
 
 
 def test_adaptive_depth_goes_down_when_drafts_fail_and_probes_back():

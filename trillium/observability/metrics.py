@@ -30,7 +30,8 @@ scrape time. Names and semantics follow vLLM's, under `trillium:`:
                 -- the tiers that are off (host, disk) are exported at 0
     spec decode spec_decode_num_drafts_total, spec_decode_num_draft_tokens_total,
                 spec_decode_num_accepted_tokens_total, spec_decode_num_accepted_tokens_per_pos_total{position}
-                (vLLM's names; observability/spec_decode_metrics.py)
+                (vLLM's names; observability/spec_decode_metrics.py), and Trillium's
+                spec_decode_num_steps_disabled_by_batch_size_total (disable_by_batch_size)
     links       engine_rejected_frames_total{actor,reason}: frames an engine inbox dropped
                 (observability/link_metrics.py; from start-up, at 0)
     liveness    engine_stalled{actor} (1 while the watchdog finds the actor stalled),

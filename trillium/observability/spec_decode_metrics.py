@@ -7,6 +7,8 @@ server's `trillium:` prefix, as every other vLLM-named series here:
     trillium:spec_decode_num_draft_tokens_total           draft tokens verified
     trillium:spec_decode_num_accepted_tokens_total        draft tokens accepted
     trillium:spec_decode_num_accepted_tokens_per_pos_total{position}   accepted at draft position i
+    trillium:spec_decode_num_steps_disabled_by_batch_size_total   (Trillium's) steps planned
+        without drafts because more requests ran than disable_by_batch_size
 
 Lifetime totals kept by the scheduler (speculative/scheduling.py), exported
 at 0 when speculative decoding is off (no position series then). Acceptance
@@ -34,6 +36,9 @@ class SpecDecodeCollector:
             ("trillium:spec_decode_num_draft_tokens", "Number of draft tokens.", "spec_decode_num_draft_tokens_total"),
             ("trillium:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
              "spec_decode_num_accepted_tokens_total"),
+            ("trillium:spec_decode_num_steps_disabled_by_batch_size",
+             "Steps run without speculation: more running requests than disable_by_batch_size.",
+             "spec_decode_num_steps_disabled_by_batch_size_total"),
         ):
             family = CounterMetricFamily(name, doc, labels=["model_name"])
             family.add_metric([model], getattr(stats, field, 0) if stats else 0)

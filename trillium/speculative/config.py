@@ -10,6 +10,11 @@ default method when model is given without one), draft_tensor_parallel_size
 (1 only) and draft_sample_method ("greedy" only: drafts are point masses,
 speculative/draft_model.py). `num_draft_blocks` is resolved at start-up
 (EngineConfig.resolve -> draft_model.plan_draft_memory), never given.
+
+Every method takes disable_by_batch_size (vLLM's; its v0 spec_decode_worker's rule):
+a step planned with more running requests than this verifies no drafts, and
+the executor proposes none for it (speculative/scheduling.py). None or absent:
+never disabled.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import attrs
 METHODS = ("ngram", "eagle", "draft_model")
 _NOT_IMPLEMENTED = ("eagle3", "medusa", "mlp_speculator", "mtp", "suffix", "deepseek_mtp", "ngram_gpu")
 _KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model",
-         "draft_tensor_parallel_size", "draft_sample_method")
+         "draft_tensor_parallel_size", "draft_sample_method", "disable_by_batch_size")
 # Keys that only some methods read: given to another method, they are refused by name.
 _METHOD_KEYS = {"prompt_lookup_min": ("ngram",), "prompt_lookup_max": ("ngram",), "model": ("eagle", "draft_model"),
                 "draft_tensor_parallel_size": ("draft_model",), "draft_sample_method": ("draft_model",)}
@@ -38,6 +43,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 0  # ngram: longest suffix n-gram matched
     model: str = ""  # eagle: the EAGLE head's directory (eagle_checkpoint.py); draft_model: the draft checkpoint
     num_draft_blocks: int = 0  # draft_model, resolved: blocks of the draft's own paged KV cache
+    disable_by_batch_size: int = 0  # >= 2: no drafts in a step with more running requests; 0: never off
 
     @property
     def enabled(self) -> bool:
@@ -81,6 +87,11 @@ def parse_speculative_config(value) -> SpeculativeConfig:
         raise ValueError("--speculative-config needs num_speculative_tokens")
     if not 1 <= k <= MAX_SPECULATIVE_TOKENS:
         raise ValueError(f"--speculative-config num_speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, got {k}")
+    disable_by_batch_size = _disable_by_batch_size(value)
+    return attrs.evolve(_by_method(method, value, k), disable_by_batch_size=disable_by_batch_size)
+
+
+def _by_method(method: str, value: dict, k: int) -> SpeculativeConfig:
     if method == "eagle":
         return _eagle(value, k)
     if method == "draft_model":
@@ -132,6 +143,18 @@ def _draft_model(value: dict, k: int) -> SpeculativeConfig:
         raise ValueError(f"--speculative-config draft_sample_method {value['draft_sample_method']!r} is not "
                          "implemented; Trillium drafts greedily ('greedy')")
     return SpeculativeConfig(method="draft_model", num_speculative_tokens=k, model=model)
+
+
+def _disable_by_batch_size(value: dict) -> int:
+    """vLLM's disable_by_batch_size: an int of at least 2, as vLLM checks, or None / absent
+    (never off; stored as 0)."""
+    got = _int(value, "disable_by_batch_size", None)
+    if got is None:
+        return 0
+    if got < 2:
+        raise ValueError(f"--speculative-config disable_by_batch_size must be at least 2 (vLLM's rule) or null, "
+                         f"got {got}")
+    return got
 
 
 def _int(value: dict, key: str, default):

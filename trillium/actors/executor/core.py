@@ -287,7 +287,8 @@ class ExecutorCore:
         spec = self._verify(hidden, runs, sampled, logprobs) if runs else {}
         if self.proposer is not None and self.pooler is None:
             spec["proposed_drafts"] = self._propose([*sample_states, *(r[0] for r in runs)],
-                                                    hidden, list(zip(states, first_rows, counts)))
+                                                    hidden, list(zip(states, first_rows, counts)),
+                                                    batch.propose_drafts)
         self.stages.mark("sample")
         prompt_results = tuple(r for r in (self._prompt_logprobs(hidden, item) for item in prompt_lp) if r is not None)
         fetched = self.kv_stores.completions()
@@ -348,18 +349,24 @@ class ExecutorCore:
             del state.block_ids[keep:]
         return {"more_token_ids": more, "more_logprobs": more_lp, "num_accepted_drafts": accepted}
 
-    def _propose(self, states: list[RequestState], hidden, step_rows: list) -> dict[str, int]:
+    def _propose(self, states: list[RequestState], hidden, step_rows: list, wanted_next: bool) -> dict[str, int]:
         """Drafts for each request just sampled, kept for its next step; their counts.
         A hidden-state proposer (eagle) sees the whole step at once: `step_rows`, every
         scheduled (state, first row, rows), so its own cache follows prefill chunks too.
         A batch proposer (draft_model) drafts for every drafting request in one call.
-        Depths are capped by what max_tokens / max_model_len leave (drafts_left)."""
+        Depths are capped by what max_tokens / max_model_len leave (drafts_left).
+        Not `wanted_next` (disable_by_batch_size): every depth is 0, so no lookup and no
+        draft forward; eagle still defers the step's rows into its cache, the draft model
+        catches up on the tokens it missed at its next proposal (draft_model.py)."""
         depths = {}
         for state in states:
             if not state.sampling.params.speculative:
                 continue  # the request opted out (SamplingParams.speculative)
             if state.depth is None:
                 state.depth = AdaptiveDepth(self.num_speculative_tokens)
+            if not wanted_next:
+                depths[state.request_id] = 0  # the adaptive depth is not stepped: no drafts to judge
+                continue
             left = drafts_left(state.sampling.params.max_tokens, len(state.token_ids), state.num_prompt_tokens,
                                self.config.max_model_len)
             depths[state.request_id] = max(0, min(state.depth.next_depth(), left))

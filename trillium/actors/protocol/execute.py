@@ -112,6 +112,10 @@ class ExecuteBatch:
     # executor holds them). Empty: no drafts in this step. Request i is sampled (verified)
     # iff num_computed_tokens + num_scheduled_tokens - num_draft_tokens == its known tokens.
     num_draft_tokens: np.ndarray = attrs.field(factory=_int32s)
+    # False: propose no drafts after this step (the next one verifies none: more requests
+    # run than disable_by_batch_size, speculative/scheduling.py). A proposer that keeps its
+    # own cache of the target's tokens (eagle) still takes the step's rows.
+    propose_drafts: bool = True
 
 
 @attrs.frozen

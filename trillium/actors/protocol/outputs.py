@@ -168,6 +168,7 @@ class SchedulerStats:
     spec_decode_num_draft_tokens_total: int = 0
     spec_decode_num_accepted_tokens_total: int = 0
     spec_decode_num_accepted_tokens_per_pos_total: tuple[int, ...] = ()  # [k]: drafts accepted at position i
+    spec_decode_num_steps_disabled_by_batch_size_total: int = 0  # steps planned without drafts (Trillium's)
 
     @property
     def spec_decode_mean_acceptance_length(self) -> float:

@@ -189,6 +189,7 @@ class Scheduler:
         for request in self._queue_timeout.expired(self._policy, self.events.clock()):
             self._end((request.request_id,), RequestStatus.FINISHED_ABORTED)
         plan = StepPlan(token_budget=self.config.max_num_batched_tokens, pool=self.pool)  # same-step sharing
+        self.drafts.begin_step(len(self._running))  # disable_by_batch_size (speculative/scheduling.py)
         self._schedule_running(plan)
         self._preempted_ids.extend(plan.preempted)
         if not plan.preempted:  # WHY: blocks are short; admitting now would thrash
@@ -202,7 +203,8 @@ class Scheduler:
         # batch; until then nothing writes the cache, so they stay valid.
         transfers = self.kv_tiers.take_transfers()
         batch = plan.to_batch(self._step_id, self.pool, tuple(self._finished_ids), tuple(self._preempted_ids),
-                              transfers, self._grammars.take_compiles())
+                              transfers, self._grammars.take_compiles(),
+                              propose_drafts=self.drafts.proposes_next(len(self._running)))
         self._finished_ids, self._preempted_ids = [], []
         for request in plan.new:
             request.known_to_executor = True

@@ -79,6 +79,7 @@ class StepPlan:
         preempted_request_ids: tuple[str, ...],
         transfers: KvTransfers = NO_TRANSFERS,
         compile_grammars: tuple[str, ...] = (),
+        propose_drafts: bool = True,
     ) -> ExecuteBatch:
         # Requests are read before the step's progress is added: each
         # num_computed_tokens is where its scheduled tokens start.
@@ -115,4 +116,5 @@ class StepPlan:
             compile_grammars=compile_grammars,
             num_draft_tokens=np.asarray([self.num_drafts.get(r.request_id, 0) for r in self.requests], dtype=np.int32)
             if self.num_drafts else np.zeros(0, np.int32),
+            propose_drafts=propose_drafts,
         )
