@@ -90,7 +90,7 @@ static inline void prefetch_block(const Cache *c, long block) {
 
 /* One query row's keys start .. end-1 (within its n keys) for all h = kh * g heads q (scaled by the
  * caller's scale): per head the unnormalized acc[h * d], its running max m[h] and sum l[h]. */
-static void attend_chunk(const Cache *c, const int32_t *table, long start, long end, long n_blocks,
+static void attend_chunk(const Cache *c, const int32_t *table, long start, long end,
                          const float *q, float *restrict acc, float *restrict m, float *restrict l,
                          float *restrict s, float *restrict buf) {
     const long bs = c->bs, d = c->d, g = c->g, kh = c->kh, h_all = kh * g;
@@ -98,7 +98,7 @@ static void attend_chunk(const Cache *c, const int32_t *table, long start, long 
     memset(acc, 0, (size_t)(h_all * d) * sizeof(float));
     for (long bi = start / bs; bi * bs < end; bi++) {
         const long slot0 = (long)table[bi] * bs;
-        if (bi + 1 < n_blocks && (bi + 1) * bs < end) prefetch_block(c, table[bi + 1]);
+        if ((bi + 1) * bs < end) prefetch_block(c, table[bi + 1]);
         const long lo = start > bi * bs ? start - bi * bs : 0, hi = end - bi * bs < bs ? end - bi * bs : bs;
         const long nk = hi - lo;
         for (long t = 0; t < nk; t++)
@@ -197,7 +197,7 @@ int trillium_paged_decode_attention(const float *q, long b, long h, long d, long
             for (long j = 0; j < h; j++)
                 memcpy(qs + j * d, q + r * q_row_stride + j * q_head_stride, (size_t)d * sizeof(float));
             float *p = parts + it * part;
-            attend_chunk(&c, table + tab * table_stride, start, end, (n + bs - 1) / bs, qs, p, p + h * d,
+            attend_chunk(&c, table + tab * table_stride, start, end, qs, p, p + h * d,
                          p + h * d + h, s, buf);
         }
         /* finish each row: one chunk as acc / l; several merged in key order at the largest max */

@@ -73,9 +73,6 @@ class GgufLinear(nn.Module):
     def format_name(self) -> str:
         return gguf_cpu.FORMAT_NAMES[self.ggml_type]
 
-    def dequantized(self) -> torch.Tensor:
-        return gguf_cpu.dequantize(self.blocks, self.ggml_type, self.in_features)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.reduce(self.partial(x))
 
