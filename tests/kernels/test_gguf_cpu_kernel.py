@@ -109,3 +109,43 @@ def test_gguf_linear_both_paths_with_bias(rows):
     assert out.shape == (1, rows, 72)
     torch.testing.assert_close(out, (x.double() @ w.double().T + bias.double()).float(), rtol=1e-5, atol=1e-5)
     assert "format=Q8_0" in repr(layer) and [n for n, _ in layer.named_parameters()] == ["bias"]
+
+
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q6_K],
+                         ids=lambda t: t.name)
+def test_every_row_count_equals_its_rows_one_at_a_time(qtype):
+    """Each row count 1..9 has its own loop nest (gguf_cpu.c's DOT switch); a row's result must not
+    depend on how many rows share its tile: a speculative verify row equals its decode step bit for bit."""
+    k = 256
+    blocks, w = packed(45, k, qtype, seed=3)
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(9))
+    singles = torch.cat([gguf_cpu.matmul(x[r : r + 1], blocks, int(qtype), k) for r in range(9)])
+    ref = (x.double() @ w.double().T).float()
+    for m in range(1, 10):
+        out = gguf_cpu.matmul(x[:m], blocks, int(qtype), k)
+        assert torch.equal(out, singles[:m]), m
+        torch.testing.assert_close(out, ref[:m], rtol=1e-5, atol=1e-5)
+
+
+def test_padding_rows_are_skipped_only_under_the_hint():
+    """kernels/padded_rows.py: inside live_rows(n) a packed projection computes rows < n (the same
+    values) and leaves the rest zero; outside, and on another thread, every row is computed."""
+    import threading
+
+    from trillium.kernels import padded_rows
+
+    blocks, w = packed(40, 96, GGMLQuantizationType.Q4_1)
+    bias = torch.randn(40)
+    layer = GgufLinear(blocks, int(GGMLQuantizationType.Q4_1), 96, bias)
+    x = torch.randn(8, 96)
+    with torch.no_grad():
+        full = layer(x)
+        with padded_rows.live_rows(3):
+            part = layer(x)
+            seen = []
+            thread = threading.Thread(target=lambda: seen.append(padded_rows.live()))
+            thread.start()
+            thread.join()
+        after = layer(x)
+    assert torch.equal(part[:3], full[:3]) and torch.equal(part[3:], bias.expand(5, 40))
+    assert torch.equal(after, full) and seen == [None] and padded_rows.live() is None

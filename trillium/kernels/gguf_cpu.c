@@ -446,11 +446,20 @@ int trillium_gguf_matmul(int type, const float *x, long m, long k, long ldx, con
             const long rows = m - r0 < TILE_M ? m - r0 : TILE_M;
             const float *xr = x + r0 * ldx;
             float *o = out + r0 * n + j;
-            /* WHY the constant arguments: decode (M = 1) and full tiles get loops with fixed trip counts. */
+            /* WHY a constant row count per call site: each count gets loops with fixed trip counts, so
+             * the tile's accumulators stay in registers (a variable count kept them on the stack: a
+             * 4-row call cost 3x a 1-row one, where a speculative verify step's 2-8 rows land). */
 #define DOT(T)                                                                               \
-    if (rows == 1) dot_rows(T, row, nblocks, xr, ldx, 1, o, n);                                \
-    else if (rows == TILE_M) dot_rows(T, row, nblocks, xr, ldx, TILE_M, o, n);                 \
-    else dot_rows(T, row, nblocks, xr, ldx, rows, o, n);
+    switch (rows) {                                                                          \
+        case 1: dot_rows(T, row, nblocks, xr, ldx, 1, o, n); break;                          \
+        case 2: dot_rows(T, row, nblocks, xr, ldx, 2, o, n); break;                          \
+        case 3: dot_rows(T, row, nblocks, xr, ldx, 3, o, n); break;                          \
+        case 4: dot_rows(T, row, nblocks, xr, ldx, 4, o, n); break;                          \
+        case 5: dot_rows(T, row, nblocks, xr, ldx, TILE_M < 5 ? TILE_M : 5, o, n); break;    \
+        case 6: dot_rows(T, row, nblocks, xr, ldx, TILE_M < 6 ? TILE_M : 6, o, n); break;    \
+        case 7: dot_rows(T, row, nblocks, xr, ldx, TILE_M < 7 ? TILE_M : 7, o, n); break;    \
+        default: dot_rows(T, row, nblocks, xr, ldx, TILE_M, o, n); break;                    \
+    }
             if (type == TYPE_Q8_0) { DOT(TYPE_Q8_0) }
             else if (type == TYPE_Q4_0) { DOT(TYPE_Q4_0) }
             else if (type == TYPE_Q4_1) { DOT(TYPE_Q4_1) }

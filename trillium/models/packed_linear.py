@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from trillium.kernels import gguf_cpu
+from trillium.kernels import gguf_cpu, padded_rows
 from trillium.models.gguf_checkpoint import PackedTensor
 from trillium.models.llama import Linear, linear
 
@@ -98,7 +98,8 @@ def _gguf_linear(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, in_featu
     """x [M, K] @ W^T (+ bias): the packed kernel up to DEQUANTIZE_ROWS rows, else dequantize + oneDNN."""
     if x.shape[0] > DEQUANTIZE_ROWS:
         return linear(x, gguf_cpu.dequantize(blocks, ggml_type, in_features), bias)
-    out = gguf_cpu.matmul(x, blocks, ggml_type, in_features)
+    # compiled decode's padding rows cost FMAs here: skipped (kernels/padded_rows.py)
+    out = padded_rows.skip_padding(x, blocks.shape[0], lambda live: gguf_cpu.matmul(live, blocks, ggml_type, in_features))
     if bias is not None:
         out += bias
     return out

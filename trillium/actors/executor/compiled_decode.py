@@ -44,7 +44,7 @@ import time
 import torch
 
 from trillium.config import EngineConfig
-from trillium.kernels import AttentionMetadata
+from trillium.kernels import AttentionMetadata, padded_rows
 from trillium.kernels.paged_attention_cpu import MAX_VERIFY_ROWS
 from trillium.models.graph_attention import GraphAttentionContext, graph_kv_slots
 
@@ -198,7 +198,8 @@ class CompiledDecode(EagerForward):
             pos[num_tokens:] = 0
         self.context.kv_caches, self.context.meta = kv_caches, meta
         try:
-            hidden = self._graph(ids, pos)
+            with padded_rows.live_rows(num_tokens):  # the packed kernels skip the padding rows
+                hidden = self._graph(ids, pos)
         finally:
             self.context.meta = None
         self.num_compiled_steps += 1

@@ -1,0 +1,51 @@
+"""Compiled decode's padding rows, told to the CPU linear kernels so they skip them.
+
+    with live_rows(n): graph(ids_padded, positions_padded)   # rows n.. of every activation are padding
+    live() -> int | None                                     # inside: n; elsewhere None
+    skip_padding(x, kernel) -> kernel(x) with rows live().. zero, computed only for rows < live()
+
+WHY: a compiled decode graph has one static shape per bucket (1, 2, 4, 8 rows by default), so a
+step of 3 tokens -- a batch of 3, or a speculative verify step of a token and two drafts -- runs
+the 4-row graph. Row-wise ops cost nothing extra there, but the packed GGUF matmuls do arithmetic
+per row (a 5-row verify step padded to 8 paid 8 rows' FMAs: 205 against 128 us per SmolLM2
+projection, 1 thread). The padding rows' outputs are discarded (compiled_decode.py returns
+hidden[:n]) and the attention op already skips them, so their projections may be zeros.
+
+The hint is per thread (each engine runs its forward on its own thread) and only set around a
+compiled graph's call; eager forwards never see one, so `live()` is None there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+
+import torch
+
+_STATE = threading.local()
+
+
+@contextlib.contextmanager
+def live_rows(n: int) -> Iterator[None]:
+    previous = getattr(_STATE, "rows", None)
+    _STATE.rows = n
+    try:
+        yield
+    finally:
+        _STATE.rows = previous
+
+
+def live() -> int | None:
+    return getattr(_STATE, "rows", None)
+
+
+def skip_padding(x: torch.Tensor, out_features: int, kernel: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """kernel(x) [M, out_features] for x [M, K], computing only the live rows when a hint says
+    fewer than M are (the rest of the result is zero)."""
+    n = live()
+    if n is None or n >= x.shape[0]:
+        return kernel(x)
+    out = x.new_zeros(x.shape[0], out_features)
+    out[:n] = kernel(x[:n])
+    return out
