@@ -1,7 +1,7 @@
 """Packed GGUF matmuls vs dequantized float32, per format, and the default model's decode, in one run.
 
 Run: .venv/bin/python bench/quant_matmul.py [--model PATH] [--threads N] [--max-tokens 128]
-     [--formats Q4_K,Q6_K] [--skip-decode]
+     [--formats Q4_K,Q6_K] [--skip-decode] [--rows-sweep]
 
 1. Matmul: x [M, K] float32 times a Q8_0 / Q4_0 / Q4_1 weight [N, K] (random,
    quantized by gguf-py) or a Q4_K / Q5_K / Q6_K one (trillium.models.gguf_kquant_encode;
@@ -16,6 +16,10 @@ Run: .venv/bin/python bench/quant_matmul.py [--model PATH] [--threads N] [--max-
    repeated steps) and the default model (SmolLM2-135M-Instruct Q4_1) through `trillium.LLM`,
    one stream, greedy, EOS ignored, packed vs --gguf-dequantize: tok/s of the
    decode alone (a run of 16 tokens subtracted from a run of 16 + --max-tokens).
+3. --rows-sweep (only this): what each extra activation row costs, M = 1..8 (small batches and
+   speculative verify steps, a token and its drafts): SmolLM2's down projection in Q4_1, 40
+   different weights in turn (22 MiB, so they come from L3 / memory as in a forward), mean us per
+   matmul and the ratio to M = 1, beside float32 oneDNN on the same weights dequantized.
 """
 
 from __future__ import annotations
@@ -142,6 +146,23 @@ def decode_tok_s(model: str, dequantize_weights: bool, max_tokens: int, threads:
     return max_tokens / (long - short)
 
 
+def rows_sweep(fmt: Q = Q.Q4_1, n: int = 576, k: int = 1536, count: int = 40) -> None:
+    rng = np.random.default_rng(0)
+    weights = []
+    for _ in range(count):
+        blocks = encode((rng.standard_normal((n, k)) * 0.05).astype(np.float32), fmt)
+        weights.append((torch.from_numpy(np.ascontiguousarray(blocks)), torch.from_numpy(dequantize(blocks, fmt).copy())))
+    print(f"rows sweep: {fmt.name} {n} x {k}, {count} weights in turn, mean us per matmul")
+    print("| M | packed us | x M = 1 | float32 us | x M = 1 |\n|---|---|---|---|---|")
+    base = None
+    for m in (1, 2, 3, 4, 5, 6, 7, 8):
+        x = torch.randn(m, k)
+        packed = timed_us(lambda: [gguf_cpu.matmul(x, b, int(fmt), k) for b, _ in weights]) / count
+        dense = timed_us(lambda: [linear(x, w) for _, w in weights]) / count
+        base = base or (packed, dense)
+        print(f"| {m} | {packed:.0f} | {packed / base[0]:.2f} | {dense:.0f} | {dense / base[1]:.2f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     from trillium.cli import default_model
 
@@ -152,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                              "avoids waiting on a preempted thread at every parallel region")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--skip-decode", action="store_true")
+    parser.add_argument("--rows-sweep", action="store_true", help="only the per-row cost table (M = 1..8)")
     parser.add_argument("--formats", default=",".join(f.name for f in FORMATS),
                         help="comma-separated GGUF formats for the matmul table (default: all eight)")
     args = parser.parse_args(argv)
@@ -161,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     if not gguf_cpu.available():
         raise SystemExit(f"packed kernel unavailable: {gguf_cpu.unavailable_reason()}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+    if args.rows_sweep:
+        rows_sweep()
+        return 0
     matmul_table(tuple(Q[name.strip()] for name in args.formats.split(",")))
     if args.skip_decode:
         return 0

@@ -432,6 +432,37 @@ static inline __attribute__((always_inline)) void dot_rows(int type, const uint8
 #endif
 }
 
+/* One kernel per (format, row count 1..TILE_M), each its own function: fixed trip counts keep a tile's
+ * accumulators in registers (a variable row count kept them on the stack: 4 rows cost 3x one, where
+ * small batches and speculative verify steps land), and WHY noinline: inlined into one dispatch loop,
+ * the 64 variants' register allocation slowed the 1-row kernel by ~20%. */
+typedef void (*dot_fn)(const uint8_t *row, long nblocks, const float *x, long ldx, float *out, long ldo);
+#define DOT_FN(T, R)                                                                                     \
+    static __attribute__((noinline)) void dot_##T##_##R(const uint8_t *row, long nblocks, const float *x, \
+                                                         long ldx, float *out, long ldo) {               \
+        dot_rows(T, row, nblocks, x, ldx, (R) < TILE_M ? (R) : TILE_M, out, ldo);                          \
+    }
+#define DOT_FNS(T) DOT_FN(T, 1) DOT_FN(T, 2) DOT_FN(T, 3) DOT_FN(T, 4) DOT_FN(T, 5) DOT_FN(T, 6) DOT_FN(T, 7) DOT_FN(T, 8)
+DOT_FNS(TYPE_Q8_0) DOT_FNS(TYPE_Q4_0) DOT_FNS(TYPE_Q4_1) DOT_FNS(TYPE_Q5_0) DOT_FNS(TYPE_Q5_1)
+DOT_FNS(TYPE_Q4_K) DOT_FNS(TYPE_Q5_K) DOT_FNS(TYPE_Q6_K)
+#define DOT_TABLE(T) {dot_##T##_1, dot_##T##_2, dot_##T##_3, dot_##T##_4, dot_##T##_5, dot_##T##_6, dot_##T##_7, dot_##T##_8}
+
+static const dot_fn *dot_table(int type) {
+    static const dot_fn q8_0[] = DOT_TABLE(TYPE_Q8_0), q4_0[] = DOT_TABLE(TYPE_Q4_0), q4_1[] = DOT_TABLE(TYPE_Q4_1),
+                        q5_0[] = DOT_TABLE(TYPE_Q5_0), q5_1[] = DOT_TABLE(TYPE_Q5_1), q4_k[] = DOT_TABLE(TYPE_Q4_K),
+                        q5_k[] = DOT_TABLE(TYPE_Q5_K), q6_k[] = DOT_TABLE(TYPE_Q6_K);
+    switch (type) {
+        case TYPE_Q8_0: return q8_0;
+        case TYPE_Q4_0: return q4_0;
+        case TYPE_Q4_1: return q4_1;
+        case TYPE_Q5_0: return q5_0;
+        case TYPE_Q5_1: return q5_1;
+        case TYPE_Q4_K: return q4_k;
+        case TYPE_Q5_K: return q5_k;
+        default: return q6_k;
+    }
+}
+
 /* out[M, N] = x[M, K] @ W^T with W [N, K] in GGUF blocks (K % 32 == 0; K % 256 == 0 for the K-quants).
  * Returns 0, or -1 for a bad type or K. */
 int trillium_gguf_matmul(int type, const float *x, long m, long k, long ldx, const uint8_t *w, long n,
@@ -439,36 +470,13 @@ int trillium_gguf_matmul(int type, const float *x, long m, long k, long ldx, con
     const long bb = block_bytes(type), block_k = QK * sub_blocks(type);
     if (bb == 0 || k % block_k) return -1;
     const long nblocks = k / block_k, row_bytes = nblocks * bb;
+    const dot_fn *dots = dot_table(type);
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (long j = 0; j < n; j++) {
         const uint8_t *row = w + j * row_bytes;
         for (long r0 = 0; r0 < m; r0 += TILE_M) {
             const long rows = m - r0 < TILE_M ? m - r0 : TILE_M;
-            const float *xr = x + r0 * ldx;
-            float *o = out + r0 * n + j;
-            /* WHY a constant row count per call site: each count gets loops with fixed trip counts, so
-             * the tile's accumulators stay in registers (a variable count kept them on the stack: a
-             * 4-row call cost 3x a 1-row one, where a speculative verify step's 2-8 rows land). */
-#define DOT(T)                                                                               \
-    switch (rows) {                                                                          \
-        case 1: dot_rows(T, row, nblocks, xr, ldx, 1, o, n); break;                          \
-        case 2: dot_rows(T, row, nblocks, xr, ldx, 2, o, n); break;                          \
-        case 3: dot_rows(T, row, nblocks, xr, ldx, 3, o, n); break;                          \
-        case 4: dot_rows(T, row, nblocks, xr, ldx, 4, o, n); break;                          \
-        case 5: dot_rows(T, row, nblocks, xr, ldx, TILE_M < 5 ? TILE_M : 5, o, n); break;    \
-        case 6: dot_rows(T, row, nblocks, xr, ldx, TILE_M < 6 ? TILE_M : 6, o, n); break;    \
-        case 7: dot_rows(T, row, nblocks, xr, ldx, TILE_M < 7 ? TILE_M : 7, o, n); break;    \
-        default: dot_rows(T, row, nblocks, xr, ldx, TILE_M, o, n); break;                    \
-    }
-            if (type == TYPE_Q8_0) { DOT(TYPE_Q8_0) }
-            else if (type == TYPE_Q4_0) { DOT(TYPE_Q4_0) }
-            else if (type == TYPE_Q4_1) { DOT(TYPE_Q4_1) }
-            else if (type == TYPE_Q5_0) { DOT(TYPE_Q5_0) }
-            else if (type == TYPE_Q5_1) { DOT(TYPE_Q5_1) }
-            else if (type == TYPE_Q4_K) { DOT(TYPE_Q4_K) }
-            else if (type == TYPE_Q5_K) { DOT(TYPE_Q5_K) }
-            else { DOT(TYPE_Q6_K) }
-#undef DOT
+            dots[rows - 1](row, nblocks, x + r0 * ldx, ldx, out + r0 * n + j, n);
         }
     }
     return 0;
