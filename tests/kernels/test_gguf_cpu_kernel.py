@@ -114,7 +114,8 @@ def test_gguf_linear_both_paths_with_bias(rows):
 @pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q6_K],
                          ids=lambda t: t.name)
 def test_every_row_count_equals_its_rows_one_at_a_time(qtype):
-    """Each row count 1..9 has its own loop nest (gguf_cpu.c's DOT switch); a row's result must not
+    """Each row count up to the tile has its own kernel function (gguf_cpu.c's dot_table; 9 rows are a
+    full tile and a 1-row one); a row's result must not
     depend on how many rows share its tile: a speculative verify row equals its decode step bit for bit."""
     k = 256
     blocks, w = packed(45, k, qtype, seed=3)
@@ -129,7 +130,8 @@ def test_every_row_count_equals_its_rows_one_at_a_time(qtype):
 
 def test_padding_rows_are_skipped_only_under_the_hint():
     """kernels/padded_rows.py: inside live_rows(n) a packed projection computes rows < n (the same
-    values) and leaves the rest zero; outside, and on another thread, every row is computed."""
+    values) and leaves the rest zero (then the bias is added); outside, and on another thread, every row
+    is computed."""
     import threading
 
     from trillium.kernels import padded_rows

@@ -1,8 +1,8 @@
-"""Compiled decode's padding rows, told to the CPU linear kernels so they skip them.
+"""Compiled decode's padding rows, told to the packed GGUF projections so they skip them.
 
     with live_rows(n): graph(ids_padded, positions_padded)   # rows n.. of every activation are padding
     live() -> int | None                                     # inside: n; elsewhere None
-    skip_padding(x, kernel) -> kernel(x) with rows live().. zero, computed only for rows < live()
+    skip_padding(x, out_features, kernel) -> kernel(x), only rows < live() computed, the rest zero
 
 WHY: a compiled decode graph has one static shape per bucket (1, 2, 4, 8 rows by default), so a
 step of 3 tokens -- a batch of 3, or a speculative verify step of a token and two drafts -- runs
@@ -12,7 +12,9 @@ projection, 1 thread). The padding rows' outputs are discarded (compiled_decode.
 hidden[:n]) and the attention op already skips them, so their projections may be zeros.
 
 The hint is per thread (each engine runs its forward on its own thread) and only set around a
-compiled graph's call; eager forwards never see one, so `live()` is None there.
+compiled graph's call; eager forwards never see one, so `live()` is None there. Only
+`models/packed_linear.py` reads it so far; the float32 linears (`trillium::cpu_linear`,
+dense_cpu.c) still compute the padding rows, though their cost grows with rows too.
 """
 
 from __future__ import annotations
