@@ -1,7 +1,7 @@
 """dense_cpu.c (float32 linear for a few rows) against F.linear, and `llama.linear`'s choice of it.
 
-Rows 1..MAX_ROWS (the one-row path and the tiles of four, a partial tile
-included), K with and without a tail after the vector loop, rows of x further
+Rows 1..MAX_ROWS (a function per row count up to a tile, more rows in
+several tiles, a partial tile included), K with and without a tail after the vector loop, rows of x further
 apart than K (a view into a wider buffer), bias or none, and N both below
 the kernel's one-thread floor and above it (two threads split the outputs).
 """
@@ -37,6 +37,26 @@ def test_matches_f_linear(rows: int, k: int, n: int) -> None:
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("k", [512, 13, 1376 + 5])
+def test_every_row_count_equals_its_rows_one_at_a_time(k: int) -> None:
+    """Each row count has its own function and tiles of them cover more rows, but a row's arithmetic
+    must not depend on how many rows share the call or where it sits: a speculative verify row then
+    equals its decode step bit for bit, and a sequence's tokens do not depend on its batch."""
+    gen = torch.Generator().manual_seed(k)
+    x = torch.randn(dense_cpu.MAX_ROWS, k, generator=gen)
+    w = torch.randn(300, k, generator=gen) * 0.1
+    b = torch.randn(300, generator=gen)
+    alone = torch.cat([dense_cpu.linear(x[r : r + 1], w, b) for r in range(dense_cpu.MAX_ROWS)])
+    threads = torch.get_num_threads()
+    try:
+        for t in {1, 2}:
+            torch.set_num_threads(t)
+            for rows in range(1, dense_cpu.MAX_ROWS + 1):
+                assert torch.equal(dense_cpu.linear(x[:rows], w, b), alone[:rows]), f"{rows} rows, {t} threads"
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_takes_only_what_it_computes() -> None:
     w = torch.randn(16, 8)
     assert dense_cpu.takes(torch.randn(dense_cpu.MAX_ROWS, 8), w, None)
@@ -58,3 +78,19 @@ def test_llama_linear_runs_it_for_a_few_rows(monkeypatch) -> None:
             x = torch.randn(rows, 64)
             torch.testing.assert_close(llama.linear(x, w), F.linear(x, w), atol=1e-5, rtol=1e-5)
     assert calls == [1, dense_cpu.MAX_ROWS]
+
+
+def test_compiled_decode_padding_rows_are_skipped() -> None:
+    """kernels/padded_rows.py: inside live_rows(n) the float32 linear op computes rows < n (the same
+    bits as without the hint) and leaves the padding rows zero; outside the hint every row is computed."""
+    from trillium.kernels import padded_rows
+
+    gen = torch.Generator().manual_seed(3)
+    x, w, b = torch.randn(8, 64, generator=gen), torch.randn(48, 64, generator=gen), torch.randn(48, generator=gen)
+    with torch.inference_mode():
+        full = torch.ops.trillium.cpu_linear(x, w, b)
+        with padded_rows.live_rows(5):
+            skipped = torch.ops.trillium.cpu_linear(x, w, b)
+        after = torch.ops.trillium.cpu_linear(x, w, b)
+    assert torch.equal(skipped[:5], full[:5]) and not skipped[5:].any()
+    assert torch.equal(after, full) and full[5:].abs().sum() > 0

@@ -8,19 +8,30 @@
  * several weight rows at once in interleaved short streams, which the hardware prefetcher follows
  * badly: on the 2-core AMD EPYC we benchmark on they read the bench model's 110 MB of float32
  * weights at ~8 GB/s where a plain sum over the same bytes reads 13-15 GB/s. Here each thread takes
- * chunks of consecutive output channels and walks their rows in order, a long sequential stream;
- * each weight row (K floats, in L1) is multiplied by every activation row before the next is read.
+ * chunks of consecutive output channels and walks their rows in order, a long sequential stream.
+ *
+ * Rows per pass: up to TILE_M activation rows are multiplied by each weight row as it streams by
+ * (more rows: a pass per tile over the chunk's weight rows, then in L2). WHY a function per row
+ * count: with a variable count the compiler kept the tile's accumulators on the stack, and
+ * 8 rows cost 5x one (512x1536, 1 thread: 142 us at 1 row, 730 at 8); with the count a constant
+ * they live in registers (the bench model's 33 linears, 1 thread: 16 rows 25 -> 14 ms). Each
+ * function is noinline, so each gets its own register allocation.
+ *
+ * Every row is computed alike whatever the row count, its place in a tile, or the threads: two
+ * accumulators of one vector each (alternate vectors of K), the tail through a masked load into
+ * the first, one horizontal sum. So a row's result is the same bits at M = 1 and inside a batch or
+ * a speculative verify step (the tests check it): a verify row equals its decode step.
  *
  * Layout: x [M, K] rows x_stride floats apart (stride 1 within a row), w [N, K] contiguous, bias [N]
  * or NULL, y [M, N] contiguous. The result equals x @ w.T up to float32 summation order.
  */
 #include <stddef.h>
+#include <stdint.h>
 #include <omp.h>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
 
-#define TILE_M 4 /* activation rows multiplied per pass over a weight row */
 /* Weight rows a thread takes at a time (64 x 2 KB at K = 512: a long sequential stream). WHY
  * dynamic: on a small machine the other processes of the server (scheduler, detokenizer, api) take
  * a core now and then; with a static split the thread whose core was taken holds up the whole
@@ -28,66 +39,88 @@
  * quarter of the time beside the bench model's linears: 9.1 against 10.3 ms a step; quiet, a tie). */
 #define CHUNK_ROWS 64
 
+/* WHY 256-bit vectors where AVX-512 is there too, and 4 rows a tile: on the Zen 4 we benchmark on
+ * (512-bit ops in two halves) 512-bit vectors with 8-row tiles ran the bench model's 33 linears
+ * slower at every row count (1 thread, 8 rows: 10.7 against 8.7 ms; 16 rows: 17.1 against 13.8),
+ * and 256-bit tiles of 6 or 8 rows slower than tiles of 4 (8 rows: 10.5 and 13.6 ms). */
 #if defined(__AVX2__) && defined(__FMA__)
+/* 16 vector registers: 4 rows x 2 accumulators + 2 weight vectors, room to spare */
+#define TILE_M 4
+#define W 8
+typedef __m256 vec;
+#define VZERO() _mm256_setzero_ps()
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VADD(a, b) _mm256_add_ps(a, b)
+static inline __m256 tail8(const float *p, long n) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), lane));
+}
+#define VTAIL(p, n) tail8(p, n)
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
+#define VSUM(v) hsum8(v)
+#endif
 
-/* One activation row: four independent accumulators so the FMA latency never stalls the stream. */
-static inline float dot1(const float *restrict w, const float *restrict x, long k) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    long i = 0;
-    for (; i + 32 <= k; i += 32) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
-    }
-    for (; i + 8 <= k; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
-    float s = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    for (; i < k; i++) s += w[i] * x[i];
-    return s;
-}
-
-/* `rows` (2..TILE_M) activation rows against one weight row, each weight vector loaded once. */
-static inline void dot_tile(const float *restrict w, const float *restrict x, long xs, int rows, long k,
-                            float *restrict out) {
-    __m256 a[TILE_M][2];
-    for (int r = 0; r < TILE_M; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
-    long i = 0;
-    for (; i + 16 <= k; i += 16) {
-        const __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + i + 8);
-        for (int r = 0; r < rows; r++) {
-            a[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * xs + i), a[r][0]);
-            a[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * xs + i + 8), a[r][1]);
+#ifdef TILE_M
+/* R activation rows (R a constant after inlining) against weight rows j0 .. j1-1. */
+static inline __attribute__((always_inline)) void rows_tile(const float *restrict w, long j0, long j1, long k,
+                                                            const float *restrict x, long xs, const float *bias,
+                                                            float *restrict y, long n, const int R) {
+    for (long j = j0; j < j1; j++) {
+        const float *restrict wr = w + j * k;
+        vec a0[TILE_M], a1[TILE_M];
+        for (int r = 0; r < R; r++) a0[r] = a1[r] = VZERO();
+        long i = 0;
+        for (; i + 2 * W <= k; i += 2 * W) {
+            const vec w0 = VLOAD(wr + i), w1 = VLOAD(wr + i + W);
+            for (int r = 0; r < R; r++) {
+                a0[r] = VFMA(w0, VLOAD(x + r * xs + i), a0[r]);
+                a1[r] = VFMA(w1, VLOAD(x + r * xs + i + W), a1[r]);
+            }
         }
-    }
-    for (; i + 8 <= k; i += 8) {
-        const __m256 w0 = _mm256_loadu_ps(w + i);
-        for (int r = 0; r < rows; r++) a[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * xs + i), a[r][0]);
-    }
-    for (int r = 0; r < rows; r++) {
-        float s = hsum8(_mm256_add_ps(a[r][0], a[r][1]));
-        for (long j = i; j < k; j++) s += w[j] * x[r * xs + j];
-        out[r] = s;
+        if (i + W <= k) {
+            const vec w0 = VLOAD(wr + i);
+            for (int r = 0; r < R; r++) a0[r] = VFMA(w0, VLOAD(x + r * xs + i), a0[r]);
+            i += W;
+        }
+        if (i < k) {
+            const vec w0 = VTAIL(wr + i, k - i);
+            for (int r = 0; r < R; r++) a1[r] = VFMA(w0, VTAIL(x + r * xs + i, k - i), a1[r]);
+        }
+        const float b = bias ? bias[j] : 0.0f;
+        for (int r = 0; r < R; r++) y[r * n + j] = VSUM(VADD(a0[r], a1[r])) + b;
     }
 }
 #else
-static inline float dot1(const float *restrict w, const float *restrict x, long k) {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (long i = 0; i < k; i++) s += w[i] * x[i];
-    return s;
-}
-
-static inline void dot_tile(const float *restrict w, const float *restrict x, long xs, int rows, long k,
-                            float *restrict out) {
-    for (int r = 0; r < rows; r++) out[r] = dot1(w, x + r * xs, k);
+#define TILE_M 4
+/* No vector extension the kernel knows: plain loops, each row's sum in one order whatever R is. */
+static inline void rows_tile(const float *restrict w, long j0, long j1, long k, const float *restrict x, long xs,
+                             const float *bias, float *restrict y, long n, const int R) {
+    for (long j = j0; j < j1; j++)
+        for (int r = 0; r < R; r++) {
+            float s = 0.0f;
+            for (long i = 0; i < k; i++) s += w[j * k + i] * x[r * xs + i];
+            y[r * n + j] = s + (bias ? bias[j] : 0.0f);
+        }
 }
 #endif
+
+typedef void (*tile_fn)(const float *, long, long, long, const float *, long, const float *, float *, long);
+#define TILE_FN(R)                                                                                         \
+    static __attribute__((noinline)) void tile_##R(const float *w, long j0, long j1, long k, const float *x, \
+                                                   long xs, const float *bias, float *y, long n) {          \
+        rows_tile(w, j0, j1, k, x, xs, bias, y, n, R);                                                      \
+    }
+TILE_FN(1)
+TILE_FN(2)
+TILE_FN(3)
+TILE_FN(4)
+static const tile_fn TILES[TILE_M + 1] = {NULL, tile_1, tile_2, tile_3, tile_4};
 
 /* Returns 0, or -1 for a shape it does not take. */
 int trillium_f32_linear(const float *x, long m, long k, long x_stride, const float *w, long n,
@@ -95,25 +128,12 @@ int trillium_f32_linear(const float *x, long m, long k, long x_stride, const flo
     if (m <= 0 || k <= 0 || n <= 0 || x_stride < k) return -1;
     /* WHY a floor: below ~64K multiply-adds a thread team's wake-up costs more than it saves. */
     const int threads = n * k < (1L << 16) || num_threads < 1 ? 1 : num_threads;
-#pragma omp parallel num_threads(threads)
-    {
-        float part[TILE_M];
-#pragma omp for schedule(dynamic, 1)
-        for (long c = 0; c < (n + CHUNK_ROWS - 1) / CHUNK_ROWS; c++) {
-            const long end = (c + 1) * CHUNK_ROWS < n ? (c + 1) * CHUNK_ROWS : n;
-            for (long j = c * CHUNK_ROWS; j < end; j++) {
-                const float *wr = w + j * k;
-                const float b = bias ? bias[j] : 0.0f;
-                if (m == 1) {
-                    y[j] = dot1(wr, x, k) + b;
-                    continue;
-                }
-                for (long r = 0; r < m; r += TILE_M) {
-                    const int rows = m - r < TILE_M ? (int)(m - r) : TILE_M;
-                    dot_tile(wr, x + r * x_stride, x_stride, rows, k, part);
-                    for (int i = 0; i < rows; i++) y[(r + i) * n + j] = part[i] + b;
-                }
-            }
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+    for (long c = 0; c < (n + CHUNK_ROWS - 1) / CHUNK_ROWS; c++) {
+        const long j0 = c * CHUNK_ROWS, j1 = j0 + CHUNK_ROWS < n ? j0 + CHUNK_ROWS : n;
+        for (long r = 0; r < m; r += TILE_M) {
+            const long rows = m - r < TILE_M ? m - r : TILE_M;
+            TILES[rows](w, j0, j1, k, x + r * x_stride, x_stride, bias, y + r * n, n);
         }
     }
     return 0;

@@ -1,4 +1,4 @@
-"""Compiled decode's padding rows, told to the packed GGUF projections so they skip them.
+"""Compiled decode's padding rows, told to the CPU linears so they skip them.
 
     with live_rows(n): graph(ids_padded, positions_padded)   # rows n.. of every activation are padding
     live() -> int | None                                     # inside: n; elsewhere None
@@ -11,10 +11,12 @@ per row (a 5-row verify step padded to 8 paid 8 rows' FMAs: 205 against 128 us p
 projection, 1 thread). The padding rows' outputs are discarded (compiled_decode.py returns
 hidden[:n]) and the attention op already skips them, so their projections may be zeros.
 
+The float32 linears (`trillium::cpu_linear`: dense_cpu.c, whose cost grows with rows as well:
+512x1536, 1 thread, ~150 us at 1 row, ~300 at 8) read it too, in `models/llama._cpu_linear`.
+
 The hint is per thread (each engine runs its forward on its own thread) and only set around a
-compiled graph's call; eager forwards never see one, so `live()` is None there. Only
-`models/packed_linear.py` reads it so far; the float32 linears (`trillium::cpu_linear`,
-dense_cpu.c) still compute the padding rows, though their cost grows with rows too.
+compiled graph's call; eager forwards never see one, so `live()` is None there. Readers:
+`models/packed_linear.py` and `models/llama._cpu_linear`.
 """
 
 from __future__ import annotations
@@ -43,11 +45,11 @@ def live() -> int | None:
 
 
 def skip_padding(x: torch.Tensor, out_features: int, kernel: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """kernel(x) [M, out_features] for x [M, K], computing only the live rows when a hint says
-    fewer than M are (the rest of the result is zero)."""
+    """kernel(x) [M, ..., out_features] for x [M, ..., K], computing only the live rows (along the
+    first dimension) when a hint says fewer than M are (the rest of the result is zero)."""
     n = live()
     if n is None or n >= x.shape[0]:
         return kernel(x)
-    out = x.new_zeros(x.shape[0], out_features)
+    out = x.new_zeros(*x.shape[:-1], out_features)
     out[:n] = kernel(x[:n])
     return out

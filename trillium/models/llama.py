@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trillium import kernels
-from trillium.kernels import AttentionMetadata, dense_cpu
+from trillium.kernels import AttentionMetadata, dense_cpu, padded_rows
 from trillium.models.config import ModelConfig, torch_dtype
 from trillium.models.kv_cache import KvCache, allocate_kv_caches, kv_cache_block_bytes  # noqa: F401 (re-exported)
 from trillium.models.rope import build_cos_sin_cache, default_num_positions
@@ -92,7 +92,13 @@ def _cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     """float32 CPU inference. WHY two kernels: up to dense_cpu.MAX_ROWS rows (decode and verify steps)
     the product is bound by reading the weights, which dense_cpu.c streams ~1.5x faster than oneDNN's
     small-M path (the bench model's 33 linears of a batch-1 decode step: 8.8 against 12.0 ms, bench/dense_linear.py);
-    with more rows each weight is reused and oneDNN's blocked matmul wins."""
+    with more rows each weight is reused and oneDNN's blocked matmul wins. Inside a compiled decode
+    graph only the live rows are computed (kernels/padded_rows.py: a 5-token verify step in the
+    8-row graph pays 5 rows), the padding rows are zeros."""
+    return padded_rows.skip_padding(x, weight.shape[0], lambda live: _cpu_linear_rows(live, weight, bias))
+
+
+def _cpu_linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if dense_cpu.takes(x, weight, bias):
         return dense_cpu.linear(x, weight, bias)
     if _ONEDNN_LINEAR is None:
