@@ -2,7 +2,7 @@
 
 Oracles: `reference.paged_attention` (gathers the blocks into a dense copy,
 then SDPA) and the float64 per-head `dense_causal_attention`. Odd shapes:
-head dims 8 / 40 / 80 / 17, GQA ratios 1 to 8, block sizes 1 / 5 / 16,
+head dims 8 / 40 / 80 / 17 / 64 / 128, GQA ratios 1 to 8, block sizes 1 / 5 / 16,
 lengths that end mid-block, cross several blocks or fit in one, and batches
 of mixed lengths; fp8 caches (e4m3fn, e5m2, with scales), sliding windows and
 soft-capping as the reference has them; rows long enough to be split into
@@ -37,6 +37,9 @@ SHAPES = [
     # several 64-key chunks per row (split-K, merged): lengths at, just past and well past chunk ends
     (9, 3, 64, 16, [300, 64, 65, 129]),
     (6, 3, 40, 5, [200, 1, 128]),
+    # the AVX-512 fixed-head-dim path (D 64 / 128): keys in groups of 16 within blocks of 5, 16 or 32
+    (4, 2, 128, 5, [70, 3, 129]),
+    (6, 2, 64, 32, [100, 17, 64, 1]),
 ]
 
 
