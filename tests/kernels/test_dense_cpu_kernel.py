@@ -1,8 +1,8 @@
 """dense_cpu.c (float32 linear for a few rows) against F.linear, and `llama.linear`'s choice of it.
 
 Rows 1..MAX_ROWS (a function per row count up to a tile, more rows in
-several tiles, a partial tile included), K with and without a tail after the vector loop, rows of x further
-apart than K (a view into a wider buffer), bias or none, and N both below
+several tiles, a partial tile included), K with and without a tail after the
+vector loop, rows of x further apart than K (a view into a wider buffer), bias or none, and N both below
 the kernel's one-thread floor and above it (two threads split the outputs).
 """
 

@@ -26,7 +26,6 @@
  * or NULL, y [M, N] contiguous. The result equals x @ w.T up to float32 summation order.
  */
 #include <stddef.h>
-#include <stdint.h>
 #include <omp.h>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -43,9 +42,9 @@
  * (512-bit ops in two halves) 512-bit vectors with 8-row tiles ran the bench model's 33 linears
  * slower at every row count (1 thread, 8 rows: 10.7 against 8.7 ms; 16 rows: 17.1 against 13.8),
  * and 256-bit tiles of 6 or 8 rows slower than tiles of 4 (8 rows: 10.5 and 13.6 ms). */
-#if defined(__AVX2__) && defined(__FMA__)
 /* 16 vector registers: 4 rows x 2 accumulators + 2 weight vectors, room to spare */
 #define TILE_M 4
+#if defined(__AVX2__) && defined(__FMA__)
 #define W 8
 typedef __m256 vec;
 #define VZERO() _mm256_setzero_ps()
@@ -66,7 +65,7 @@ static inline float hsum8(__m256 v) {
 #define VSUM(v) hsum8(v)
 #endif
 
-#ifdef TILE_M
+#if defined(__AVX2__) && defined(__FMA__)
 /* R activation rows (R a constant after inlining) against weight rows j0 .. j1-1. */
 static inline __attribute__((always_inline)) void rows_tile(const float *restrict w, long j0, long j1, long k,
                                                             const float *restrict x, long xs, const float *bias,
@@ -97,7 +96,6 @@ static inline __attribute__((always_inline)) void rows_tile(const float *restric
     }
 }
 #else
-#define TILE_M 4
 /* No vector extension the kernel knows: plain loops, each row's sum in one order whatever R is. */
 static inline void rows_tile(const float *restrict w, long j0, long j1, long k, const float *restrict x, long xs,
                              const float *bias, float *restrict y, long n, const int R) {

@@ -124,6 +124,9 @@ static inline void block_softmax(const Cache *c, long nk, float *restrict s, flo
 }
 
 #if defined(__AVX512F__)
+/* The first n lanes of 16 (n >= 16: all). */
+static inline __mmask16 first_lanes(long n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u); }
+
 /* exp_nonpositive on 16 lanes: the same steps (clamp, n = floor(x log2 e + 1/2), the Cephes polynomial,
  * times 2^n). */
 static inline __m512 exp_nonpositive16(__m512 x) {
@@ -169,13 +172,13 @@ static inline void block_softmax16(const Cache *c, long nk, float *restrict s, f
             for (long t = 0; t < nk; t++) sh[t] = c->softcap * tanhf(sh[t] / c->softcap);
         __m512 vmx = _mm512_set1_ps(m[h]);
         for (long t = 0; t < nk; t += 16) {
-            const __mmask16 k = nk - t >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nk - t)) - 1u);
+            const __mmask16 k = first_lanes(nk - t);
             vmx = _mm512_mask_max_ps(vmx, k, vmx, _mm512_maskz_loadu_ps(k, sh + t));
         }
         const float mx = _mm512_reduce_max_ps(vmx);
         __m512 vsum = _mm512_setzero_ps();
         for (long t = 0; t < nk; t += 16) {
-            const __mmask16 k = nk - t >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nk - t)) - 1u);
+            const __mmask16 k = first_lanes(nk - t);
             const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sh + t), _mm512_set1_ps(mx)));
             _mm512_mask_storeu_ps(sh + t, k, e);
             vsum = _mm512_mask_add_ps(vsum, k, vsum, e);
@@ -267,8 +270,8 @@ static inline __attribute__((always_inline)) void attend_chunk_fixed(const Cache
                     a[t] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
                     for (long v = 1; v < D / 16; v++) a[t] = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(kr + 16 * v), a[t]);
                 }
-                const __mmask16 k = n16 == 16 ? (__mmask16)0xffff : (__mmask16)((1u << n16) - 1u);
-                _mm512_mask_storeu_ps(s + h * bs + t0, k, _mm512_mul_ps(sum16x16(a), _mm512_set1_ps(c->scale)));
+                _mm512_mask_storeu_ps(s + h * bs + t0, first_lanes(n16),
+                                      _mm512_mul_ps(sum16x16(a), _mm512_set1_ps(c->scale)));
             }
         }
         block_softmax16(c, nk, s, acc, m, l);
