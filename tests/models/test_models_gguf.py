@@ -46,9 +46,13 @@ def test_tokenizer_and_chat_template_match(tokenizers_pair):
     assert hf.eos_token_id in ours.special_token_ids
 
 
-def test_logits_match_transformers(tokenizers_pair):
+@pytest.mark.parametrize("activations", ["float32", "int8"])
+def test_logits_match_transformers(tokenizers_pair, activations):
+    """float32 activations: transformers' logits to 1e-3 (exact dequantize-then-matmul). int8 (the
+    default, llama.cpp's numerics): logits move by a small part of their range, the decode steps'
+    top-1 tokens stay, and the answer is still " Paris"."""
     ours_tok, _ = tokenizers_pair
-    model, config = load_model(GGUF_PATH, dtype=torch.float32, progress=False)
+    model, config = load_model(GGUF_PATH, dtype=torch.float32, progress=False, gguf_activations=activations)
     assert config.tie_word_embeddings and config.num_kv_heads == 3 and config.head_dim == 64
     sequences = [
         ours_tok.encode("The capital of France is"),
@@ -65,7 +69,16 @@ def test_logits_match_transformers(tokenizers_pair):
     reference = _transformers_gguf_model(GGUF_PATH)
     with torch.inference_mode():
         ref = [reference(torch.tensor([s])).logits[0].float() for s in sequences]
-    assert max_abs_diff(ours, ref) < 1e-3
+    diff = max_abs_diff(ours, ref)
+    if activations == "float32":
+        assert diff < 1e-3
+    else:  # not the float path, within a small part of the logits' range; at the decode steps our top-1 is
+        # the reference's or a near tie of it (the chat's last step has two tokens 0.08 apart)
+        spread = min(float(r.max() - r.min()) for r in ref)
+        assert 1e-3 < diff < 0.1 * spread
+        for o, r in zip(ours, ref):
+            picked = r[-2:].gather(1, o[-2:].argmax(-1, keepdim=True)).squeeze(1)
+            assert bool((picked >= r[-2:].max(-1).values - 0.25).all())
     # A trained model: "The capital of France is" -> " Paris".
     assert ours_tok.decode([int(ours[0][-1].argmax())]).strip() == "Paris"
 

@@ -65,12 +65,12 @@ def quantized(checkpoint, tmp_path_factory):
 
 @pytest.mark.parametrize("variant", ["llama-tied", "qwen2", "llama", "gemma2"])
 def test_packed_matches_dequantized(quantized, variant, caplog):
-    """Tied head (a packed copy of the Q8_0 embedding), qkv bias (qwen2), permuted Q/K rows and an
+    """With float32 activations (exact). Tied head (a packed copy of the Q8_0 embedding), qkv bias (qwen2), permuted Q/K rows and an
     untied Q8_0 head (llama), Gemma 2's soft-capped logits over the packed head; layer 1's
     mixed-format qkv is dequantized and the log says so."""
     path = quantized(variant)
     with caplog.at_level("INFO", logger="trillium.models.loader"):
-        packed, config = load_model(path, progress=False)
+        packed, config = load_model(path, progress=False, gguf_activations="float32")
     floats, _ = load_model(path, progress=False, gguf_dequantize=True)
     kinds = {name: m.format_name for name, m in packed.named_modules() if isinstance(m, GgufLinear)}
     assert kinds["lm_head"] == "Q8_0" and kinds["model.layers.0.self_attn.qkv_proj"] == "Q4_1"
@@ -86,6 +86,31 @@ def test_packed_matches_dequantized(quantized, variant, caplog):
     assert max_abs_diff(run_schedule(packed, sequences), run_schedule(floats, sequences)) < 1e-4
     prompts = [s[:6] for s in sequences]
     assert greedy(packed, prompts, 10) == greedy(floats, prompts, 10)
+
+
+@pytest.mark.parametrize("variant", ["llama-tied", "qwen2"])
+def test_int8_activations_stay_near_the_float_model(quantized, variant, caplog):
+    """The default (`gguf_activations="int8"`, llama.cpp's numerics): every packed Q8_0 / Q4_x / Q5_x
+    projection says int8, decode-sized batches' logits stay within a small fraction of the float
+    model's spread (the kernel itself is checked exactly against its reference in
+    tests/kernels/test_gguf_cpu_kernel.py), and its top-1 agrees at nearly every position."""
+    path = quantized(variant)
+    with caplog.at_level("INFO", logger="trillium.models.loader"):
+        packed, config = load_model(path, progress=False)
+    floats, _ = load_model(path, progress=False, gguf_dequantize=True)
+    modes = {m.activations for m in packed.modules() if isinstance(m, GgufLinear)}
+    assert modes == {"int8"}
+    summary = next(r.getMessage() for r in caplog.records if "kept packed" in r.getMessage())
+    assert "activations int8 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)" in summary
+    sequences = random_sequences(config.vocab_size, seed=3)
+    schedule = (tuple((i, 2) for i in range(len(sequences))),) + tuple(  # decode-sized steps throughout
+        tuple((i, 1) for i in range(len(sequences))) for _ in range(4))
+    ours = run_schedule(packed, [s[:6] for s in sequences], schedule=schedule, block_size=4, num_blocks=64)
+    ref = run_schedule(floats, [s[:6] for s in sequences], schedule=schedule, block_size=4, num_blocks=64)
+    spread = max(float(r.std()) for r in ref)
+    assert 1e-4 < max_abs_diff(ours, ref) < 0.2 * spread  # not the float path, and near it
+    agree = [bool((a.argmax(-1) == b.argmax(-1)).all()) for a, b in zip(ours, ref)]
+    assert sum(agree) >= len(agree) - 1
 
 
 def test_float_updates_refused_and_reload_refills_blocks(quantized):
@@ -130,6 +155,21 @@ def test_serve_flags_reach_the_engine_config():
     kwargs = _engine_kwargs(args)
     assert kwargs["quantization"] == "gguf" and kwargs["gguf_dequantize"] is True
     assert EngineConfig.build(model="m.gguf", **kwargs).gguf_dequantize
+    args = parser.parse_args(["serve", "m.gguf", "--gguf-activations", "float32"])
+    assert _engine_kwargs(args)["gguf_activations"] == "float32"
+    assert parser.parse_args(["serve", "m.gguf"]).gguf_activations is None  # int8 at load
+
+
+def test_gguf_activations_refused_where_nothing_is_packed(quantized, checkpoint):
+    """No silent no-op: --gguf-activations for a float checkpoint, or beside --gguf-dequantize, is an error;
+    an unknown value too."""
+    with pytest.raises(ValueError, match="--gguf-activations int8: applies to .gguf models"):
+        EngineConfig(model=str(checkpoint("llama-tied")), gguf_activations="int8").resolve()
+    with pytest.raises(ValueError, match="--gguf-activations float32 with --gguf-dequantize"):
+        EngineConfig(model=str(quantized("llama-tied")), gguf_activations="float32", gguf_dequantize=True).resolve()
+    with pytest.raises(ValueError, match="--gguf-activations 'int4': choose int8 or float32"):
+        EngineConfig(model="m.gguf", gguf_activations="int4")
+    assert EngineConfig(model=str(quantized("llama-tied")), gguf_activations="float32").resolve()
 
 
 def q4_k_m_mix(name: str) -> Q | None:

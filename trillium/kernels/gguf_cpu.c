@@ -45,7 +45,9 @@
  * per activation row (reduced once per output), so a decoded block serves the
  * whole tile.
  */
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <omp.h>
 #if defined(__F16C__) || defined(__AVX2__) || defined(__AVX512F__)
@@ -479,6 +481,279 @@ int trillium_gguf_matmul(int type, const float *x, long m, long k, long ldx, con
             dots[rows - 1](row, nblocks, x + r0 * ldx, ldx, out + r0 * n + j, n);
         }
     }
+    return 0;
+}
+
+/* ---- int8 activations (trillium_gguf_matmul_q8): llama.cpp's integer dot products ----------------------
+ *
+ * For Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 weights only (the K-quants keep the float path above). Each
+ * activation row is quantized in 32-value blocks as llama.cpp's Q8_1 (ggml-quants.c quantize_row_q8_1):
+ *
+ *   dx = max|x| / 127,  q[j] = rint(x[j] * (1 / dx)) (ties to even; q = 0 when dx = 0),  sx = dx * sum(q)
+ *
+ * and a weight block (d, m or offset, codes c) times an activation block is
+ *
+ *   d * dx * sum(c[j] * q[j]) + cw * sx        cw: Q4_1 / Q5_1 m, Q4_0 -8d, Q5_0 -16d, Q8_0 0
+ *
+ * with sum(c * q) an exact 32-bit integer dot (AVX512-VNNI / AVX-VNNI vpdpbusd, else AVX2 maddubs +
+ * madd; unsigned codes times signed q; Q8_0's signed codes through |c| and q * sign(c)).
+ * WHY: the float path widens every code to float32 and does two FMAs per weight per row; the integer
+ * dot does 32 weights in one instruction, so the weight decode is a shift and a mask. The price is
+ * the activations' 8-bit rounding (error ~0.4% of a block's largest value), which llama.cpp's CPU path
+ * always pays; bench/gguf_packed_accuracy.py measures it against the float model.
+ *
+ * Determinism: a row's blocks are summed in one fixed order (qdot_rows) whatever the row count, the row's place in
+ * a tile or the thread count, so a speculative verify row equals its decode step bit for bit. */
+#define Q8_TILE 4
+#define IS_LEGACY(type) ((type) == TYPE_Q8_0 || (type) == TYPE_Q4_0 || (type) == TYPE_Q4_1 || IS_Q5(type))
+
+/* Rows of x as int8 blocks q [m, k], scales dx / sums sx [m, k / 32]. */
+static void quantize_rows_q8(const float *x, long m, long k, long ldx, int8_t *q, float *dx, float *sx) {
+    const long nb = k / QK;
+    for (long r = 0; r < m; r++)
+        for (long b = 0; b < nb; b++) {
+            const float *v = x + r * ldx + b * QK;
+            int8_t *o = q + r * k + b * QK;
+            float amax = 0.0f;
+            for (int j = 0; j < QK; j++) {
+                const float a = v[j] < 0 ? -v[j] : v[j];
+                amax = a > amax ? a : amax;
+            }
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            int sum = 0;
+            for (int j = 0; j < QK; j++) {
+                const int c = (int)__builtin_rintf(v[j] * id);
+                o[j] = (int8_t)c;
+                sum += c;
+            }
+            dx[r * nb + b] = d;
+            sx[r * nb + b] = d * (float)sum;
+        }
+}
+
+/* A block's scale d and the coefficient cw of its activation sum (see the header above). */
+static inline __attribute__((always_inline)) void block_scales(int type, const uint8_t *blk, float *d, float *cw) {
+    *d = half_to_float(read_u16(blk));
+    *cw = type == TYPE_Q4_1 || type == TYPE_Q5_1 ? half_to_float(read_u16(blk + 2))
+          : type == TYPE_Q4_0                    ? -8.0f * *d
+          : type == TYPE_Q5_0                    ? -16.0f * *d
+                                                 : 0.0f;
+}
+
+#if defined(__AVX2__)
+static inline __m256i dot_u8s8(__m256i u, __m256i s) {  /* 8 lanes of 4 products u8 x s8 each, exact */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else  /* pairs fit int16: at most 2 * 128 * 127 (Q8_0), no saturation */
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+/* A block's 32 codes as unsigned bytes in input order (Q8_0: |c|, and *sign the signed codes). */
+static inline __attribute__((always_inline)) __m256i block_codes(int type, const uint8_t *blk, __m256i *sign) {
+    if (type == TYPE_Q8_0) {
+        *sign = _mm256_loadu_si256((const __m256i *)(blk + 2));
+        return _mm256_sign_epi8(*sign, *sign);
+    }
+    __m128i lo, hi;
+    if (IS_Q5(type)) {
+        q5_bytes(blk, type == TYPE_Q5_0 ? 2 : 4, &lo, &hi);
+    } else {
+        const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (type == TYPE_Q4_0 ? 2 : 4)));
+        const __m128i m15 = _mm_set1_epi8(15);
+        lo = _mm_and_si128(raw, m15);
+        hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m15);
+    }
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
+static inline float hsum8(__m256 a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+/* A block's 32 integer codes in input order (Q4 / Q5 unsigned, Q8_0 signed): the plain-C path. */
+static inline void block_codes_int(int type, const uint8_t *blk, int *c) {
+    if (type == TYPE_Q8_0) {
+        for (int j = 0; j < QK; j++) c[j] = ((const int8_t *)(blk + 2))[j];
+        return;
+    }
+    const int off = type == TYPE_Q4_0 ? 2 : type == TYPE_Q4_1 ? 4 : type == TYPE_Q5_0 ? 6 : 8;
+    const uint32_t qh = IS_Q5(type) ? read_u32(blk + off - 4) : 0;
+    for (int j = 0; j < QK / 2; j++) {
+        c[j] = (blk[off + j] & 15) | (int)((qh >> j) & 1) << 4;
+        c[j + QK / 2] = (blk[off + j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+    }
+}
+
+#if defined(__AVX2__)
+typedef __m256 qacc;  /* a row's running sum: 8 lanes of dot * scale */
+#else
+typedef float qacc;
+#endif
+
+/* Block b of one weight row times block b of rows [0, rows): acc[r] += d * dx * dot, corr[r] += cw * sx. */
+static inline __attribute__((always_inline)) void qdot_block(int type, const uint8_t *blk, long b, const int8_t *q,
+                                                             const float *dx, const float *sx, long k, long rows,
+                                                             qacc *acc, float *corr) {
+    float d, cw;
+    block_scales(type, blk, &d, &cw);
+#if defined(__AVX2__)
+    __m256i sign = _mm256_setzero_si256();
+    const __m256i codes = block_codes(type, blk, &sign);
+#else
+    int codes[QK];
+    block_codes_int(type, blk, codes);
+#endif
+    for (long r = 0; r < rows; r++) {
+        const long i = r * (k / QK) + b;
+        const int8_t *qb = q + r * k + b * QK;
+#if defined(__AVX2__)
+        __m256i xs = _mm256_loadu_si256((const __m256i *)qb);
+        if (type == TYPE_Q8_0) xs = _mm256_sign_epi8(xs, sign);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(codes, xs)), _mm256_set1_ps(d * dx[i]), acc[r]);
+#else
+        int dot = 0;
+        for (int j = 0; j < QK; j++) dot += codes[j] * qb[j];
+        acc[r] = fmaf((float)dot, d * dx[i], acc[r]);
+#endif
+        /* WHY fmaf, not a * b + c: -ffp-contract=fast may fuse that in one row-count variant and not in
+         * another, and a row's bits would depend on its tile */
+        if (type != TYPE_Q8_0) corr[r] = fmaf(cw, sx[i], corr[r]);
+    }
+}
+
+#if defined(__AVX2__)
+/* Blocks per group of the vector path: their 8 integer dots are summed across lanes at once
+ * (hsum8x8) and scaled by one vector multiply. */
+#define QG 8
+
+/* Lane i = the sum of v[i]'s 8 lanes, in one fixed tree. */
+static inline __m256 hsum8x8(const __m256i *v) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
+                                               _mm256_permute2x128_si256(a, b, 0x31)));
+}
+
+/* The fp16 at byte `at` of blocks 0..7 (stride bb) as 8 floats. */
+static inline __m256 block_halves(const uint8_t *blk, long bb, int at) {
+    __m128i h = _mm_setzero_si128();
+    h = _mm_insert_epi16(h, read_u16(blk + at), 0);
+    h = _mm_insert_epi16(h, read_u16(blk + bb + at), 1);
+    h = _mm_insert_epi16(h, read_u16(blk + 2 * bb + at), 2);
+    h = _mm_insert_epi16(h, read_u16(blk + 3 * bb + at), 3);
+    h = _mm_insert_epi16(h, read_u16(blk + 4 * bb + at), 4);
+    h = _mm_insert_epi16(h, read_u16(blk + 5 * bb + at), 5);
+    h = _mm_insert_epi16(h, read_u16(blk + 6 * bb + at), 6);
+    h = _mm_insert_epi16(h, read_u16(blk + 7 * bb + at), 7);
+    return _mm256_cvtph_ps(h);
+}
+#endif
+
+/* One output channel for rows [0, rows) (rows <= Q8_TILE) of the quantized activations.
+ * Vector path: groups of QG blocks (codes decoded once into cb, shared by the rows; per row 8 integer
+ * dots, one lane sum, one scale, one FMA into lane i = block i of each group), then the last
+ * nblocks % QG blocks one at a time (qdot_block) into a second accumulator. */
+static inline __attribute__((always_inline)) void qdot_rows(int type, const uint8_t *row, long nblocks,
+                                                            const int8_t *q, const float *dx, const float *sx,
+                                                            long k, long rows, float *out, long ldo) {
+    const long bb = block_bytes(type);
+    float corr[Q8_TILE] = {0};
+    qacc tail[Q8_TILE];
+    long b = 0;
+#if defined(__AVX2__)
+    __m256 acc[Q8_TILE], cacc[Q8_TILE];
+    for (long r = 0; r < rows; r++) acc[r] = cacc[r] = tail[r] = _mm256_setzero_ps();
+    for (; b + QG <= nblocks; b += QG) {
+        const uint8_t *blk = row + b * bb;
+        __m256i cb[QG], sg[QG];
+        for (int g = 0; g < QG; g++) cb[g] = block_codes(type, blk + g * bb, &sg[g]);
+        const __m256 d = block_halves(blk, bb, 0);
+        const __m256 cw = type == TYPE_Q4_1 || type == TYPE_Q5_1 ? block_halves(blk, bb, 2)
+                          : type == TYPE_Q4_0 ? _mm256_mul_ps(d, _mm256_set1_ps(-8.0f))
+                                              : _mm256_mul_ps(d, _mm256_set1_ps(-16.0f));
+        for (long r = 0; r < rows; r++) {
+            const int8_t *qb = q + r * k + b * QK;
+            __m256i dots[QG];
+            for (int g = 0; g < QG; g++) {
+                __m256i xs = _mm256_loadu_si256((const __m256i *)(qb + g * QK));
+                if (type == TYPE_Q8_0) xs = _mm256_sign_epi8(xs, sg[g]);
+                dots[g] = dot_u8s8(cb[g], xs);
+            }
+            acc[r] = _mm256_fmadd_ps(hsum8x8(dots), _mm256_mul_ps(d, _mm256_loadu_ps(dx + r * (k / QK) + b)), acc[r]);
+            if (type != TYPE_Q8_0) cacc[r] = _mm256_fmadd_ps(cw, _mm256_loadu_ps(sx + r * (k / QK) + b), cacc[r]);
+        }
+    }
+#else
+    for (long r = 0; r < rows; r++) tail[r] = 0.0f;
+#endif
+    for (; b < nblocks; b++) qdot_block(type, row + b * bb, b, q, dx, sx, k, rows, tail, corr);
+    for (long r = 0; r < rows; r++) {
+#if defined(__AVX2__)
+        out[r * ldo] = hsum8(_mm256_add_ps(acc[r], cacc[r])) + (hsum8(tail[r]) + corr[r]);
+#else
+        out[r * ldo] = tail[r] + corr[r];
+#endif
+    }
+}
+
+typedef void (*qdot_fn)(const uint8_t *row, long nblocks, const int8_t *q, const float *dx, const float *sx, long k,
+                        float *out, long ldo);
+#define QDOT_FN(T, R)                                                                                         \
+    static __attribute__((noinline)) void qdot_##T##_##R(const uint8_t *row, long nblocks, const int8_t *q,    \
+                                                          const float *dx, const float *sx, long k, float *out, \
+                                                          long ldo) {                                          \
+        qdot_rows(T, row, nblocks, q, dx, sx, k, R, out, ldo);                                                 \
+    }
+#define QDOT_FNS(T) QDOT_FN(T, 1) QDOT_FN(T, 2) QDOT_FN(T, 3) QDOT_FN(T, 4)
+QDOT_FNS(TYPE_Q8_0) QDOT_FNS(TYPE_Q4_0) QDOT_FNS(TYPE_Q4_1) QDOT_FNS(TYPE_Q5_0) QDOT_FNS(TYPE_Q5_1)
+#define QDOT_TABLE(T) {qdot_##T##_1, qdot_##T##_2, qdot_##T##_3, qdot_##T##_4}
+
+static const qdot_fn *qdot_table(int type) {
+    static const qdot_fn q8_0[] = QDOT_TABLE(TYPE_Q8_0), q4_0[] = QDOT_TABLE(TYPE_Q4_0),
+                         q4_1[] = QDOT_TABLE(TYPE_Q4_1), q5_0[] = QDOT_TABLE(TYPE_Q5_0), q5_1[] = QDOT_TABLE(TYPE_Q5_1);
+    switch (type) {
+        case TYPE_Q8_0: return q8_0;
+        case TYPE_Q4_0: return q4_0;
+        case TYPE_Q4_1: return q4_1;
+        case TYPE_Q5_0: return q5_0;
+        default: return q5_1;
+    }
+}
+
+/* out[M, N] = x[M, K] @ W^T as trillium_gguf_matmul, the activations quantized to int8 blocks first (the
+ * section's header). Returns 0, -1 for a type without the integer path (the K-quants) or a bad K, -2 when
+ * the activation buffer cannot be allocated. */
+int trillium_gguf_matmul_q8(int type, const float *x, long m, long k, long ldx, const uint8_t *w, long n,
+                            float *out, int num_threads) {
+    if (!IS_LEGACY(type) || k % QK) return -1;
+    const long nblocks = k / QK, row_bytes = nblocks * block_bytes(type);
+    int8_t *q = malloc((size_t)(m * k));
+    float *scales = malloc(2 * sizeof(float) * (size_t)(m * nblocks));
+    if (q == NULL || scales == NULL) {
+        free(q);
+        free(scales);
+        return -2;
+    }
+    float *dx = scales, *sx = scales + m * nblocks;
+    quantize_rows_q8(x, m, k, ldx, q, dx, sx);
+    const qdot_fn *dots = qdot_table(type);
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (long j = 0; j < n; j++) {
+        const uint8_t *row = w + j * row_bytes;
+        for (long r0 = 0; r0 < m; r0 += Q8_TILE) {
+            const long rows = m - r0 < Q8_TILE ? m - r0 : Q8_TILE;
+            dots[rows - 1](row, nblocks, q + r0 * k, dx + r0 * nblocks, sx + r0 * nblocks, k, out + r0 * n + j, n);
+        }
+    }
+    free(q);
+    free(scales);
     return 0;
 }
 

@@ -38,6 +38,9 @@ BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q4_K: 144, Q5_K
 BLOCK_VALUES = {Q8_0: 32, Q4_0: 32, Q4_1: 32, Q5_0: 32, Q5_1: 32, Q4_K: 256, Q5_K: 256, Q6_K: 256}  # weights per block
 FORMAT_NAMES = {Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q4_K: "Q4_K", Q5_K: "Q5_K",
                 Q6_K: "Q6_K"}
+# Activation modes of `matmul`: float32 (exact dequantize-then-matmul) or int8 blocks (llama.cpp's way).
+FLOAT32, INT8 = "float32", "int8"
+INT8_TYPES = frozenset({Q8_0, Q4_0, Q4_1, Q5_0, Q5_1})  # the formats with an int8-activation kernel
 BLOCK_SIZE = 32  # the legacy formats' block; K-quant super-blocks are BLOCK_VALUES[t] = 256
 _SOURCE = Path(__file__).with_name("gguf_cpu.c")
 
@@ -46,6 +49,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.trillium_gguf_matmul.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long,
                                          ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
     lib.trillium_gguf_matmul.restype = ctypes.c_int
+    lib.trillium_gguf_matmul_q8.argtypes = lib.trillium_gguf_matmul.argtypes
+    lib.trillium_gguf_matmul_q8.restype = ctypes.c_int
     lib.trillium_gguf_dequantize.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
                                              ctypes.c_void_p, ctypes.c_int]
     lib.trillium_gguf_dequantize.restype = ctypes.c_int
@@ -75,8 +80,11 @@ def _check(blocks: torch.Tensor, ggml_type: int, k: int) -> None:
                          f"bytes on the CPU, got {tuple(blocks.shape)} on {blocks.device}")
 
 
-def matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor:
-    """x [M, K] float32 @ dequantize(blocks)^T -> [M, N] float32."""
+def matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int, activations: str = FLOAT32) -> torch.Tensor:
+    """x [M, K] float32 @ dequantize(blocks)^T -> [M, N] float32.
+
+    `activations` INT8: x quantized to int8 blocks and integer dot products (the C file's
+    "int8 activations" section), for the INT8_TYPES; other types ignore nothing: they raise."""
     lib = _LIBRARY.get()
     if lib is None:
         raise RuntimeError(f"GGUF CPU kernel unavailable: {unavailable_reason()}")
@@ -86,6 +94,17 @@ def matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int) -> tor
     if x.stride(1) != 1:
         x = x.contiguous()
     out = torch.empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
+    if activations == INT8:
+        if ggml_type not in INT8_TYPES:
+            raise ValueError(f"{FORMAT_NAMES[ggml_type]} has no int8-activation kernel "
+                             f"(have {', '.join(FORMAT_NAMES[t] for t in sorted(INT8_TYPES))})")
+        rc = lib.trillium_gguf_matmul_q8(ggml_type, x.data_ptr(), x.shape[0], k, x.stride(0), blocks.data_ptr(),
+                                         blocks.shape[0], out.data_ptr(), torch.get_num_threads())
+        if rc == -2:
+            raise MemoryError(f"int8 activations of {tuple(x.shape)}: allocation failed")
+        return out
+    if activations != FLOAT32:
+        raise ValueError(f"activations must be {FLOAT32!r} or {INT8!r}, got {activations!r}")
     lib.trillium_gguf_matmul(ggml_type, x.data_ptr(), x.shape[0], k, x.stride(0), blocks.data_ptr(),
                              blocks.shape[0], out.data_ptr(), torch.get_num_threads())
     return out

@@ -17,6 +17,8 @@ projections multiply the blocks) when the model runs float32 on the CPU
 and the packed kernel built; `gguf_dequantize=True` (`--gguf-dequantize`)
 or any other dtype/device dequantizes every weight to float, as before.
 The log says which weights were kept packed and which were dequantized.
+`gguf_activations` ("int8", the default, or "float32"; `--gguf-activations`)
+is how the packed kernel multiplies decode-sized batches (packed_linear.py).
 
 AWQ and GPTQ 4-bit checkpoints (config.json `quantization_config`,
 int4_checkpoint.py) keep their projections at 4 bits the same way
@@ -154,6 +156,7 @@ def load_model(
     progress: bool = True,
     runner: str = "generate",
     gguf_dequantize: bool = False,
+    gguf_activations: str = gguf_cpu.INT8,
     tp=None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model for `path` and load its weights on `device`.
@@ -164,10 +167,14 @@ def load_model(
     sizes the rope table (default: the config's context, scaled for
     linear/dynamic rope). `runner` "pooling": the pooling class (registry.py).
     `gguf_dequantize`: dequantize every GGUF weight (no packed projections).
+    `gguf_activations`: the packed projections' activations for small batches, gguf_cpu.INT8 (int8
+    blocks, integer dots: llama.cpp's numerics) or FLOAT32 (exact dequantize-then-matmul).
     `tp`: a `TpGroup` of more than one rank: build this rank's shard of the
     model (`tensor_parallel.py`) and read only its slices of each tensor
     (safetensors `get_slice`; GGUF rows / whole blocks: gguf_tensor_parallel.py).
     """
+    if gguf_activations not in (gguf_cpu.INT8, gguf_cpu.FLOAT32):
+        raise ValueError(f"gguf_activations must be {gguf_cpu.INT8!r} or {gguf_cpu.FLOAT32!r}, got {gguf_activations!r}")
     wanted = dtype_name(dtype) if dtype is not None and dtype != "auto" else "float32"  # GGUF's own: float32
     packed_types = _packed_types(path, wanted, torch.device(device), gguf_dequantize)
     dequantized: dict[str, str] = {}
@@ -180,6 +187,7 @@ def load_model(
 
         shard = TpShard(tp, config)
         model = cls.empty(config, dtype=config.dtype, device=device, max_positions=max_positions, tp=shard)
+        model.gguf_activations = gguf_activations
         gguf_path = find_gguf_file(path)
         if gguf_path is None:
             weights = _iter_safetensors_shards(safetensors_files(path), shard)
@@ -189,6 +197,7 @@ def load_model(
         model.eval()
         return model, config
     model = cls.empty(config, dtype=config.dtype, device=device, max_positions=max_positions)
+    model.gguf_activations = gguf_activations
     _fill(model, weights, total, progress, Path(path), dequantized, _int4_plan(path, config.dtype, device))
     model.eval()
     return model, config

@@ -59,11 +59,19 @@ _PACKABLE_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head
 
 
 class GgufLinear(nn.Module):
-    """y = x @ W^T (+ bias) with W in GGUF blocks; float32 activations on the CPU."""
+    """y = x @ W^T (+ bias) with W in GGUF blocks; float32 activations on the CPU.
 
-    def __init__(self, blocks: torch.Tensor, ggml_type: int, in_features: int, bias: torch.Tensor | None) -> None:
+    `activations` (gguf_cpu.INT8 / FLOAT32): how the packed kernel multiplies small batches -- int8
+    activation blocks and integer dots (llama.cpp's way), or float32 (exact dequantize-then-matmul).
+    A format without an int8 kernel (the K-quants) runs float32 whatever was asked."""
+
+    def __init__(self, blocks: torch.Tensor, ggml_type: int, in_features: int, bias: torch.Tensor | None,
+                 activations: str = gguf_cpu.FLOAT32) -> None:
         super().__init__()
         self.ggml_type, self.in_features, self.out_features = ggml_type, in_features, blocks.shape[0]
+        if activations not in (gguf_cpu.INT8, gguf_cpu.FLOAT32):
+            raise ValueError(f"GGUF activations must be {gguf_cpu.INT8!r} or {gguf_cpu.FLOAT32!r}, got {activations!r}")
+        self.activations = activations if ggml_type in gguf_cpu.INT8_TYPES else gguf_cpu.FLOAT32
         self.register_buffer("blocks", blocks)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         # Tensor parallel: the TpGroup of a row-parallel shard (its bias is rank 0's only), else None.
@@ -80,9 +88,10 @@ class GgufLinear(nn.Module):
         """This rank's product (all of it without tensor parallelism)."""
         flat = x.reshape(-1, self.in_features)
         if torch.compiler.is_compiling():  # compiled decode: the same kernels behind one opaque op
-            out = torch.ops.trillium.gguf_linear(flat, self.blocks, self.ggml_type, self.in_features, self.bias)
+            out = torch.ops.trillium.gguf_linear(flat, self.blocks, self.ggml_type, self.in_features, self.bias,
+                                                 self.activations)
         else:
-            out = _gguf_linear(flat, self.blocks, self.ggml_type, self.in_features, self.bias)
+            out = _gguf_linear(flat, self.blocks, self.ggml_type, self.in_features, self.bias, self.activations)
         return out.view(*x.shape[:-1], self.out_features)
 
     def reduce(self, out: torch.Tensor) -> torch.Tensor:
@@ -90,16 +99,19 @@ class GgufLinear(nn.Module):
         return out if self.group is None else self.group.all_reduce(out)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format_name}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, format={self.format_name}, "
+                f"activations={self.activations}")
 
 
 def _gguf_linear(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, in_features: int,
-                 bias: torch.Tensor | None) -> torch.Tensor:
-    """x [M, K] @ W^T (+ bias): the packed kernel up to DEQUANTIZE_ROWS rows, else dequantize + oneDNN."""
+                 bias: torch.Tensor | None, activations: str) -> torch.Tensor:
+    """x [M, K] @ W^T (+ bias): the packed kernel up to DEQUANTIZE_ROWS rows (int8 or float32
+    activations), else dequantize + oneDNN (float32, exact)."""
     if x.shape[0] > DEQUANTIZE_ROWS:
         return linear(x, gguf_cpu.dequantize(blocks, ggml_type, in_features), bias)
     # compiled decode's padding rows cost FMAs here: skipped (kernels/padded_rows.py)
-    out = padded_rows.skip_padding(x, blocks.shape[0], lambda live: gguf_cpu.matmul(live, blocks, ggml_type, in_features))
+    out = padded_rows.skip_padding(x, blocks.shape[0], lambda live: gguf_cpu.matmul(live, blocks, ggml_type, in_features,
+                                                                                    activations))
     if bias is not None:
         out += bias
     return out
@@ -110,12 +122,13 @@ def _gguf_linear(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, in_featu
 # opaque op; its blocks are a graph input (a buffer), so a reload that copies into them is seen on
 # the next step.
 _LIB = torch.library.Library("trillium", "FRAGMENT")
-_LIB.define("gguf_linear(Tensor x, Tensor blocks, int ggml_type, int in_features, Tensor? bias) -> Tensor")
+_LIB.define("gguf_linear(Tensor x, Tensor blocks, int ggml_type, int in_features, Tensor? bias, str activations) "
+            "-> Tensor")
 _LIB.impl("gguf_linear", _gguf_linear, "CPU")
 
 
 @torch.library.register_fake("trillium::gguf_linear")
-def _(x, blocks, ggml_type, in_features, bias):
+def _(x, blocks, ggml_type, in_features, bias, activations):
     return x.new_empty((x.shape[0], blocks.shape[0]))
 
 
@@ -125,6 +138,7 @@ class PackedReport:
 
     packed: dict[str, str] = attrs.field(factory=dict)
     dequantized: dict[str, str] = attrs.field(factory=dict)
+    activations: dict[str, str] = attrs.field(factory=dict)  # packed module -> its kernel's activations
 
     def summary(self) -> str:
         formats: dict[str, int] = {}
@@ -132,6 +146,11 @@ class PackedReport:
             formats[fmt] = formats.get(fmt, 0) + 1
         kept = ", ".join(f"{n} {fmt}" for fmt, n in sorted(formats.items())) or "none"
         out = f"GGUF weights kept packed: {len(self.packed)} projections ({kept})"
+        modes: dict[str, set[str]] = {}
+        for module, mode in self.activations.items():
+            modes.setdefault(mode, set()).add(self.packed[module])
+        if modes:
+            out += "; activations " + ", ".join(f"{mode} ({', '.join(sorted(fmts))})" for mode, fmts in sorted(modes.items()))
         if self.dequantized:
             reasons: dict[str, int] = {}
             for why in self.dequantized.values():
@@ -212,8 +231,10 @@ def install_packed(
 ) -> tuple[set[str], PackedReport]:
     """Make each projection fully covered by one packable format a `GgufLinear` (or refill one);
     load the other packed weights dequantized. Returns the HF names used and the report.
-    `sliced`: the tensors are a tensor-parallel rank's slices (load_weights must not cut them again)."""
+    `sliced`: the tensors are a tensor-parallel rank's slices (load_weights must not cut them again).
+    New projections take `model.gguf_activations` (set by load_model; int8 when unset)."""
     report = PackedReport()
+    activations = getattr(model, "gguf_activations", gguf_cpu.INT8)
     ready, fallback = _group(model, packed, report)
     used: set[str] = set()
     for module_name, parts in ready.items():
@@ -227,12 +248,13 @@ def install_packed(
             bias = None if current is None else current.bias
             parent_name, _, child = module_name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
-            packed_linear = GgufLinear(blocks.contiguous(), ggml_type, in_features, bias)
+            packed_linear = GgufLinear(blocks.contiguous(), ggml_type, in_features, bias, activations)
             group = getattr(current, "group", None)  # a row-parallel layer (tensor_parallel.py) keeps its sum
             if group is not None:
                 packed_linear.group = group
             setattr(parent, child, packed_linear)
         report.packed[module_name] = gguf_cpu.FORMAT_NAMES[ggml_type]
+        report.activations[module_name] = model.get_submodule(module_name).activations
         used.update(name for _, name, _ in parts)
     for name, tensor in fallback.items():
         if name == "lm_head.weight" and model.config.tie_word_embeddings:

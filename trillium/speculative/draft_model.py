@@ -122,6 +122,7 @@ class DraftModelProposer:
         self.device = device
         self.model, self.model_config = load_model(
             spec.model, dtype=engine_config.dtype, device=device, progress=False,
+            gguf_activations=engine_config.gguf_activations or "int8",
             max_positions=engine_config.max_model_len + spec.num_speculative_tokens)
         self.forward = build_forward(engine_config, self.model)  # compiled decode for its 1-token steps
         self.kv_caches = allocate_kv_caches(self.model.local_config, spec.num_draft_blocks, self.block_size,

@@ -99,7 +99,8 @@ class ExecutorCore:
         self.model, self.model_config = load_model(
             config.model, dtype=config.dtype, device=self.device, max_positions=config.max_model_len,
             runner=config.runner,
-            gguf_dequantize=config.gguf_dequantize, tp=self.tp,
+            gguf_dequantize=config.gguf_dequantize, gguf_activations=config.gguf_activations or "int8",
+            tp=self.tp,
         )
         self.model.eval()
         # Compiled decode at batch-size buckets, or the eager forward (executor/compiled_decode.py).
