@@ -83,7 +83,8 @@ def test_int8_activations_match_their_reference(qtype, n, k, m):
                          ids=lambda t: t.name)
 @pytest.mark.parametrize("k", [96, 320])  # 3 blocks: the tail only; 10: a group of 8 and a tail of 2
 def test_int8_every_row_count_equals_its_rows_one_at_a_time(qtype, k):
-    """The int8 kernel's tiles of 4 rows (9 rows: 4 + 4 + 1): each row computed alike at any row count
+    """The int8 kernel's row tiles (8 rows with AVX-512, else 4; 9 rows: 8 + 1 or 4 + 4 + 1): each row
+    computed alike at any row count
     (Q5_0 at K = 96 caught the compiler fusing a * b + c in one row count's function and not another's)."""
     blocks, _ = packed(45, k, qtype, seed=4)
     x = torch.randn(9, k, generator=torch.Generator().manual_seed(10))

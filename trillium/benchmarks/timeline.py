@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     from trillium.models.synthetic import build_checkpoint
 
     model_dir = args.model_dir or os.path.join(tempfile.gettempdir(), "trillium-bench-model")
-    if not os.path.exists(os.path.join(model_dir, "config.json")):
-        build_checkpoint(model_dir, "bench", seed=0)
+    if args.model_dir is None and not os.path.exists(os.path.join(model_dir, "config.json")):
+        build_checkpoint(model_dir, "bench", seed=0)  # a given --model-dir (a directory or .gguf) is served as is
     port, admin_port = _free_port(), _free_port()
     results = {}
     with tempfile.TemporaryDirectory(prefix="trillium-timeline-") as profile_dir:

@@ -504,7 +504,13 @@ int trillium_gguf_matmul(int type, const float *x, long m, long k, long ldx, con
  *
  * Determinism: a row's blocks are summed in one fixed order (qdot_rows) whatever the row count, the row's place in
  * a tile or the thread count, so a speculative verify row equals its decode step bit for bit. */
+/* Activation rows per pass of the integer path: 8 where AVX-512VL gives 32 vector registers (5-row verify
+ * steps 15% faster than with 4, the bench model's 121 SmolLM2 weights, 1 thread), else 4. */
+#if defined(__AVX512VL__)
+#define Q8_TILE 8
+#else
 #define Q8_TILE 4
+#endif
 #define IS_LEGACY(type) ((type) == TYPE_Q8_0 || (type) == TYPE_Q4_0 || (type) == TYPE_Q4_1 || IS_Q5(type))
 
 /* Rows of x as int8 blocks q [m, k], scales dx / sums sx [m, k / 32]. */
@@ -709,11 +715,11 @@ typedef void (*qdot_fn)(const uint8_t *row, long nblocks, const int8_t *q, const
     static __attribute__((noinline)) void qdot_##T##_##R(const uint8_t *row, long nblocks, const int8_t *q,    \
                                                           const float *dx, const float *sx, long k, float *out, \
                                                           long ldo) {                                          \
-        qdot_rows(T, row, nblocks, q, dx, sx, k, R, out, ldo);                                                 \
+        qdot_rows(T, row, nblocks, q, dx, sx, k, (R) < Q8_TILE ? (R) : Q8_TILE, out, ldo);                                                 \
     }
-#define QDOT_FNS(T) QDOT_FN(T, 1) QDOT_FN(T, 2) QDOT_FN(T, 3) QDOT_FN(T, 4)
+#define QDOT_FNS(T) QDOT_FN(T, 1) QDOT_FN(T, 2) QDOT_FN(T, 3) QDOT_FN(T, 4) QDOT_FN(T, 5) QDOT_FN(T, 6) QDOT_FN(T, 7) QDOT_FN(T, 8)
 QDOT_FNS(TYPE_Q8_0) QDOT_FNS(TYPE_Q4_0) QDOT_FNS(TYPE_Q4_1) QDOT_FNS(TYPE_Q5_0) QDOT_FNS(TYPE_Q5_1)
-#define QDOT_TABLE(T) {qdot_##T##_1, qdot_##T##_2, qdot_##T##_3, qdot_##T##_4}
+#define QDOT_TABLE(T) {qdot_##T##_1, qdot_##T##_2, qdot_##T##_3, qdot_##T##_4, qdot_##T##_5, qdot_##T##_6, qdot_##T##_7, qdot_##T##_8}
 
 static const qdot_fn *qdot_table(int type) {
     static const qdot_fn q8_0[] = QDOT_TABLE(TYPE_Q8_0), q4_0[] = QDOT_TABLE(TYPE_Q4_0),
