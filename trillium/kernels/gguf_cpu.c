@@ -453,16 +453,10 @@ static const dot_fn *dot_table(int type) {
     static const dot_fn q8_0[] = DOT_TABLE(TYPE_Q8_0), q4_0[] = DOT_TABLE(TYPE_Q4_0), q4_1[] = DOT_TABLE(TYPE_Q4_1),
                         q5_0[] = DOT_TABLE(TYPE_Q5_0), q5_1[] = DOT_TABLE(TYPE_Q5_1), q4_k[] = DOT_TABLE(TYPE_Q4_K),
                         q5_k[] = DOT_TABLE(TYPE_Q5_K), q6_k[] = DOT_TABLE(TYPE_Q6_K);
-    switch (type) {
-        case TYPE_Q8_0: return q8_0;
-        case TYPE_Q4_0: return q4_0;
-        case TYPE_Q4_1: return q4_1;
-        case TYPE_Q5_0: return q5_0;
-        case TYPE_Q5_1: return q5_1;
-        case TYPE_Q4_K: return q4_k;
-        case TYPE_Q5_K: return q5_k;
-        default: return q6_k;
-    }
+    static const dot_fn *const by_type[] = {[TYPE_Q8_0] = q8_0, [TYPE_Q4_0] = q4_0, [TYPE_Q4_1] = q4_1,
+                                            [TYPE_Q5_0] = q5_0, [TYPE_Q5_1] = q5_1, [TYPE_Q4_K] = q4_k,
+                                            [TYPE_Q5_K] = q5_k, [TYPE_Q6_K] = q6_k};
+    return by_type[type];  /* the caller checked block_bytes(type) */
 }
 
 /* out[M, N] = x[M, K] @ W^T with W [N, K] in GGUF blocks (K % 32 == 0; K % 256 == 0 for the K-quants).
@@ -724,13 +718,9 @@ QDOT_FNS(TYPE_Q8_0) QDOT_FNS(TYPE_Q4_0) QDOT_FNS(TYPE_Q4_1) QDOT_FNS(TYPE_Q5_0) 
 static const qdot_fn *qdot_table(int type) {
     static const qdot_fn q8_0[] = QDOT_TABLE(TYPE_Q8_0), q4_0[] = QDOT_TABLE(TYPE_Q4_0),
                          q4_1[] = QDOT_TABLE(TYPE_Q4_1), q5_0[] = QDOT_TABLE(TYPE_Q5_0), q5_1[] = QDOT_TABLE(TYPE_Q5_1);
-    switch (type) {
-        case TYPE_Q8_0: return q8_0;
-        case TYPE_Q4_0: return q4_0;
-        case TYPE_Q4_1: return q4_1;
-        case TYPE_Q5_0: return q5_0;
-        default: return q5_1;
-    }
+    static const qdot_fn *const by_type[] = {[TYPE_Q8_0] = q8_0, [TYPE_Q4_0] = q4_0, [TYPE_Q4_1] = q4_1,
+                                             [TYPE_Q5_0] = q5_0, [TYPE_Q5_1] = q5_1};
+    return by_type[type];  /* the caller checked IS_LEGACY(type) */
 }
 
 /* out[M, N] = x[M, K] @ W^T as trillium_gguf_matmul, the activations quantized to int8 blocks first (the
