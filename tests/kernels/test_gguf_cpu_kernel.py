@@ -102,6 +102,7 @@ def test_int8_activations_refused_for_the_kquants_and_bad_modes():
         gguf_cpu.matmul(torch.randn(1, 64), blocks, 3, 64, "bf16")
     layer = GgufLinear(kblocks, int(GGMLQuantizationType.Q4_K), 256, None, activations="int8")
     assert layer.activations == "float32" and "activations=float32" in repr(layer)  # no int8 kernel: float
+    assert gguf_cpu.matmul(torch.randn(0, 64), blocks, 3, 64, "int8").shape == (0, 8)  # no rows, no buffer
 
 
 @pytest.mark.parametrize("qtype", K_FORMATS, ids=lambda t: t.name)

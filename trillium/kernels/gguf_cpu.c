@@ -496,8 +496,9 @@ int trillium_gguf_matmul(int type, const float *x, long m, long k, long ldx, con
  * the activations' 8-bit rounding (error ~0.4% of a block's largest value), which llama.cpp's CPU path
  * always pays; bench/gguf_packed_accuracy.py measures it against the float model.
  *
- * Determinism: a row's blocks are summed in one fixed order (qdot_rows) whatever the row count, the row's place in
- * a tile or the thread count, so a speculative verify row equals its decode step bit for bit. */
+ * Determinism: a row's blocks are summed in one fixed order (qdot_rows) whatever the row count, the
+ * row's place in a tile or the thread count, so a speculative verify row equals its decode step bit
+ * for bit. */
 /* Activation rows per pass of the integer path: 8 where AVX-512VL gives 32 vector registers (5-row verify
  * steps 15% faster than with 4, the bench model's 121 SmolLM2 weights, 1 thread), else 4. */
 #if defined(__AVX512VL__)
@@ -686,8 +687,9 @@ static inline __attribute__((always_inline)) void qdot_rows(int type, const uint
                 if (type == TYPE_Q8_0) xs = _mm256_sign_epi8(xs, sg[g]);
                 dots[g] = dot_u8s8(cb[g], xs);
             }
-            acc[r] = _mm256_fmadd_ps(hsum8x8(dots), _mm256_mul_ps(d, _mm256_loadu_ps(dx + r * (k / QK) + b)), acc[r]);
-            if (type != TYPE_Q8_0) cacc[r] = _mm256_fmadd_ps(cw, _mm256_loadu_ps(sx + r * (k / QK) + b), cacc[r]);
+            const long i = r * (k / QK) + b;
+            acc[r] = _mm256_fmadd_ps(hsum8x8(dots), _mm256_mul_ps(d, _mm256_loadu_ps(dx + i)), acc[r]);
+            if (type != TYPE_Q8_0) cacc[r] = _mm256_fmadd_ps(cw, _mm256_loadu_ps(sx + i), cacc[r]);
         }
     }
 #else
@@ -705,15 +707,18 @@ static inline __attribute__((always_inline)) void qdot_rows(int type, const uint
 
 typedef void (*qdot_fn)(const uint8_t *row, long nblocks, const int8_t *q, const float *dx, const float *sx, long k,
                         float *out, long ldo);
-#define QDOT_FN(T, R)                                                                                         \
-    static __attribute__((noinline)) void qdot_##T##_##R(const uint8_t *row, long nblocks, const int8_t *q,    \
-                                                          const float *dx, const float *sx, long k, float *out, \
-                                                          long ldo) {                                          \
-        qdot_rows(T, row, nblocks, q, dx, sx, k, (R) < Q8_TILE ? (R) : Q8_TILE, out, ldo);                                                 \
+/* One function per (format, row count 1..8), as the float path's DOT_FN and for the same reasons. */
+#define QDOT_FN(T, R)                                                                                      \
+    static __attribute__((noinline)) void qdot_##T##_##R(const uint8_t *row, long nblocks, const int8_t *q, \
+                                                          const float *dx, const float *sx, long k,         \
+                                                          float *out, long ldo) {                           \
+        qdot_rows(T, row, nblocks, q, dx, sx, k, (R) < Q8_TILE ? (R) : Q8_TILE, out, ldo);                 \
     }
-#define QDOT_FNS(T) QDOT_FN(T, 1) QDOT_FN(T, 2) QDOT_FN(T, 3) QDOT_FN(T, 4) QDOT_FN(T, 5) QDOT_FN(T, 6) QDOT_FN(T, 7) QDOT_FN(T, 8)
+#define QDOT_FNS(T) \
+    QDOT_FN(T, 1) QDOT_FN(T, 2) QDOT_FN(T, 3) QDOT_FN(T, 4) QDOT_FN(T, 5) QDOT_FN(T, 6) QDOT_FN(T, 7) QDOT_FN(T, 8)
 QDOT_FNS(TYPE_Q8_0) QDOT_FNS(TYPE_Q4_0) QDOT_FNS(TYPE_Q4_1) QDOT_FNS(TYPE_Q5_0) QDOT_FNS(TYPE_Q5_1)
-#define QDOT_TABLE(T) {qdot_##T##_1, qdot_##T##_2, qdot_##T##_3, qdot_##T##_4, qdot_##T##_5, qdot_##T##_6, qdot_##T##_7, qdot_##T##_8}
+#define QDOT_TABLE(T) \
+    {qdot_##T##_1, qdot_##T##_2, qdot_##T##_3, qdot_##T##_4, qdot_##T##_5, qdot_##T##_6, qdot_##T##_7, qdot_##T##_8}
 
 static const qdot_fn *qdot_table(int type) {
     static const qdot_fn q8_0[] = QDOT_TABLE(TYPE_Q8_0), q4_0[] = QDOT_TABLE(TYPE_Q4_0),
@@ -729,6 +734,7 @@ static const qdot_fn *qdot_table(int type) {
 int trillium_gguf_matmul_q8(int type, const float *x, long m, long k, long ldx, const uint8_t *w, long n,
                             float *out, int num_threads) {
     if (!IS_LEGACY(type) || k % QK) return -1;
+    if (m == 0) return 0;
     const long nblocks = k / QK, row_bytes = nblocks * block_bytes(type);
     int8_t *q = malloc((size_t)(m * k));
     float *scales = malloc(2 * sizeof(float) * (size_t)(m * nblocks));
