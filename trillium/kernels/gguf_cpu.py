@@ -1,14 +1,17 @@
 """GGUF weight-only matmuls on CPU: the C kernel in gguf_cpu.c, built at first use, called by ctypes.
 
-    matmul(x [M, K] float32, blocks [N, row_bytes] uint8, ggml_type, K) -> [M, N] float32
+    matmul(x [M, K] float32, blocks [N, row_bytes] uint8, ggml_type, K, activations=FLOAT32) -> [M, N] float32
     dequantize(blocks, ggml_type, K) -> [N, K] float32
     available() -> bool        (a C compiler built the kernel here)
 
 Formats: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (ggml type ids 8, 2, 3, 6, 7; blocks of 32 weights) and the
 K-quants Q4_K, Q5_K, Q6_K (12, 13, 14; super-blocks of 256), weights in
-llama.cpp's own block layout (see the C file's header). Activations stay
-float32 (nothing is requantized, unlike llama.cpp's Q8_K activation blocks),
-so the result equals dequantize-then-matmul up to float32 summation order.
+llama.cpp's own block layout (see the C file's header). With FLOAT32
+activations nothing is requantized, so the result equals
+dequantize-then-matmul up to float32 summation order. With INT8 (Q8_0 and
+Q4_0 .. Q5_1 only) each row of x is first rounded to int8 blocks of 32, as
+llama.cpp's Q8_1, and the blocks meet in exact integer dot products (the C
+file's "int8 activations" section): llama.cpp's numerics, and faster.
 
 WHY a C file and not torch's weight-only ops: on x86 torch 2.13's
 `_weight_int4pack_mm_for_cpu` and `_weight_int8pack_mm` vectorize only
@@ -84,7 +87,7 @@ def matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int, activa
     """x [M, K] float32 @ dequantize(blocks)^T -> [M, N] float32.
 
     `activations` INT8: x quantized to int8 blocks and integer dot products (the C file's
-    "int8 activations" section), for the INT8_TYPES; other types ignore nothing: they raise."""
+    "int8 activations" section), for the INT8_TYPES only: another type raises ValueError."""
     lib = _LIBRARY.get()
     if lib is None:
         raise RuntimeError(f"GGUF CPU kernel unavailable: {unavailable_reason()}")

@@ -18,7 +18,9 @@ and gets a packed `lm_head` of the same blocks for the logits matmul, which
 reads the whole matrix every step.
 
 Forward: up to `DEQUANTIZE_ROWS` activation rows (decode, small batches) run
-the packed kernel (`trillium.kernels.gguf_cpu`), which reads only the blocks;
+the packed kernel (`trillium.kernels.gguf_cpu`), which reads only the blocks
+(int8 or float32 activations: `GgufLinear.activations`, from load_model's
+`gguf_activations`);
 larger batches (prefill) dequantize the blocks once into a temporary float32
 matrix and run oneDNN, whose float GEMM wins once the weight read is shared
 by many rows (bench/quant_matmul.py measures both).
@@ -59,7 +61,7 @@ _PACKABLE_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head
 
 
 class GgufLinear(nn.Module):
-    """y = x @ W^T (+ bias) with W in GGUF blocks; float32 activations on the CPU.
+    """y = x @ W^T (+ bias) with W in GGUF blocks; float32 x and y on the CPU.
 
     `activations` (gguf_cpu.INT8 / FLOAT32): how the packed kernel multiplies small batches -- int8
     activation blocks and integer dots (llama.cpp's way), or float32 (exact dequantize-then-matmul).
