@@ -22,7 +22,7 @@ from gguf.quants import dequantize, quantize
 
 from trillium.kernels import gguf_cpu
 from trillium.models import gguf_kquant_encode
-from trillium.models.packed_linear import DEQUANTIZE_ROWS, GgufLinear
+from trillium.models.packed_linear import DEQUANTIZE_ROWS, DEQUANTIZE_ROWS_INT8, GgufLinear
 
 pytestmark = pytest.mark.skipif(not gguf_cpu.available(), reason="no C compiler for the packed kernel")
 FORMATS = [GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
@@ -181,6 +181,21 @@ def test_every_row_count_equals_its_rows_one_at_a_time(qtype):
         out = gguf_cpu.matmul(x[:m], blocks, int(qtype), k)
         assert torch.equal(out, singles[:m]), m
         torch.testing.assert_close(out, ref[:m], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [DEQUANTIZE_ROWS + 1, DEQUANTIZE_ROWS_INT8, DEQUANTIZE_ROWS_INT8 + 1])
+def test_int8_layer_keeps_the_packed_kernel_up_to_its_own_limit(rows):
+    """With int8 activations the packed kernel serves up to DEQUANTIZE_ROWS_INT8 rows (bit for bit the
+    int8 matmul), and larger batches dequantize for oneDNN (the float result)."""
+    blocks, w = packed(40, 96, GGMLQuantizationType.Q4_1)
+    layer = GgufLinear(blocks, int(GGMLQuantizationType.Q4_1), 96, None, activations="int8")
+    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows))
+    with torch.no_grad():
+        out = layer(x)
+    if rows <= DEQUANTIZE_ROWS_INT8:
+        assert torch.equal(out, gguf_cpu.matmul(x, blocks, 3, 96, "int8"))
+    else:
+        torch.testing.assert_close(out, (x.double() @ w.double().T).float(), rtol=1e-5, atol=1e-5)
 
 
 def test_padding_rows_are_skipped_only_under_the_hint():

@@ -17,7 +17,7 @@ A tied LM head keeps the float embedding for the lookup (one row per token)
 and gets a packed `lm_head` of the same blocks for the logits matmul, which
 reads the whole matrix every step.
 
-Forward: up to `DEQUANTIZE_ROWS` activation rows (decode, small batches) run
+Forward: up to `DEQUANTIZE_ROWS` activation rows (decode, small batches; 64 with int8 activations) run
 the packed kernel (`trillium.kernels.gguf_cpu`), which reads only the blocks
 (int8 or float32 activations: `GgufLinear.activations`, from load_model's
 `gguf_activations`);
@@ -54,8 +54,11 @@ from trillium.models.llama import Linear, linear
 if TYPE_CHECKING:
     from trillium.models.llama import LlamaForCausalLM
 
-# Activation rows above which the blocks are dequantized and oneDNN's float GEMM runs.
+# Activation rows above which the blocks are dequantized and oneDNN's float GEMM runs: 32 with float32
+# activations; 64 with int8 ones, whose kernel still beats dequantize + GEMM there (SmolLM2's shapes,
+# 2 threads: qkv 1.3x, down 1.2x, gate_up 1.3x, the LM head 2.9x at 64 rows; even at 96 on qkv).
 DEQUANTIZE_ROWS = 32
+DEQUANTIZE_ROWS_INT8 = 64
 # Module names (last part) that may be packed: their forward is their only use of the weight.
 _PACKABLE_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 
@@ -107,9 +110,9 @@ class GgufLinear(nn.Module):
 
 def _gguf_linear(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, in_features: int,
                  bias: torch.Tensor | None, activations: str) -> torch.Tensor:
-    """x [M, K] @ W^T (+ bias): the packed kernel up to DEQUANTIZE_ROWS rows (int8 or float32
-    activations), else dequantize + oneDNN (float32, exact)."""
-    if x.shape[0] > DEQUANTIZE_ROWS:
+    """x [M, K] @ W^T (+ bias): the packed kernel up to DEQUANTIZE_ROWS rows (float32 activations) or
+    DEQUANTIZE_ROWS_INT8 (int8), else dequantize + oneDNN (float32, exact)."""
+    if x.shape[0] > (DEQUANTIZE_ROWS_INT8 if activations == gguf_cpu.INT8 else DEQUANTIZE_ROWS):
         return linear(x, gguf_cpu.dequantize(blocks, ggml_type, in_features), bias)
     # compiled decode's padding rows cost FMAs here: skipped (kernels/padded_rows.py)
     out = padded_rows.skip_padding(x, blocks.shape[0], lambda live: gguf_cpu.matmul(live, blocks, ggml_type, in_features,
