@@ -96,29 +96,37 @@ static inline void prefetch_block(const Cache *c, long block) {
     }
 }
 
+/* Gemma-style soft-capping of a head's nk scores, when the model has it. */
+static inline void softcap_scores(const Cache *c, float *restrict sh, long nk) {
+    if (c->softcap > 0.0f)
+        for (long t = 0; t < nk; t++) sh[t] = c->softcap * tanhf(sh[t] / c->softcap);
+}
+
+/* A head's running max *m rose to mx: what it accumulated (ah, d values, and its sum *l) is rescaled
+ * by exp(*m - mx), once per block (not per key). */
+static inline void raise_max(float *restrict ah, long d, float *m, float *l, float mx) {
+    const float corr = *m == -INFINITY ? 0.0f : expf(*m - mx);
+#pragma omp simd
+    for (long i = 0; i < d; i++) ah[i] *= corr;
+    *l *= corr;
+    *m = mx;
+}
+
 /* One block's nk scores per head (s[h * bs + t], scaled) -> their exp against the running max, the
- * max raised and what each head accumulated rescaled once per block (not per key), the sums added. */
+ * max raised and what each head accumulated rescaled, the sums added. */
 static inline void block_softmax(const Cache *c, long nk, float *restrict s, float *restrict acc,
                                  float *restrict m, float *restrict l) {
     const long bs = c->bs, d = c->d, h_all = c->kh * c->g;
     for (long h = 0; h < h_all; h++) {
         float *sh = s + h * bs, mx = m[h], sum = 0.0f;
-        if (c->softcap > 0.0f)
-            for (long t = 0; t < nk; t++) sh[t] = c->softcap * tanhf(sh[t] / c->softcap);
+        softcap_scores(c, sh, nk);
         for (long t = 0; t < nk; t++) mx = sh[t] > mx ? sh[t] : mx;
 #pragma omp simd reduction(+ : sum)
         for (long t = 0; t < nk; t++) {
             sh[t] = exp_nonpositive(sh[t] - mx);
             sum += sh[t];
         }
-        if (mx != m[h]) {  /* the max rose: rescale what this head accumulated so far */
-            const float corr = m[h] == -INFINITY ? 0.0f : expf(m[h] - mx);
-            float *ah = acc + h * d;
-#pragma omp simd
-            for (long i = 0; i < d; i++) ah[i] *= corr;
-            l[h] *= corr;
-            m[h] = mx;
-        }
+        if (mx != m[h]) raise_max(acc + h * d, d, &m[h], &l[h], mx);
         l[h] += sum;
     }
 }
@@ -162,14 +170,14 @@ static inline __m512 sum16x16(const __m512 *a) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(e[0], e[1], 0x88), _mm512_shuffle_f32x4(e[0], e[1], 0xDD));
 }
 
-/* block_softmax in 16-lane registers (lanes past nk masked off); soft-capping stays scalar. */
+/* block_softmax in 16-lane registers (lanes past nk masked off); soft-capping and the rescale are
+ * block_softmax's own. */
 static inline void block_softmax16(const Cache *c, long nk, float *restrict s, float *restrict acc,
                                    float *restrict m, float *restrict l) {
     const long bs = c->bs, d = c->d, h_all = c->kh * c->g;
     for (long h = 0; h < h_all; h++) {
         float *sh = s + h * bs;
-        if (c->softcap > 0.0f)
-            for (long t = 0; t < nk; t++) sh[t] = c->softcap * tanhf(sh[t] / c->softcap);
+        softcap_scores(c, sh, nk);
         __m512 vmx = _mm512_set1_ps(m[h]);
         for (long t = 0; t < nk; t += 16) {
             const __mmask16 k = first_lanes(nk - t);
@@ -183,13 +191,7 @@ static inline void block_softmax16(const Cache *c, long nk, float *restrict s, f
             _mm512_mask_storeu_ps(sh + t, k, e);
             vsum = _mm512_mask_add_ps(vsum, k, vsum, e);
         }
-        if (mx != m[h]) {  /* the max rose: rescale what this head accumulated so far */
-            const float corr = m[h] == -INFINITY ? 0.0f : expf(m[h] - mx);
-            float *ah = acc + h * d;
-            for (long i = 0; i < d; i += 16) _mm512_storeu_ps(ah + i, _mm512_mul_ps(_mm512_loadu_ps(ah + i), _mm512_set1_ps(corr)));
-            l[h] *= corr;
-            m[h] = mx;
-        }
+        if (mx != m[h]) raise_max(acc + h * d, d, &m[h], &l[h], mx);
         l[h] += _mm512_reduce_add_ps(vsum);
     }
 }
