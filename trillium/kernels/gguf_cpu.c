@@ -144,6 +144,21 @@ static inline void kquant_scales(int type, const uint8_t *blk, float *restrict m
     }
 }
 
+/* A block's 32 integer codes in input order (Q4 / Q5 unsigned, Q8_0 signed): the plain-C paths
+ * (decode_block, qdot_block). */
+static inline void block_codes_int(int type, const uint8_t *blk, int *c) {
+    if (type == TYPE_Q8_0) {
+        for (int j = 0; j < QK; j++) c[j] = ((const int8_t *)(blk + 2))[j];
+        return;
+    }
+    const int off = type == TYPE_Q4_0 ? 2 : type == TYPE_Q4_1 ? 4 : type == TYPE_Q5_0 ? 6 : 8;
+    const uint32_t qh = IS_Q5(type) ? read_u32(blk + off - 4) : 0;
+    for (int j = 0; j < QK / 2; j++) {
+        c[j] = (blk[off + j] & 15) | (int)((qh >> j) & 1) << 4;
+        c[j + QK / 2] = (blk[off + j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+    }
+}
+
 /* The 32 float32 weights of one block, or of sub-block s of a K-quant super-block (mul / add: its two
  * 16-input groups' entries from kquant_scales). */
 static inline __attribute__((always_inline)) void decode_block(int type, const uint8_t *blk, int s,
@@ -164,33 +179,17 @@ static inline __attribute__((always_inline)) void decode_block(int type, const u
             const int q = (((ql[l] >> lshift) & 15) | (((qh[l] >> hshift) & 3) << 4)) - 32;
             w[l] = mul[l >> 4] * (float)q;
         }
-    } else if (IS_Q5(type)) {  /* Q5_0: (q - 16) * d, exact; Q5_1: d * q + m, one rounding (as numpy) */
-        const int off = type == TYPE_Q5_0 ? 2 : 4;
-        const float d = half_to_float(read_u16(blk)), m = type == TYPE_Q5_1 ? half_to_float(read_u16(blk + 2)) : 0.0f;
-        const uint32_t qh = read_u32(blk + off);
-        const uint8_t *qs = blk + off + 4;
-        const int bias = type == TYPE_Q5_0 ? 16 : 0;
-        for (int j = 0; j < QK / 2; j++) {
-            w[j] = d * (float)((int)((qs[j] & 15) | ((qh >> j) & 1) << 4) - bias) + m;
-            w[j + QK / 2] = d * (float)((int)((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - bias) + m;
-        }
-    } else if (type == TYPE_Q8_0) {
+    } else {  /* the legacy formats' integer codes, then w = (c - bias) * d (exact) or d * c + m (one rounding,
+               * as numpy) */
+        int c[QK];
+        block_codes_int(type, blk, c);
         const float d = half_to_float(read_u16(blk));
-        const int8_t *q = (const int8_t *)(blk + 2);
-        for (int j = 0; j < QK; j++) w[j] = d * (float)q[j];
-    } else if (type == TYPE_Q4_0) {
-        const float d = half_to_float(read_u16(blk));
-        const uint8_t *qs = blk + 2;
-        for (int j = 0; j < QK / 2; j++) {
-            w[j] = d * (float)((int)(qs[j] & 15) - 8);
-            w[j + QK / 2] = d * (float)((int)(qs[j] >> 4) - 8);
-        }
-    } else {
-        const float d = half_to_float(read_u16(blk)), m = half_to_float(read_u16(blk + 2));
-        const uint8_t *qs = blk + 4;
-        for (int j = 0; j < QK / 2; j++) {
-            w[j] = d * (float)(qs[j] & 15) + m;
-            w[j + QK / 2] = d * (float)(qs[j] >> 4) + m;
+        if (type == TYPE_Q4_1 || type == TYPE_Q5_1) {
+            const float m = half_to_float(read_u16(blk + 2));
+            for (int j = 0; j < QK; j++) w[j] = d * (float)c[j] + m;
+        } else {
+            const int bias = type == TYPE_Q4_0 ? 8 : type == TYPE_Q5_0 ? 16 : 0;
+            for (int j = 0; j < QK; j++) w[j] = d * (float)(c[j] - bias);
         }
     }
 }
@@ -577,20 +576,6 @@ static inline float hsum8(__m256 a) {
     return _mm_cvtss_f32(s);
 }
 #endif
-
-/* A block's 32 integer codes in input order (Q4 / Q5 unsigned, Q8_0 signed): the plain-C path. */
-static inline void block_codes_int(int type, const uint8_t *blk, int *c) {
-    if (type == TYPE_Q8_0) {
-        for (int j = 0; j < QK; j++) c[j] = ((const int8_t *)(blk + 2))[j];
-        return;
-    }
-    const int off = type == TYPE_Q4_0 ? 2 : type == TYPE_Q4_1 ? 4 : type == TYPE_Q5_0 ? 6 : 8;
-    const uint32_t qh = IS_Q5(type) ? read_u32(blk + off - 4) : 0;
-    for (int j = 0; j < QK / 2; j++) {
-        c[j] = (blk[off + j] & 15) | (int)((qh >> j) & 1) << 4;
-        c[j + QK / 2] = (blk[off + j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
-    }
-}
 
 #if defined(__AVX2__)
 typedef __m256 qacc;  /* a row's running sum: 8 lanes of dot * scale */

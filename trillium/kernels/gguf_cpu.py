@@ -66,6 +66,13 @@ available = _LIBRARY.available  # a C compiler built the kernel here
 unavailable_reason = _LIBRARY.unavailable_reason  # why not (None when it built)
 
 
+def check_activations(activations: str) -> str:
+    """`activations` if it is FLOAT32 or INT8, else ValueError."""
+    if activations not in (FLOAT32, INT8):
+        raise ValueError(f"activations must be {FLOAT32!r} or {INT8!r}, got {activations!r}")
+    return activations
+
+
 def row_bytes(ggml_type: int, k: int) -> int:
     """Bytes of one packed row of K weights."""
     return k // BLOCK_VALUES[ggml_type] * BLOCK_BYTES[ggml_type]
@@ -97,7 +104,7 @@ def matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int, activa
     if x.stride(1) != 1:
         x = x.contiguous()
     out = torch.empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
-    if activations == INT8:
+    if check_activations(activations) == INT8:
         if ggml_type not in INT8_TYPES:
             raise ValueError(f"{FORMAT_NAMES[ggml_type]} has no int8-activation kernel "
                              f"(have {', '.join(FORMAT_NAMES[t] for t in sorted(INT8_TYPES))})")
@@ -106,8 +113,6 @@ def matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int, activa
         if rc == -2:
             raise MemoryError(f"int8 activations of {tuple(x.shape)}: allocation failed")
         return out
-    if activations != FLOAT32:
-        raise ValueError(f"activations must be {FLOAT32!r} or {INT8!r}, got {activations!r}")
     lib.trillium_gguf_matmul(ggml_type, x.data_ptr(), x.shape[0], k, x.stride(0), blocks.data_ptr(),
                              blocks.shape[0], out.data_ptr(), torch.get_num_threads())
     return out

@@ -173,8 +173,7 @@ def load_model(
     model (`tensor_parallel.py`) and read only its slices of each tensor
     (safetensors `get_slice`; GGUF rows / whole blocks: gguf_tensor_parallel.py).
     """
-    if gguf_activations not in (gguf_cpu.INT8, gguf_cpu.FLOAT32):
-        raise ValueError(f"gguf_activations must be {gguf_cpu.INT8!r} or {gguf_cpu.FLOAT32!r}, got {gguf_activations!r}")
+    gguf_cpu.check_activations(gguf_activations)
     wanted = dtype_name(dtype) if dtype is not None and dtype != "auto" else "float32"  # GGUF's own: float32
     packed_types = _packed_types(path, wanted, torch.device(device), gguf_dequantize)
     dequantized: dict[str, str] = {}

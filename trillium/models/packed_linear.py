@@ -74,8 +74,7 @@ class GgufLinear(nn.Module):
                  activations: str = gguf_cpu.FLOAT32) -> None:
         super().__init__()
         self.ggml_type, self.in_features, self.out_features = ggml_type, in_features, blocks.shape[0]
-        if activations not in (gguf_cpu.INT8, gguf_cpu.FLOAT32):
-            raise ValueError(f"GGUF activations must be {gguf_cpu.INT8!r} or {gguf_cpu.FLOAT32!r}, got {activations!r}")
+        gguf_cpu.check_activations(activations)
         self.activations = activations if ggml_type in gguf_cpu.INT8_TYPES else gguf_cpu.FLOAT32
         self.register_buffer("blocks", blocks)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
