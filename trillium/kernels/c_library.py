@@ -2,8 +2,10 @@
 
     CLibrary(source, what, declare).get() -> ctypes.CDLL | None   (None: no compiler, or the build failed)
     .available() -> bool, .unavailable_reason() -> str | None     (why get() is None; logged once)
+    CLibrary(..., compilers=CXX, flags=(...), fallback="...")   another compiler / flags (native_ops.py:
+                                                                 C++ against torch's headers)
 
-Used by gguf_cpu.py and int4_cpu.py. Each source is compiled with the same
+Used by gguf_cpu.py, int4_cpu.py, dense_cpu.py and paged_attention_cpu.py. Each source is compiled with the same
 flags (`-O3 -march=native -fopenmp`, shared), at first use, into
 `local_cache.cache_dir()/kernels/<name>-<key>.so`, keyed by the source, the
 flags, the compiler and this CPU's flags, so a changed kernel or another
@@ -28,6 +30,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+CC = ("cc", "gcc", "clang")  # the C compilers tried, in order
+CXX = ("c++", "g++", "clang++")
 
 
 def _cpu_flags() -> str:
@@ -44,10 +48,14 @@ class CLibrary:
     """One kernel source, built and loaded at the first `get()`; `declare` sets its
     functions' ctypes signatures once loaded."""
 
-    def __init__(self, source: Path, what: str, declare: Callable[[ctypes.CDLL], None]) -> None:
+    def __init__(self, source: Path, what: str, declare: Callable[[ctypes.CDLL], None], *,
+                 compilers: tuple[str, ...] = CC, flags: tuple[str, ...] = FLAGS,
+                 fallback: str = "its weights will be dequantized") -> None:
         self.source = source
         self.what = what  # for the log: "the GGUF CPU kernel"
         self._declare = declare
+        self.compilers, self.flags = compilers, flags
+        self.fallback = fallback  # for the log: what runs instead
         self._lib: ctypes.CDLL | None = None
         self.error: str | None = None
 
@@ -57,7 +65,7 @@ class CLibrary:
                 self._lib = self._build()
             except (RuntimeError, OSError) as exc:
                 self.error = str(exc)
-                log.warning("%s is unavailable (%s); its weights will be dequantized", self.what, exc)
+                log.warning("%s is unavailable (%s); %s", self.what, exc, self.fallback)
         return self._lib
 
     def available(self) -> bool:
@@ -71,21 +79,21 @@ class CLibrary:
         from trillium.local_cache import cache_dir
 
         key = hashlib.sha256()
-        for part in (self.source.read_bytes(), " ".join(FLAGS).encode(), compiler.encode(), _cpu_flags().encode()):
+        for part in (self.source.read_bytes(), " ".join(self.flags).encode(), compiler.encode(), _cpu_flags().encode()):
             key.update(part)
         return cache_dir() / "kernels" / f"{self.source.stem}-{key.hexdigest()[:16]}.so"
 
     def _build(self) -> ctypes.CDLL:
-        compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+        compiler = next((found for name in self.compilers if (found := shutil.which(name))), None)
         if compiler is None:
-            raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
+            raise RuntimeError(f"no compiler ({', '.join(self.compilers)}) on PATH")
         target = self._path(compiler)
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
             os.close(fd)
             try:
-                subprocess.run([compiler, *FLAGS, str(self.source), "-o", tmp], check=True, capture_output=True,
+                subprocess.run([compiler, *self.flags, str(self.source), "-o", tmp], check=True, capture_output=True,
                                text=True)
                 os.replace(tmp, target)
             except subprocess.CalledProcessError as exc:
@@ -99,4 +107,4 @@ class CLibrary:
         return lib
 
 
-__all__ = ["FLAGS", "CLibrary"]
+__all__ = ["CC", "CXX", "FLAGS", "CLibrary"]

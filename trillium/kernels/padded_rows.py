@@ -16,7 +16,8 @@ The float32 linears (`trillium::cpu_linear`: dense_cpu.c, whose cost grows with 
 
 The hint is per thread (each engine runs its forward on its own thread) and only set around a
 compiled graph's call; eager forwards never see one, so `live()` is None there. Readers:
-`models/packed_linear.py` and `models/llama._cpu_linear`.
+`models/packed_linear.py` and `models/llama._cpu_linear`, and native_ops.cpp's linears (the hint
+is copied into a C++ thread-local there).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from trillium.kernels import native_ops
+
 _STATE = threading.local()
 
 
@@ -34,10 +37,12 @@ _STATE = threading.local()
 def live_rows(n: int) -> Iterator[None]:
     previous = getattr(_STATE, "rows", None)
     _STATE.rows = n
+    native_ops.set_live_rows(n)  # the C++ linears' copy of the hint (native_ops.py)
     try:
         yield
     finally:
         _STATE.rows = previous
+        native_ops.set_live_rows(previous)
 
 
 def live() -> int | None:

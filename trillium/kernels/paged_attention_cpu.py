@@ -86,13 +86,18 @@ def _fp8_table(dtype: torch.dtype) -> torch.Tensor:
 
 def decode_supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> bool:
     """Can the kernel take this call? (cheap checks first: it runs once per layer per step)"""
-    if meta.max_query_len != 1 and not (meta.verify_rows and meta.max_query_len <= MAX_VERIFY_ROWS):
+    if q.dtype != torch.float32 or q.device.type != "cpu" or q.stride(-1) != 1 or q.shape[0] != meta.num_tokens:
         return False
-    if q.dtype != torch.float32 or q.device.type != "cpu" or q.stride(-1) != 1:
+    return step_supported(k_cache, v_cache, meta)
+
+
+def step_supported(k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> bool:
+    """decode_supported's tests of the cache and the step, without a query (native_ops.Step asks once a step)."""
+    if meta.max_query_len != 1 and not (meta.verify_rows and meta.max_query_len <= MAX_VERIFY_ROWS):
         return False
     if k_cache.dtype != v_cache.dtype or not (k_cache.dtype == torch.float32 or k_cache.dtype in FP8_DTYPES):
         return False
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or q.shape[0] != meta.num_tokens:
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k_cache.device.type != "cpu":
         return False
     if meta.block_tables.dtype != torch.int32 or meta.seq_lens.dtype != torch.int32:
         return False

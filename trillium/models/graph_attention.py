@@ -21,6 +21,12 @@ returns zeros for the rest, so padding never touches the cache.
 
 Warm-up (context.meta None): the op returns zeros and touches no cache,
 so compiling at start never writes a block nor calibrates an fp8 scale.
+
+Native (kernels/native_ops.py, when its C++ library loads): the slots call
+`trillium_native::graph_attention` instead, which runs a step that
+`native_ops.Step.set` took (float32 caches, a decode or verify step) in C++
+-- the same slot writes and the same C kernel as `KvCache.attend` -- and
+calls this op for any other step (fp8 caches, warm-up, ...).
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ class GraphAttentionContext:
 
     kv_caches: list = attrs.field(factory=list)
     meta: AttentionMetadata | None = None
+    # kernels/native_ops.Step when the C++ ops are loaded: the graph's attention op reads it and
+    # runs float32 decode / verify steps in C++ (the runner sets it per call; else this op runs).
+    native_step: object | None = None
     context_id: int = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -91,11 +100,17 @@ class GraphKvSlot:
 
     context_id: int
     layer: int
+    native_step: int = 0  # native_ops.Step.handle, 0 for none
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta, scale: float, *,
         sliding_window: int | None, softcap: float | None,
     ) -> torch.Tensor:  # fmt: skip
+        if self.native_step:
+            return torch.ops.trillium_native.graph_attention(
+                q.contiguous(), k.contiguous(), v.contiguous(), self.context_id, self.native_step, self.layer, scale,
+                sliding_window, softcap,
+            )
         return torch.ops.trillium.graph_attention(
             q.contiguous(), k.contiguous(), v.contiguous(), self.context_id, self.layer, scale, sliding_window,
             softcap,
@@ -103,4 +118,5 @@ class GraphKvSlot:
 
 
 def graph_kv_slots(context: GraphAttentionContext, num_layers: int) -> list[GraphKvSlot]:
-    return [GraphKvSlot(context.context_id, i) for i in range(num_layers)]
+    handle = context.native_step.handle if context.native_step is not None else 0
+    return [GraphKvSlot(context.context_id, i, handle) for i in range(num_layers)]

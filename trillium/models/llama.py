@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trillium import kernels
-from trillium.kernels import AttentionMetadata, dense_cpu, padded_rows
+from trillium.kernels import AttentionMetadata, dense_cpu, native_ops, padded_rows
 from trillium.models.config import ModelConfig, torch_dtype
 from trillium.models.kv_cache import KvCache, allocate_kv_caches, kv_cache_block_bytes  # noqa: F401 (re-exported)
 from trillium.models.rope import build_cos_sin_cache, default_num_positions
@@ -83,9 +83,18 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         and (_ONEDNN_LINEAR is not None or dense_cpu.available())
     ):
         if torch.compiler.is_compiling():
+            if native_ops.loaded() and _native_rows(x, weight, bias):  # decode rows: dense_cpu.c from C++
+                return torch.ops.trillium_native.cpu_linear(x, weight, bias)
             return torch.ops.trillium.cpu_linear(x, weight, bias)
         return _cpu_linear(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def _native_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Does trillium_native::cpu_linear take this call (dense_cpu.takes' shapes; its library is known
+    built once native_ops is loaded)?"""
+    return (x.dim() == 2 and 0 < x.shape[0] <= dense_cpu.MAX_ROWS and weight.is_contiguous()
+            and (bias is None or bias.is_contiguous()))
 
 
 def _cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

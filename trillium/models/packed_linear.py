@@ -47,7 +47,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from trillium.kernels import gguf_cpu, padded_rows
+from trillium.kernels import gguf_cpu, native_ops, padded_rows
 from trillium.models.gguf_checkpoint import PackedTensor
 from trillium.models.llama import Linear, linear
 
@@ -91,7 +91,11 @@ class GgufLinear(nn.Module):
     def partial(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's product (all of it without tensor parallelism)."""
         flat = x.reshape(-1, self.in_features)
-        if torch.compiler.is_compiling():  # compiled decode: the same kernels behind one opaque op
+        if torch.compiler.is_compiling() and native_ops.loaded() and flat.shape[0] <= _packed_rows(self.activations):
+            # compiled decode's rows: the same kernels, called from C++ (kernels/native_ops.py)
+            out = torch.ops.trillium_native.gguf_linear(flat, self.blocks, self.ggml_type, self.in_features, self.bias,
+                                                        self.activations)
+        elif torch.compiler.is_compiling():  # the same kernels behind one opaque op
             out = torch.ops.trillium.gguf_linear(flat, self.blocks, self.ggml_type, self.in_features, self.bias,
                                                  self.activations)
         else:
@@ -111,7 +115,7 @@ def _gguf_linear(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, in_featu
                  bias: torch.Tensor | None, activations: str) -> torch.Tensor:
     """x [M, K] @ W^T (+ bias): the packed kernel up to DEQUANTIZE_ROWS rows (float32 activations) or
     DEQUANTIZE_ROWS_INT8 (int8), else dequantize + oneDNN (float32, exact)."""
-    if x.shape[0] > (DEQUANTIZE_ROWS_INT8 if activations == gguf_cpu.INT8 else DEQUANTIZE_ROWS):
+    if x.shape[0] > _packed_rows(activations):
         return linear(x, gguf_cpu.dequantize(blocks, ggml_type, in_features), bias)
     # compiled decode's padding rows cost FMAs here: skipped (kernels/padded_rows.py)
     out = padded_rows.skip_padding(x, blocks.shape[0], lambda live: gguf_cpu.matmul(live, blocks, ggml_type, in_features,
@@ -119,6 +123,11 @@ def _gguf_linear(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, in_featu
     if bias is not None:
         out += bias
     return out
+
+
+def _packed_rows(activations: str) -> int:
+    """Rows up to which the packed kernel runs (more: dequantize + oneDNN)."""
+    return DEQUANTIZE_ROWS_INT8 if activations == gguf_cpu.INT8 else DEQUANTIZE_ROWS
 
 
 # WHY an op of our own (as llama.py's trillium::cpu_linear): the kernel is a ctypes call Dynamo

@@ -34,6 +34,7 @@ from trillium.actors.executor.core import ExecutorCore
 from trillium.actors.protocol.requests import AddRequest
 from trillium.actors.scheduler.core import build_scheduler
 from trillium.config import EngineConfig
+from trillium.kernels import native_ops
 from trillium.sampling_params import SamplingParams
 
 PROMPTS = {"a": [5, 9, 13, 2, 7], "b": list(range(10, 40)), "c": [3] * 21}
@@ -113,6 +114,10 @@ def test_compiled_greedy_matches_eager_and_transformers_then_follows_weight_upda
     assert after != before
     assert after == _greedy(eager)
     assert counters["stats"]["unique_graphs"] == graphs
+    # Those steps ran the bucket's bytecode without guard evaluation (direct_dispatch.py), and
+    # through the C++ ops where they build (kernels/native_ops.py)
+    assert compiled.forward.num_direct_steps == compiled.forward.num_compiled_steps
+    assert compiled.forward.native == native_ops.load()
 
 
 def test_speculative_verify_steps_run_the_compiled_graph_with_eager_tokens(cores, monkeypatch):
@@ -155,6 +160,7 @@ def test_packed_gguf_decode_compiles_with_eager_tokens(checkpoint, tmp_path):
     compiled graph, its projections through trillium::gguf_linear, with the eager core's tokens; blocks
     copied in place (a reload from disk, packed_linear.install_packed) change both alike."""
     from gguf import GGMLQuantizationType as Q
+    from gguf.quants import quantize
 
     from support.gguf_writer import write_gguf
     from trillium.kernels import gguf_cpu
@@ -182,3 +188,19 @@ def test_packed_gguf_decode_compiles_with_eager_tokens(checkpoint, tmp_path):
     assert compiled.forward.num_compiled_steps > steps
     assert after != before
     assert after == _greedy(eager)
+    assert compiled.forward.direct.invalidated is None  # blocks copied in: nothing structural
+
+    # A structural change (install_packed on a reload of other formats: layer 0's down_proj Q4_0 ->
+    # Q8_0, a new module). The guard-free bytecode would run the old format's graph on it, so the
+    # direct path must switch itself off and Dynamo's guards recompile: tokens still eager's.
+    for core in (compiled, eager):
+        mlp = core.model.model.layers[0].mlp
+        weight = gguf_cpu.dequantize(mlp.down_proj.blocks, mlp.down_proj.ggml_type, mlp.down_proj.in_features)
+        blocks = torch.from_numpy(np.ascontiguousarray(quantize(weight.numpy() * -2.0, Q.Q8_0)))
+        mlp.down_proj = GgufLinear(blocks, int(Q.Q8_0), mlp.down_proj.in_features, None, mlp.down_proj.activations)
+    assert compiled.forward.direct.invalidated and "down_proj" in compiled.forward.direct.invalidated
+    steps, direct = compiled.forward.num_compiled_steps, compiled.forward.num_direct_steps
+    swapped = _greedy(compiled)
+    assert swapped != after
+    assert swapped == _greedy(eager)
+    assert compiled.forward.num_compiled_steps > steps and compiled.forward.num_direct_steps == direct

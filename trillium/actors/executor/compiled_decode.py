@@ -43,8 +43,9 @@ import time
 
 import torch
 
+from trillium.actors.executor.direct_dispatch import DirectDispatch
 from trillium.config import EngineConfig
-from trillium.kernels import AttentionMetadata, padded_rows
+from trillium.kernels import AttentionMetadata, native_ops, padded_rows
 from trillium.kernels.paged_attention_cpu import MAX_VERIFY_ROWS
 from trillium.models.graph_attention import GraphAttentionContext, graph_kv_slots
 
@@ -102,6 +103,18 @@ def _unsupported(config: EngineConfig, model: torch.nn.Module) -> str:
     return ""
 
 
+def _load_native() -> bool:
+    """Build / load the C++ ops the graphs call (kernels/native_ops.py), logging the seconds or why not."""
+    start = time.perf_counter()
+    if native_ops.load():
+        log.info("native compiled-decode ops loaded in %.1f s (the graphs call the C kernels from C++)",
+                 time.perf_counter() - start)
+        return True
+    log.info("native compiled-decode ops unavailable (%s): the graphs call the Python ops",
+             native_ops.unavailable_reason() or "TRILLIUM_KERNELS=reference")
+    return False
+
+
 def _point_inductor_cache() -> str:
     """Inductor's on-disk caches under Trillium's cache dir (a user's TORCHINDUCTOR_CACHE_DIR wins)."""
     from trillium.local_cache import cache_dir
@@ -138,6 +151,9 @@ class CompiledDecode(EagerForward):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                    len(self.compiled_sizes) + 1)  # fmt: skip
         self.context = GraphAttentionContext()
+        self.native = _load_native()
+        if self.native:
+            self.context.native_step = native_ops.Step()
         slots = graph_kv_slots(self.context, len(model.model.layers))
 
         def decode_graph(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -148,6 +164,8 @@ class CompiledDecode(EagerForward):
         # otherwise share, and exhaust, the first one's.
         decode_graph.__code__ = decode_graph.__code__.replace()
         self._graph = torch.compile(decode_graph, dynamic=False)
+        # Each bucket's Dynamo bytecode, called without guard evaluation (direct_dispatch.py).
+        self.direct = DirectDispatch(decode_graph, model)
         device = model.device
         # Padded inputs, one pair per bucket, reused every step.
         self._ids = {n: torch.zeros(n, dtype=torch.int64, device=device) for n in self.compiled_sizes}
@@ -155,6 +173,7 @@ class CompiledDecode(EagerForward):
         self.compile_s: dict[int, float] = {}
         self.num_compiled_steps = 0
         self.num_compiled_verify_steps = 0  # of which speculative verify steps (several rows a sequence)
+        self.num_direct_steps = 0  # of which run without Dynamo's guard evaluation (direct_dispatch.py)
 
     @torch.inference_mode()
     def warm_up(self) -> dict[int, float]:
@@ -165,7 +184,8 @@ class CompiledDecode(EagerForward):
         for size in self.compiled_sizes:
             start = time.perf_counter()
             self.context.meta = None  # warm-up: the attention op touches no cache
-            self._graph(self._ids[size], self._positions[size])
+            with self.direct.capture(size):
+                self._graph(self._ids[size], self._positions[size])
             self.compile_s[size] = time.perf_counter() - start
         log.info("compiled decode for batch sizes %s in %.1f s (%s; cache %s)",
                  ",".join(map(str, self.compiled_sizes)), sum(self.compile_s.values()),
@@ -197,11 +217,19 @@ class CompiledDecode(EagerForward):
             ids[num_tokens:] = 0
             pos[num_tokens:] = 0
         self.context.kv_caches, self.context.meta = kv_caches, meta
+        native_step = self.context.native_step
         try:
+            if native_step is not None:
+                native_step.set(kv_caches, meta)  # False: this step's attention runs the Python op
+            graph = self.direct.get(size)
+            self.num_direct_steps += graph is not None
+            graph = graph or self._graph
             with padded_rows.live_rows(num_tokens):  # the packed kernels skip the padding rows
-                hidden = self._graph(ids, pos)
+                hidden = graph(ids, pos)
         finally:
             self.context.meta = None
+            if native_step is not None:
+                native_step.clear()
         self.num_compiled_steps += 1
         self.num_compiled_verify_steps += meta.max_query_len > 1
         return hidden[:num_tokens]

@@ -1,0 +1,243 @@
+/* Compiled decode's hot ops as C++ kernels of torch's dispatcher: no Python between the graph and
+ * the C kernels.
+ *
+ * Built at first use by trillium/kernels/native_ops.py through c_library.py (the system C++
+ * compiler against torch's own headers and libraries); the schemas and fake implementations are
+ * Python's (native_ops.py), this file gives the CPU kernels:
+ *
+ *   trillium_native::gguf_linear(x, blocks, ggml_type, in_features, bias, activations)
+ *       trillium::gguf_linear's packed path (models/packed_linear.py): gguf_cpu.c's kernels
+ *   trillium_native::cpu_linear(x, weight, bias)
+ *       trillium::cpu_linear's few-rows path (models/llama.py): dense_cpu.c's kernel
+ *   trillium_native::graph_attention(q, k, v, context, step, layer, scale, sliding_window, softcap)
+ *       trillium::graph_attention (models/graph_attention.py) for a float32 cache: the step's keys
+ *       and values written to their slots, then paged_attention_cpu.c; any other step calls
+ *       trillium::graph_attention itself (through the dispatcher)
+ *
+ * WHY: a decode step of SmolLM2-135M calls ~150 such ops. From Inductor's Python wrapper each
+ * Python-implemented op cost ~20-50 us of dispatch, checks and ctypes around kernels of ~10-40 us
+ * (bench/native_ops.py measures both); the same call into this file costs ~3 us.
+ *
+ * The C kernels are the ones Python loads (gguf_cpu.c, dense_cpu.c, paged_attention_cpu.c, each its
+ * own shared library); native_ops.py hands their addresses to trillium_native_bind once, so both
+ * paths run the same machine code and give the same bits.
+ *
+ * Padding rows (kernels/padded_rows.py): a compiled graph of B rows may carry n < B live ones; the
+ * Python side tells this thread n (trillium_native_set_live_rows) and the linears compute rows < n
+ * only, the rest zeros, as skip_padding does.
+ *
+ * Attention state: the step's slots, block tables and per-row key counts, and each layer's cache
+ * pointers, live in a `Step` that native_ops.Step fills before each graph call (pointers into
+ * tensors the Python side keeps alive for the call) and clears after it.
+ */
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+extern "C" {
+typedef int (*gguf_matmul_fn)(int, const float *, long, long, long, const uint8_t *, long, float *, int);
+typedef int (*dense_linear_fn)(const float *, long, long, long, const float *, long, const float *, float *,
+                               int);
+typedef int (*decode_attention_fn)(const float *, long, long, long, long, long, const void *, const void *,
+                                   const float *, long, long, const int32_t *, long, const int32_t *,
+                                   const int32_t *, float, const float *, const float *, long, float, float *,
+                                   int);
+}
+
+namespace {
+
+gguf_matmul_fn g_gguf_float32 = nullptr, g_gguf_int8 = nullptr;
+dense_linear_fn g_dense = nullptr;
+decode_attention_fn g_attention = nullptr;
+thread_local long t_live_rows = -1;  // < 0: no hint (every row is live)
+
+/* What trillium::gguf_linear's packed path and trillium::cpu_linear's kernel path take. */
+constexpr long kGgufRowsFloat32 = 32, kGgufRowsInt8 = 64, kDenseRows = 16;
+
+struct Layer {
+    float *k = nullptr, *v = nullptr;
+    long slots = 0;  // num_blocks * block_size
+};
+
+struct Step {
+    long num_tokens = -1;  // < 0: no native step (the op calls trillium::graph_attention)
+    const int64_t *slot_mapping = nullptr;
+    const int32_t *tables = nullptr;
+    long table_stride = 0;
+    const int32_t *row_lens = nullptr, *row_seq = nullptr;
+    long block_size = 0, kv_heads = 0, head_dim = 0;
+    std::vector<Layer> layers;
+};
+
+long live_rows(long m) { return t_live_rows >= 0 && t_live_rows < m ? t_live_rows : m; }
+
+/* Bytes and weights per block of the ggml types gguf_cpu.c packs (0: not one of them). */
+void ggml_block(int64_t type, long *bytes, long *values) {
+    switch (type) {
+        case 2: *bytes = 18, *values = 32; return;   // Q4_0
+        case 3: *bytes = 20, *values = 32; return;   // Q4_1
+        case 6: *bytes = 22, *values = 32; return;   // Q5_0
+        case 7: *bytes = 24, *values = 32; return;   // Q5_1
+        case 8: *bytes = 34, *values = 32; return;   // Q8_0
+        case 12: *bytes = 144, *values = 256; return;  // Q4_K
+        case 13: *bytes = 176, *values = 256; return;  // Q5_K
+        case 14: *bytes = 210, *values = 256; return;  // Q6_K
+        default: *bytes = 0, *values = 0;
+    }
+}
+
+at::Tensor rows_out(long m, long n, long rows) {
+    auto options = at::TensorOptions().dtype(at::kFloat);
+    return rows < m ? at::zeros({m, n}, options) : at::empty({m, n}, options);
+}
+
+at::Tensor gguf_linear(const at::Tensor &x_in, const at::Tensor &blocks, int64_t ggml_type, int64_t in_features,
+                       const std::optional<at::Tensor> &bias, c10::string_view activations) {
+    TORCH_CHECK(g_gguf_float32 != nullptr, "trillium_native: the GGUF kernels are not bound");
+    const bool int8 = activations == "int8";
+    TORCH_CHECK(int8 || activations == "float32", "activations must be 'float32' or 'int8'");
+    long bytes, values;
+    ggml_block(ggml_type, &bytes, &values);
+    TORCH_CHECK(bytes > 0, "ggml type ", ggml_type, " has no packed CPU kernel");
+    TORCH_CHECK(!int8 || values == 32, "ggml type ", ggml_type, " has no int8-activation kernel");
+    TORCH_CHECK(in_features > 0 && in_features % values == 0 && blocks.scalar_type() == at::kByte &&
+                    blocks.dim() == 2 && blocks.is_contiguous() && blocks.device().is_cpu() &&
+                    blocks.size(1) == in_features / values * bytes,
+                "packed weights must be contiguous uint8 [N, ", in_features / values * bytes, "] on the CPU");
+    TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.size(1) == in_features &&
+                    x_in.device().is_cpu(),
+                "x must be float32 [M, ", in_features, "] on the CPU");
+    const long m = x_in.size(0), n = blocks.size(0), rows = live_rows(m);
+    TORCH_CHECK(rows <= (int8 ? kGgufRowsInt8 : kGgufRowsFloat32), "trillium_native::gguf_linear takes up to ",
+                int8 ? kGgufRowsInt8 : kGgufRowsFloat32, " live rows, got ", rows);
+    const at::Tensor x = x_in.stride(1) == 1 ? x_in : x_in.contiguous();
+    at::Tensor out = rows_out(m, n, rows);
+    if (rows > 0) {
+        const int rc = (int8 ? g_gguf_int8 : g_gguf_float32)(
+            static_cast<int>(ggml_type), x.data_ptr<float>(), rows, in_features, x.stride(0),
+            blocks.data_ptr<uint8_t>(), n, out.data_ptr<float>(), at::get_num_threads());
+        TORCH_CHECK(rc != -2, "int8 activations of ", rows, " rows: allocation failed");
+        TORCH_CHECK(rc == 0, "the GGUF kernel refused x [", rows, ", ", in_features, "]");
+    }
+    if (bias.has_value()) out.add_(*bias);
+    return out;
+}
+
+at::Tensor cpu_linear(const at::Tensor &x_in, const at::Tensor &weight, const std::optional<at::Tensor> &bias) {
+    TORCH_CHECK(g_dense != nullptr, "trillium_native: the float32 linear kernel is not bound");
+    TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.device().is_cpu(),
+                "x must be float32 [M, K] on the CPU");
+    TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.dim() == 2 && weight.is_contiguous() &&
+                    weight.device().is_cpu() && weight.size(1) == x_in.size(1),
+                "weight must be contiguous float32 [N, ", x_in.size(1), "] on the CPU");
+    const float *bias_ptr = nullptr;
+    if (bias.has_value()) {
+        TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == weight.size(0),
+                    "bias must be contiguous float32 [", weight.size(0), "]");
+        bias_ptr = bias->data_ptr<float>();
+    }
+    const long m = x_in.size(0), k = x_in.size(1), n = weight.size(0), rows = live_rows(m);
+    TORCH_CHECK(rows <= kDenseRows, "trillium_native::cpu_linear takes up to ", kDenseRows, " live rows, got ",
+                rows);
+    const at::Tensor x = x_in.stride(1) == 1 ? x_in : x_in.contiguous();
+    at::Tensor out = rows_out(m, n, rows);
+    if (rows > 0) {
+        const int rc = g_dense(x.data_ptr<float>(), rows, k, x.stride(0), weight.data_ptr<float>(), n, bias_ptr,
+                               out.data_ptr<float>(), at::get_num_threads());
+        TORCH_CHECK(rc == 0, "the float32 linear kernel refused x [", rows, ", ", k, "] @ w [", n, ", ", k, "]");
+    }
+    return out;
+}
+
+at::Tensor python_graph_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t context,
+                                  int64_t layer, double scale, std::optional<int64_t> window,
+                                  std::optional<double> softcap) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("trillium::graph_attention", "")
+                         .typed<at::Tensor(const at::Tensor &, const at::Tensor &, const at::Tensor &, int64_t,
+                                           int64_t, double, std::optional<int64_t>, std::optional<double>)>();
+    return op.call(q, k, v, context, layer, scale, window, softcap);
+}
+
+/* rows 0 .. n-1 of x [T, KH, D] (contiguous) into the flat cache [slots, KH, D] at slot_mapping. */
+void write_rows(const at::Tensor &x, float *cache, const Step &step, long slots) {
+    const long row = step.kv_heads * step.head_dim;
+    const float *src = x.data_ptr<float>();
+    for (long t = 0; t < step.num_tokens; t++) {
+        const int64_t slot = step.slot_mapping[t];
+        TORCH_CHECK(slot >= 0 && slot < slots, "slot ", slot, " outside a cache of ", slots, " slots");
+        std::memcpy(cache + slot * row, src + t * row, sizeof(float) * row);
+    }
+}
+
+at::Tensor graph_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t context,
+                           int64_t step_handle, int64_t layer, double scale, std::optional<int64_t> window,
+                           std::optional<double> softcap) {
+    const Step *step = reinterpret_cast<const Step *>(step_handle);
+    if (step == nullptr || step->num_tokens < 0 || g_attention == nullptr)
+        return python_graph_attention(q, k, v, context, layer, scale, window, softcap);
+    TORCH_CHECK(layer >= 0 && layer < static_cast<long>(step->layers.size()), "layer ", layer, " has no cache");
+    const long t = q.size(0), h = q.size(1), d = q.size(2), n = step->num_tokens;
+    TORCH_CHECK(q.scalar_type() == at::kFloat && q.is_contiguous() && k.scalar_type() == at::kFloat &&
+                    k.is_contiguous() && v.scalar_type() == at::kFloat && v.is_contiguous() && d == step->head_dim &&
+                    k.size(0) == t && k.size(1) == step->kv_heads && k.size(2) == d && v.sizes() == k.sizes() && n <= t,
+                "trillium_native::graph_attention: q / k / v do not fit the step's cache");
+    const Layer &cache = step->layers[layer];
+    write_rows(k, cache.k, *step, cache.slots);
+    write_rows(v, cache.v, *step, cache.slots);
+    at::Tensor out = n < t ? at::zeros({t, h, d}, q.options()) : at::empty({t, h, d}, q.options());
+    if (n == 0) return out;
+    const int rc = g_attention(q.data_ptr<float>(), n, h, d, h * d, d, cache.k, cache.v, nullptr, step->block_size,
+                               step->kv_heads, step->tables, step->table_stride, step->row_lens, step->row_seq,
+                               static_cast<float>(scale), nullptr, nullptr, window.value_or(0),
+                               static_cast<float>(softcap.value_or(0.0)), out.data_ptr<float>(),
+                               at::get_num_threads());
+    TORCH_CHECK(rc == 0, "paged decode attention refused q [", n, ", ", h, ", ", d, "]");
+    return out;
+}
+
+}  // namespace
+
+extern "C" {
+
+void trillium_native_bind(void *gguf_float32, void *gguf_int8, void *dense, void *attention) {
+    g_gguf_float32 = reinterpret_cast<gguf_matmul_fn>(gguf_float32);
+    g_gguf_int8 = reinterpret_cast<gguf_matmul_fn>(gguf_int8);
+    g_dense = reinterpret_cast<dense_linear_fn>(dense);
+    g_attention = reinterpret_cast<decode_attention_fn>(attention);
+}
+
+void trillium_native_set_live_rows(long n) { t_live_rows = n; }
+
+void *trillium_native_step_new(void) { return new Step(); }
+
+void trillium_native_step_free(void *step) { delete static_cast<Step *>(step); }
+
+/* Layer i's float32 caches [num_blocks, block_size, kv_heads, head_dim]; num_layers resets the list. */
+void trillium_native_step_caches(void *handle, long num_layers, float **k, float **v, long num_blocks,
+                                 long block_size, long kv_heads, long head_dim) {
+    Step *step = static_cast<Step *>(handle);
+    step->layers.assign(num_layers, Layer());
+    for (long i = 0; i < num_layers; i++) step->layers[i] = Layer{k[i], v[i], num_blocks * block_size};
+    step->block_size = block_size, step->kv_heads = kv_heads, step->head_dim = head_dim;
+}
+
+/* The step's metadata (num_tokens < 0: none; the op falls back to trillium::graph_attention). */
+void trillium_native_step_set(void *handle, long num_tokens, const int64_t *slot_mapping, const int32_t *tables,
+                              long table_stride, const int32_t *row_lens, const int32_t *row_seq) {
+    Step *step = static_cast<Step *>(handle);
+    step->num_tokens = num_tokens, step->slot_mapping = slot_mapping, step->tables = tables;
+    step->table_stride = table_stride, step->row_lens = row_lens, step->row_seq = row_seq;
+}
+
+}  // extern "C"
+
+TORCH_LIBRARY_IMPL(trillium_native, CPU, m) {
+    m.impl("gguf_linear", TORCH_FN(gguf_linear));
+    m.impl("cpu_linear", TORCH_FN(cpu_linear));
+    m.impl("graph_attention", TORCH_FN(graph_attention));
+}
