@@ -26,6 +26,11 @@ inputs (Dynamo lifts parameters; a weight update or a sleep that swaps
 `param.data` is seen on the next step), the KV caches come from the context
 (set per call: wake re-allocates them).
 
+Per-step overhead: the graphs call the C++ ops of kernels/native_ops.py (the
+packed and float linears, the attention) where that library builds, and each
+bucket's Dynamo bytecode is called directly, without evaluating its guards
+(direct_dispatch.py; a structural change of the model switches that off).
+
 Cache on disk: Inductor's FX-graph and AOTAutograd caches live under
 `trillium.local_cache.cache_dir()/inductor` (unless TORCHINDUCTOR_CACHE_DIR
 is set), so a restart with the same model shapes and torch skips codegen and
@@ -221,7 +226,8 @@ class CompiledDecode(EagerForward):
         try:
             if native_step is not None:
                 native_step.set(kv_caches, meta)  # False: this step's attention runs the Python op
-            graph = self.direct.get(size)
+            # the bytecode was captured under inference mode (warm_up); grad mode goes through the guards
+            graph = None if torch.is_grad_enabled() else self.direct.get(size)
             self.num_direct_steps += graph is not None
             graph = graph or self._graph
             with padded_rows.live_rows(num_tokens):  # the packed kernels skip the padding rows
