@@ -47,14 +47,17 @@ _ENABLED = os.environ.get("TRILLIUM_KERNELS", "") != "reference"
 def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Does this kernel run `linear(x, weight, bias)`? (float32 CPU tensors, x [M <= MAX_ROWS, K]
     with unit stride in its rows, contiguous weight; cheap tests first: it runs per layer per step)"""
+    return _ENABLED and fits(x, weight, bias) and _LIBRARY.get() is not None
+
+
+def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """`takes`' tests of the shapes alone (traceable: trillium_native::cpu_linear's callers ask at trace time)."""
     return (
-        _ENABLED
-        and x.dim() == 2
+        x.dim() == 2
         and 0 < x.shape[0] <= MAX_ROWS
         and x.stride(1) == 1
         and weight.is_contiguous()
         and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
-        and _LIBRARY.get() is not None
     )
 
 
@@ -74,4 +77,4 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out
 
 
-__all__ = ["MAX_ROWS", "available", "linear", "takes", "unavailable_reason"]
+__all__ = ["MAX_ROWS", "available", "fits", "linear", "takes", "unavailable_reason"]

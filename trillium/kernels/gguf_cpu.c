@@ -507,6 +507,14 @@ int trillium_gguf_matmul(int type, const float *x, long m, long k, long ldx, con
 #endif
 #define IS_LEGACY(type) ((type) == TYPE_Q8_0 || (type) == TYPE_Q4_0 || (type) == TYPE_Q4_1 || IS_Q5(type))
 
+/* Bytes of one packed row of k weights of `type`: 0 where no kernel takes it (an unknown type, k not whole
+ * blocks, or int8 activations for a K-quant). native_ops.cpp checks the blocks it is handed against it. */
+long trillium_gguf_row_bytes(int type, long k, int int8) {
+    const long bb = block_bytes(type), block_k = QK * sub_blocks(type);
+    if (bb == 0 || k <= 0 || k % block_k || (int8 && !IS_LEGACY(type))) return 0;
+    return k / block_k * bb;
+}
+
 /* Rows of x as int8 blocks q [m, k], scales dx / sums sx [m, k / 32]. */
 static void quantize_rows_q8(const float *x, long m, long k, long ldx, int8_t *q, float *dx, float *sx) {
     const long nb = k / QK;

@@ -40,6 +40,7 @@
 
 extern "C" {
 typedef int (*gguf_matmul_fn)(int, const float *, long, long, long, const uint8_t *, long, float *, int);
+typedef long (*gguf_row_bytes_fn)(int, long, int);
 typedef int (*dense_linear_fn)(const float *, long, long, long, const float *, long, const float *, float *,
                                int);
 typedef int (*decode_attention_fn)(const float *, long, long, long, long, long, const void *, const void *,
@@ -51,6 +52,7 @@ typedef int (*decode_attention_fn)(const float *, long, long, long, long, long, 
 namespace {
 
 gguf_matmul_fn g_gguf_float32 = nullptr, g_gguf_int8 = nullptr;
+gguf_row_bytes_fn g_gguf_row_bytes = nullptr;
 dense_linear_fn g_dense = nullptr;
 decode_attention_fn g_attention = nullptr;
 thread_local long t_live_rows = -1;  // < 0: no hint (every row is live)
@@ -75,21 +77,6 @@ struct Step {
 
 long live_rows(long m) { return t_live_rows >= 0 && t_live_rows < m ? t_live_rows : m; }
 
-/* Bytes and weights per block of the ggml types gguf_cpu.c packs (0: not one of them). */
-void ggml_block(int64_t type, long *bytes, long *values) {
-    switch (type) {
-        case 2: *bytes = 18, *values = 32; return;   // Q4_0
-        case 3: *bytes = 20, *values = 32; return;   // Q4_1
-        case 6: *bytes = 22, *values = 32; return;   // Q5_0
-        case 7: *bytes = 24, *values = 32; return;   // Q5_1
-        case 8: *bytes = 34, *values = 32; return;   // Q8_0
-        case 12: *bytes = 144, *values = 256; return;  // Q4_K
-        case 13: *bytes = 176, *values = 256; return;  // Q5_K
-        case 14: *bytes = 210, *values = 256; return;  // Q6_K
-        default: *bytes = 0, *values = 0;
-    }
-}
-
 at::Tensor rows_out(long m, long n, long rows) {
     auto options = at::TensorOptions().dtype(at::kFloat);
     return rows < m ? at::zeros({m, n}, options) : at::empty({m, n}, options);
@@ -100,14 +87,12 @@ at::Tensor gguf_linear(const at::Tensor &x_in, const at::Tensor &blocks, int64_t
     TORCH_CHECK(g_gguf_float32 != nullptr, "trillium_native: the GGUF kernels are not bound");
     const bool int8 = activations == "int8";
     TORCH_CHECK(int8 || activations == "float32", "activations must be 'float32' or 'int8'");
-    long bytes, values;
-    ggml_block(ggml_type, &bytes, &values);
-    TORCH_CHECK(bytes > 0, "ggml type ", ggml_type, " has no packed CPU kernel");
-    TORCH_CHECK(!int8 || values == 32, "ggml type ", ggml_type, " has no int8-activation kernel");
-    TORCH_CHECK(in_features > 0 && in_features % values == 0 && blocks.scalar_type() == at::kByte &&
-                    blocks.dim() == 2 && blocks.is_contiguous() && blocks.device().is_cpu() &&
-                    blocks.size(1) == in_features / values * bytes,
-                "packed weights must be contiguous uint8 [N, ", in_features / values * bytes, "] on the CPU");
+    const long row_bytes = g_gguf_row_bytes(static_cast<int>(ggml_type), in_features, int8);
+    TORCH_CHECK(row_bytes > 0, "ggml type ", ggml_type, int8 ? " has no int8-activation kernel" : " has no packed CPU kernel",
+                " for K=", in_features);
+    TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous() &&
+                    blocks.device().is_cpu() && blocks.size(1) == row_bytes,
+                "packed weights must be contiguous uint8 [N, ", row_bytes, "] on the CPU");
     TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.size(1) == in_features &&
                     x_in.device().is_cpu(),
                 "x must be float32 [M, ", in_features, "] on the CPU");
@@ -204,7 +189,8 @@ at::Tensor graph_attention(const at::Tensor &q, const at::Tensor &k, const at::T
 
 extern "C" {
 
-void trillium_native_bind(void *gguf_float32, void *gguf_int8, void *dense, void *attention) {
+void trillium_native_bind(void *gguf_row_bytes, void *gguf_float32, void *gguf_int8, void *dense, void *attention) {
+    g_gguf_row_bytes = reinterpret_cast<gguf_row_bytes_fn>(gguf_row_bytes);
     g_gguf_float32 = reinterpret_cast<gguf_matmul_fn>(gguf_float32);
     g_gguf_int8 = reinterpret_cast<gguf_matmul_fn>(gguf_int8);
     g_dense = reinterpret_cast<dense_linear_fn>(dense);

@@ -54,7 +54,7 @@ _P, _L = ctypes.c_void_p, ctypes.c_long
 
 
 def _declare(lib: ctypes.CDLL) -> None:
-    lib.trillium_native_bind.argtypes = [_P, _P, _P, _P]
+    lib.trillium_native_bind.argtypes = [_P, _P, _P, _P, _P]
     lib.trillium_native_bind.restype = None
     lib.trillium_native_set_live_rows.argtypes = [_L]
     lib.trillium_native_set_live_rows.restype = None
@@ -92,7 +92,8 @@ def load() -> bool:
     lib = _LIBRARY.get()
     gguf, dense, attention = (m._LIBRARY.get() for m in (gguf_cpu, dense_cpu, paged_attention_cpu))
     address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
-    lib.trillium_native_bind(address(gguf.trillium_gguf_matmul), address(gguf.trillium_gguf_matmul_q8),
+    lib.trillium_native_bind(address(gguf.trillium_gguf_row_bytes), address(gguf.trillium_gguf_matmul),
+                             address(gguf.trillium_gguf_matmul_q8),
                              address(dense.trillium_f32_linear), address(attention.trillium_paged_decode_attention))
     _BOUND.append(lib)
     return True
@@ -127,20 +128,18 @@ class Step:
         """Take this step natively when every cache is float32 (contiguous, one shape) and the kernel
         takes the step (`paged_attention_cpu.step_supported`, on layer 0's cache); else False, and the op
         runs the Python one."""
-        first = kv_caches[0] if kv_caches else None
-        if first is None or first.k_cache.dtype != torch.float32 or first.k_cache.device.type != "cpu":
+        if not kv_caches or not paged_attention_cpu.step_supported(kv_caches[0].k_cache, kv_caches[0].v_cache, meta):
             return self._none()
-        shape = first.k_cache.shape
-        if not paged_attention_cpu.step_supported(first.k_cache, first.v_cache, meta):
-            return self._none()
-        key = tuple((c.k_cache.data_ptr(), c.v_cache.data_ptr()) for c in kv_caches)
+        shape = kv_caches[0].k_cache.shape
+        pointers = tuple((c.k_cache.data_ptr(), c.v_cache.data_ptr()) for c in kv_caches)
+        key = (shape, kv_caches[0].k_cache.dtype, pointers)  # a re-allocation may reuse the addresses
         if key != self._caches_key:
             if any(c.k_cache.dtype != torch.float32 or c.v_cache.dtype != torch.float32 or c.k_cache.shape != shape
                    or c.v_cache.shape != shape or not (c.k_cache.is_contiguous() and c.v_cache.is_contiguous())
                    for c in kv_caches):  # fmt: skip
                 return self._none()
-            ks = (ctypes.c_void_p * len(kv_caches))(*(k for k, _ in key))
-            vs = (ctypes.c_void_p * len(kv_caches))(*(v for _, v in key))
+            ks = (ctypes.c_void_p * len(kv_caches))(*(k for k, _ in pointers))
+            vs = (ctypes.c_void_p * len(kv_caches))(*(v for _, v in pointers))
             self._lib.trillium_native_step_caches(self.handle, len(kv_caches), ks, vs, *shape)
             self._caches_key = key
         if meta.max_query_len == 1:

@@ -83,18 +83,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         and (_ONEDNN_LINEAR is not None or dense_cpu.available())
     ):
         if torch.compiler.is_compiling():
-            if native_ops.loaded() and _native_rows(x, weight, bias):  # decode rows: dense_cpu.c from C++
+            if native_ops.loaded() and dense_cpu.fits(x, weight, bias):  # decode rows: dense_cpu.c from C++
                 return torch.ops.trillium_native.cpu_linear(x, weight, bias)
             return torch.ops.trillium.cpu_linear(x, weight, bias)
         return _cpu_linear(x, weight, bias)
     return F.linear(x, weight, bias)
-
-
-def _native_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Does trillium_native::cpu_linear take this call (dense_cpu.takes' shapes; its library is known
-    built once native_ops is loaded)?"""
-    return (x.dim() == 2 and 0 < x.shape[0] <= dense_cpu.MAX_ROWS and weight.is_contiguous()
-            and (bias is None or bias.is_contiguous()))
 
 
 def _cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -156,8 +156,7 @@ class CompiledDecode(EagerForward):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                    len(self.compiled_sizes) + 1)  # fmt: skip
         self.context = GraphAttentionContext()
-        self.native = _load_native()
-        if self.native:
+        if _load_native():
             self.context.native_step = native_ops.Step()
         slots = graph_kv_slots(self.context, len(model.model.layers))
 
@@ -179,6 +178,11 @@ class CompiledDecode(EagerForward):
         self.num_compiled_steps = 0
         self.num_compiled_verify_steps = 0  # of which speculative verify steps (several rows a sequence)
         self.num_direct_steps = 0  # of which run without Dynamo's guard evaluation (direct_dispatch.py)
+
+    @property
+    def native(self) -> bool:
+        """Do the graphs call the C++ ops (kernels/native_ops.py)?"""
+        return self.context.native_step is not None
 
     @torch.inference_mode()
     def warm_up(self) -> dict[int, float]:

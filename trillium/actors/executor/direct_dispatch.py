@@ -4,8 +4,8 @@
     with dispatch.capture(key):              the bytecode Dynamo makes for this call of the compiled
         compiled(*args)                      function is kept for `key` (a bucket)
     dispatch.get(key) -> function | None     fn running that bytecode (None: none kept, or invalidated)
-    dispatch.invalidated -> str | None       why get() answers None from now on
-    dispatch.close()                         stop watching the model
+    dispatch.invalidated -> str | None       why get() answers None from now on (it stops watching the
+                                             model when garbage collected)
 
 WHY: at every call Dynamo checks the frame against its guards before it runs the compiled graph.
 The decode graph's guards walk the model (each layer's modules, parameters and their metadata, the
@@ -60,12 +60,12 @@ class DirectDispatch:
             return hook
 
         registrations = nn.modules.module
-        self._handles = [
+        handles = [
             registrations.register_module_module_registration_hook(on_register("submodule")),
             registrations.register_module_parameter_registration_hook(on_register("parameter")),
             registrations.register_module_buffer_registration_hook(on_register("buffer")),
         ]
-        weakref.finalize(self, _remove, list(self._handles))
+        weakref.finalize(self, _remove, handles)
 
     @contextlib.contextmanager
     def capture(self, key: int) -> Iterator[None]:
@@ -101,9 +101,6 @@ class DirectDispatch:
             log.info("compiled decode: %s; its graphs run through Dynamo's guards from now on", why)
         self.invalidated = self.invalidated or why
         self._functions.clear()
-
-    def close(self) -> None:
-        _remove(self._handles)
 
 
 def _remove(handles: list) -> None:
