@@ -1,7 +1,7 @@
 """Packed GGUF matmuls vs dequantized float32, per format, and the default model's decode, in one run.
 
 Run: .venv/bin/python bench/quant_matmul.py [--model PATH] [--threads N] [--max-tokens 128]
-     [--formats Q4_K,Q6_K] [--skip-decode] [--rows-sweep]
+     [--formats Q4_K,Q6_K] [--skip-decode] [--rows-sweep] [--prefill]
 
 1. Matmul: x [M, K] float32 times a Q8_0 / Q4_0 / Q4_1 weight [N, K] (random,
    quantized by gguf-py) or a Q4_K / Q5_K / Q6_K one (trillium.models.gguf_kquant_encode;
@@ -22,6 +22,13 @@ Run: .venv/bin/python bench/quant_matmul.py [--model PATH] [--threads N] [--max-
    different weights in turn (22 MiB, so they come from L3 / memory as in a forward), mean us per
    matmul and the ratio to M = 1, int8 and float32 activations, beside float32 oneDNN on the same
    weights dequantized.
+4. --prefill (only this): many activation rows. The int8 GEMM (gguf_cpu.gemm_int8, what int8
+   activations run above 64 rows) beside the decode kernel and dequantize + oneDNN at M = 64, 128,
+   512 on SmolLM2's shapes, and the default model's prefill forward (128 and 512 prompt tokens) with
+   int8 activations (the GEMM) and float32 ones (dequantize + oneDNN, the path int8 prefill took
+   before the GEMM). Between them, where int8 switches from the decode kernel to the GEMM: 24
+   matmuls (SmolLM2's four shapes, 6 copies each) at M = 1..64 on each kernel alone and through
+   gguf_cpu.matmul, which picks by M.
 """
 
 from __future__ import annotations
@@ -169,6 +176,78 @@ def rows_sweep(fmt: Q = Q.Q4_1, n: int = 576, k: int = 1536, count: int = 40) ->
               f"{dense / base[2]:.2f} |")
 
 
+PREFILL_SHAPES = SHAPES[:2] + (("SmolLM2 qkv", 960, 576), ("SmolLM2 o", 576, 576))
+
+
+def prefill_table(formats: tuple[Q, ...] = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_1)) -> None:
+    """Many activation rows (prefill): the int8 GEMM against the decode kernel and dequantize + oneDNN."""
+    rng = np.random.default_rng(0)
+    vnni = "AVX-512 VNNI" if gguf_cpu.gemm_int8_vectorized() else "plain C (no AVX-512 VNNI here)"
+    print(f"prefill matmuls (int8 GEMM path: {vnni}), fastest call, ms")
+    print("| shape (N x K) | format | M | int8 GEMM | int8 decode kernel | dequantize + oneDNN | GEMM speed-up | "
+          "GEMM GMAC/s |\n|---|---|---|---|---|---|---|---|")
+    for name, n, k in PREFILL_SHAPES:
+        w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+        for fmt in formats:
+            blocks = torch.from_numpy(np.ascontiguousarray(encode(w, fmt)))
+            for m in (64, 128, 512):
+                x = torch.randn(m, k)
+                gemm = timed_us(lambda: gguf_cpu.gemm_int8(x, blocks, int(fmt), k)) / 1000
+                dec = timed_us(lambda: gguf_cpu.matmul(x, blocks, int(fmt), k, gguf_cpu.INT8)) / 1000
+                deq = timed_us(lambda: linear(x, gguf_cpu.dequantize(blocks, int(fmt), k))) / 1000
+                print(f"| {name} ({n} x {k}) | {fmt.name} | {m} | {gemm:.2f} | {dec:.2f} | {deq:.2f} | "
+                      f"{deq / gemm:.2f}x | {n * k * m / gemm / 1e6:.0f} |")
+
+
+def prefill_forward_ms(model_path: str, weights: dict, tokens: int) -> float:
+    """One prefill forward of the bare model (a `tokens`-token prompt, logits of its last row), ms."""
+    from trillium.kernels import AttentionMetadata
+    from trillium.models import load_model
+
+    model, _ = load_model(model_path, dtype="float32", progress=False, **weights)
+    blocks = tokens // 16 + 1
+    caches = model.allocate_kv_caches(blocks, 16)
+    meta = AttentionMetadata.build([tokens], [tokens], [list(range(blocks))], 16)
+    ids, positions = torch.arange(100, 100 + tokens) % 1000, torch.arange(tokens)
+
+    def step() -> None:
+        with torch.inference_mode():
+            model.compute_logits(model(ids, positions, caches, meta)[-1:])
+
+    return timed_us(step, min_s=2.0) / 1000
+
+
+def switch_table(fmt: Q = Q.Q4_1, copies: int = 6) -> None:
+    """Where the int8 path switches kernels: SmolLM2's four projection shapes, `copies` of each in turn
+    (13 MB in Q4_1: from L3 / memory as in a forward), the decode kernel alone, the GEMM alone, and
+    `matmul` (which picks one by row count)."""
+    rng = np.random.default_rng(1)
+    weights = [(k, torch.from_numpy(np.ascontiguousarray(encode((rng.standard_normal((n, k)) * 0.05).astype(np.float32),
+                                                                 fmt))))
+               for _ in range(copies) for _, n, k in (("qkv", 960, 576), ("o", 576, 576), ("gate_up", 3072, 576),
+                                                      ("down", 576, 1536))]  # fmt: skip
+    kernels = {"decode kernel": gguf_cpu.decode_int8, "GEMM": gguf_cpu.gemm_int8,
+               "matmul (picks)": lambda x, b, t, k: gguf_cpu.matmul(x, b, t, k, gguf_cpu.INT8)}
+    print(f"\nint8 kernels by row count: {len(weights)} {fmt.name} matmuls (SmolLM2's 4 shapes x {copies}), ms")
+    print("| M | " + " | ".join(kernels) + " | GEMM / decode speed-up |\n|---|---|---|---|---|")
+    for m in (1, 4, 8, 16, 32, 64):
+        xs = {k: torch.randn(m, k) for k in (576, 1536)}
+        ms = [timed_us(lambda fn=fn: [fn(xs[k], b, int(fmt), k) for k, b in weights]) / 1000 for fn in kernels.values()]
+        print(f"| {m} | " + " | ".join(f"{t:.2f}" for t in ms) + f" | {ms[0] / ms[1]:.2f}x |")
+
+
+def prefill(model: str) -> None:
+    prefill_table()
+    switch_table()
+    print(f"\nprefill forward of the bare model, {model.rsplit('/', 1)[-1]}, fastest of repeated forwards, ms")
+    print("| prompt tokens | int8 activations (GEMM) | float32 activations (dequantize + oneDNN: int8's path "
+          "before the GEMM) | speed-up |\n|---|---|---|---|")
+    for tokens in (128, 512):
+        gemm = prefill_forward_ms(model, {"gguf_activations": "int8"}, tokens)
+        old = prefill_forward_ms(model, {"gguf_activations": "float32"}, tokens)
+        print(f"| {tokens} | {gemm:.1f} | {old:.1f} | {old / gemm:.2f}x |")
+
+
 def main(argv: list[str] | None = None) -> int:
     from trillium.cli import default_model
 
@@ -180,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--skip-decode", action="store_true")
     parser.add_argument("--rows-sweep", action="store_true", help="only the per-row cost table (M = 1..8)")
+    parser.add_argument("--prefill", action="store_true",
+                        help="only prefill: the int8 GEMM's matmuls and the default model's prefill forward")
     parser.add_argument("--formats", default=",".join(f.name for f in FORMATS),
                         help="comma-separated GGUF formats for the matmul table (default: all eight)")
     args = parser.parse_args(argv)
@@ -191,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
     if args.rows_sweep:
         rows_sweep()
+        return 0
+    if args.prefill:
+        prefill(args.model or default_model())
         return 0
     matmul_table(tuple(Q[name.strip()] for name in args.formats.split(",")))
     if args.skip_decode:

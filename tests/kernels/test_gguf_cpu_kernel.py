@@ -14,6 +14,8 @@ vector width, batches 1, a partial row tile and several tiles. Mirrors the split
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -21,6 +23,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from trillium.kernels import gguf_cpu
+from trillium.kernels.c_library import CLibrary
 from trillium.models import gguf_kquant_encode
 from trillium.models.packed_linear import DEQUANTIZE_ROWS, DEQUANTIZE_ROWS_INT8, GgufLinear
 
@@ -186,16 +189,100 @@ def test_every_row_count_equals_its_rows_one_at_a_time(qtype):
 @pytest.mark.parametrize("rows", [DEQUANTIZE_ROWS + 1, DEQUANTIZE_ROWS_INT8, DEQUANTIZE_ROWS_INT8 + 1])
 def test_int8_layer_keeps_the_packed_kernel_up_to_its_own_limit(rows):
     """With int8 activations the packed kernel serves up to DEQUANTIZE_ROWS_INT8 rows (bit for bit the
-    int8 matmul), and larger batches dequantize for oneDNN (the float result)."""
+    int8 matmul); larger batches run the int8 GEMM where it has its VNNI path (bit for bit gemm_int8),
+    else dequantize for oneDNN (the float result)."""
     blocks, w = packed(40, 96, GGMLQuantizationType.Q4_1)
-    layer = GgufLinear(blocks, int(GGMLQuantizationType.Q4_1), 96, None, activations="int8")
+    bias = torch.randn(40)
+    layer = GgufLinear(blocks, int(GGMLQuantizationType.Q4_1), 96, bias, activations="int8")
     x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows))
     with torch.no_grad():
         out = layer(x)
     if rows <= DEQUANTIZE_ROWS_INT8:
-        assert torch.equal(out, gguf_cpu.matmul(x, blocks, 3, 96, "int8"))
+        assert torch.equal(out, gguf_cpu.matmul(x, blocks, 3, 96, "int8") + bias)
+    elif gguf_cpu.gemm_int8_vectorized():
+        assert torch.equal(out, gguf_cpu.gemm_int8(x, blocks, 3, 96) + bias)
     else:
-        torch.testing.assert_close(out, (x.double() @ w.double().T).float(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out, (x.double() @ w.double().T + bias.double()).float(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
+@pytest.mark.parametrize("n, k", [(40, 96), (16, 32), (33, 288), (130, 160)])  # N: whole tiles of 16 and tails
+@pytest.mark.parametrize("m", [1, 7, 8, 9, 70])  # the GEMM's passes of 8 rows and their tails
+def test_int8_gemm_matches_its_reference_and_the_decode_kernel(qtype, n, k, m):
+    """The many-row int8 path (gguf_cpu.c "many rows": codes repacked per tile of 16 weight rows) is
+    (quantized x) @ dequantized W up to float32 summation, one all-zero block of x included, and the
+    decode kernel's result bit for bit (both sum each output's blocks in order, one lane per output):
+    a row's logits do not depend on how many rows its step has."""
+    blocks, w = packed(n, k, qtype, seed=n * k + m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + 7))
+    if k > 32:
+        x[0, 32:64] = 0.0
+    out = gguf_cpu.gemm_int8(x, blocks, int(qtype), k)
+    assert out.shape == (m, n) and out.dtype == torch.float32
+    torch.testing.assert_close(out, (int8_activations(x) @ w.double().T).float(), rtol=1e-5, atol=1e-5)
+    assert torch.equal(out, gguf_cpu.decode_int8(x, blocks, int(qtype), k))
+    assert torch.equal(out, gguf_cpu.matmul(x, blocks, int(qtype), k, "int8"))  # whichever it picks
+
+
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q5_1],
+                         ids=lambda t: t.name)
+def test_int8_gemm_rows_do_not_depend_on_the_other_rows_or_threads(qtype):
+    """A prefill row's result is the same whatever chunk it is in, its place in a pass of 8, or the
+    thread count (tiles split over threads): bit for bit."""
+    k = 160
+    blocks, _ = packed(50, k, qtype, seed=5)
+    x = torch.randn(19, k, generator=torch.Generator().manual_seed(11))
+    whole = gguf_cpu.gemm_int8(x, blocks, int(qtype), k)
+    for start, stop in ((0, 1), (3, 12), (5, 19), (18, 19)):
+        assert torch.equal(gguf_cpu.gemm_int8(x[start:stop], blocks, int(qtype), k), whole[start:stop])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1 if threads > 1 else 2)
+        assert torch.equal(gguf_cpu.gemm_int8(x, blocks, int(qtype), k), whole)
+    finally:
+        torch.set_num_threads(threads)
+    strided = torch.randn(19, 2 * k)
+    strided[:, :k] = x
+    assert torch.equal(gguf_cpu.gemm_int8(strided[:, :k], blocks, int(qtype), k), whole)
+
+
+_CPU_FLAGS = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+_BUILDS = {"plain C": ("-O2",), "AVX2": ("-O2", "-mavx2", "-mfma", "-mf16c")}
+
+
+@pytest.mark.parametrize("build", [b for b in _BUILDS if b == "plain C" or " avx2 " in _CPU_FLAGS])
+def test_int8_paths_of_other_builds_give_the_same_bits(build):
+    """The same source built for a machine without AVX-512 (AVX2: the decode kernel's 256-bit path, the
+    GEMM's plain loops) or without AVX2 (plain C everywhere) gives this build's int8 results bit for bit,
+    decode kernel and GEMM alike, with its refusals."""
+    lib = CLibrary(gguf_cpu._SOURCE, f"the GGUF CPU kernel ({build})", gguf_cpu._declare,
+                   flags=(*_BUILDS[build], "-fopenmp", "-shared", "-fPIC", "-std=c11")).get()
+    assert lib is not None
+    assert lib.trillium_gguf_gemm_q8_vectorized() == 0
+    for qtype in FORMATS:
+        n, k, m = 35, 96, 10
+        blocks, _ = packed(n, k, qtype, seed=int(qtype))
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(int(qtype)))
+        for fn in (lib.trillium_gguf_gemm_q8, lib.trillium_gguf_decode_q8, lib.trillium_gguf_matmul_q8):
+            out = torch.empty(m, n)
+            assert fn(int(qtype), x.data_ptr(), m, k, k, blocks.data_ptr(), n, out.data_ptr(), 1) == 0
+            assert torch.equal(out, gguf_cpu.gemm_int8(x, blocks, int(qtype), k)), (qtype.name, fn.__name__)
+    assert lib.trillium_gguf_gemm_q8(int(GGMLQuantizationType.Q4_K), x.data_ptr(), m, 256, 256, blocks.data_ptr(),
+                                       n, out.data_ptr(), 1) == -1
+    assert lib.trillium_gguf_gemm_q8(int(GGMLQuantizationType.Q4_1), x.data_ptr(), m, 40, 40, blocks.data_ptr(),
+                                       n, out.data_ptr(), 1) == -1  # K not whole blocks
+
+
+def test_int8_gemm_refuses_what_the_decode_kernel_refuses():
+    kblocks, _ = packed(8, 256, GGMLQuantizationType.Q4_K)
+    with pytest.raises(ValueError, match="Q4_K has no int8-activation kernel"):
+        gguf_cpu.gemm_int8(torch.randn(80, 256), kblocks, int(GGMLQuantizationType.Q4_K), 256)
+    blocks, _ = packed(8, 64, GGMLQuantizationType.Q4_1)
+    with pytest.raises(ValueError, match="float32"):
+        gguf_cpu.gemm_int8(torch.randn(80, 64, dtype=torch.bfloat16), blocks, 3, 64)
+    with pytest.raises(ValueError, match="rows of K=96"):
+        gguf_cpu.gemm_int8(torch.randn(80, 96), blocks, 3, 96)
+    assert gguf_cpu.gemm_int8(torch.randn(0, 64), blocks, 3, 64).shape == (0, 8)
 
 
 def test_padding_rows_are_skipped_only_under_the_hint():

@@ -495,9 +495,11 @@ int trillium_gguf_matmul(int type, const float *x, long m, long k, long ldx, con
  * the activations' 8-bit rounding (error ~0.4% of a block's largest value), which llama.cpp's CPU path
  * always pays; bench/gguf_packed_accuracy.py measures it against the float model.
  *
- * Determinism: a row's blocks are summed in one fixed order (qdot_rows) whatever the row count, the
- * row's place in a tile or the thread count, so a speculative verify row equals its decode step bit
- * for bit. */
+ * Determinism: each output's blocks are summed in order, f = fma(dot, d * dx, f) then (but for Q8_0)
+ * f = fma(cw, sx, f), one vector lane per output channel (qdot_rows: 8 weight rows side by side), whatever
+ * the row count, the row's place in a tile or the thread count; the many-row GEMM below does the same
+ * operations in the same order, so a row's result is the same bits in a decode step, a speculative verify
+ * step or a prefill chunk of any size. */
 /* Activation rows per pass of the integer path: 8 where AVX-512VL gives 32 vector registers (5-row verify
  * steps 15% faster than with 4, the bench model's 121 SmolLM2 weights, 1 thread), else 4. */
 #if defined(__AVX512VL__)
@@ -515,8 +517,9 @@ long trillium_gguf_row_bytes(int type, long k, int int8) {
     return k / block_k * bb;
 }
 
-/* Rows of x as int8 blocks q [m, k], scales dx / sums sx [m, k / 32]. */
-static void quantize_rows_q8(const float *x, long m, long k, long ldx, int8_t *q, float *dx, float *sx) {
+/* Rows of x as int8 blocks q [m, k], scales dx, dx * sum(q) sx and sum(q) sums [m, k / 32]. */
+static void quantize_rows_q8(const float *x, long m, long k, long ldx, int8_t *q, float *dx, float *sx,
+                             int32_t *sums) {
     const long nb = k / QK;
     for (long r = 0; r < m; r++)
         for (long b = 0; b < nb; b++) {
@@ -536,6 +539,7 @@ static void quantize_rows_q8(const float *x, long m, long k, long ldx, int8_t *q
             }
             dx[r * nb + b] = d;
             sx[r * nb + b] = d * (float)sum;
+            sums[r * nb + b] = sum;
         }
 }
 
@@ -586,48 +590,7 @@ static inline float hsum8(__m256 a) {
 #endif
 
 #if defined(__AVX2__)
-typedef __m256 qacc;  /* a row's running sum: 8 lanes of dot * scale */
-#else
-typedef float qacc;
-#endif
-
-/* Block b of one weight row times block b of rows [0, rows): acc[r] += d * dx * dot, corr[r] += cw * sx. */
-static inline __attribute__((always_inline)) void qdot_block(int type, const uint8_t *blk, long b, const int8_t *q,
-                                                             const float *dx, const float *sx, long k, long rows,
-                                                             qacc *acc, float *corr) {
-    float d, cw;
-    block_scales(type, blk, &d, &cw);
-#if defined(__AVX2__)
-    __m256i sign = _mm256_setzero_si256();
-    const __m256i codes = block_codes(type, blk, &sign);
-#else
-    int codes[QK];
-    block_codes_int(type, blk, codes);
-#endif
-    for (long r = 0; r < rows; r++) {
-        const long i = r * (k / QK) + b;
-        const int8_t *qb = q + r * k + b * QK;
-#if defined(__AVX2__)
-        __m256i xs = _mm256_loadu_si256((const __m256i *)qb);
-        if (type == TYPE_Q8_0) xs = _mm256_sign_epi8(xs, sign);
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(codes, xs)), _mm256_set1_ps(d * dx[i]), acc[r]);
-#else
-        int dot = 0;
-        for (int j = 0; j < QK; j++) dot += codes[j] * qb[j];
-        acc[r] = fmaf((float)dot, d * dx[i], acc[r]);
-#endif
-        /* WHY fmaf, not a * b + c: -ffp-contract=fast may fuse that in one row-count variant and not in
-         * another, and a row's bits would depend on its tile */
-        if (type != TYPE_Q8_0) corr[r] = fmaf(cw, sx[i], corr[r]);
-    }
-}
-
-#if defined(__AVX2__)
-/* Blocks per group of the vector path: their 8 integer dots are summed across lanes at once
- * (hsum8x8) and scaled by one vector multiply. */
-#define QG 8
-
-/* Lane i = the sum of v[i]'s 8 lanes, in one fixed tree. */
+/* Lane g = the sum of v[g]'s 8 lanes (exact: int32 adds), as float. */
 static inline __m256 hsum8x8(const __m256i *v) {
     const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
     const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
@@ -635,77 +598,108 @@ static inline __m256 hsum8x8(const __m256i *v) {
                                                _mm256_permute2x128_si256(a, b, 0x31)));
 }
 
-/* The fp16 at byte `at` of blocks 0..7 (stride bb) as 8 floats. */
-static inline __m256 block_halves(const uint8_t *blk, long bb, int at) {
+/* The fp16 at byte `at` of the 8 blocks at blk + g * stride as 8 floats. */
+static inline __m256 block_halves(const uint8_t *blk, long stride, int at) {
     __m128i h = _mm_setzero_si128();
     h = _mm_insert_epi16(h, read_u16(blk + at), 0);
-    h = _mm_insert_epi16(h, read_u16(blk + bb + at), 1);
-    h = _mm_insert_epi16(h, read_u16(blk + 2 * bb + at), 2);
-    h = _mm_insert_epi16(h, read_u16(blk + 3 * bb + at), 3);
-    h = _mm_insert_epi16(h, read_u16(blk + 4 * bb + at), 4);
-    h = _mm_insert_epi16(h, read_u16(blk + 5 * bb + at), 5);
-    h = _mm_insert_epi16(h, read_u16(blk + 6 * bb + at), 6);
-    h = _mm_insert_epi16(h, read_u16(blk + 7 * bb + at), 7);
+    h = _mm_insert_epi16(h, read_u16(blk + stride + at), 1);
+    h = _mm_insert_epi16(h, read_u16(blk + 2 * stride + at), 2);
+    h = _mm_insert_epi16(h, read_u16(blk + 3 * stride + at), 3);
+    h = _mm_insert_epi16(h, read_u16(blk + 4 * stride + at), 4);
+    h = _mm_insert_epi16(h, read_u16(blk + 5 * stride + at), 5);
+    h = _mm_insert_epi16(h, read_u16(blk + 6 * stride + at), 6);
+    h = _mm_insert_epi16(h, read_u16(blk + 7 * stride + at), 7);
     return _mm256_cvtph_ps(h);
 }
 #endif
 
-/* One output channel for rows [0, rows) (rows <= Q8_TILE) of the quantized activations.
- * Vector path: groups of QG blocks (codes decoded once into cb, shared by the rows; per row 8 integer
- * dots, one lane sum, one scale, one FMA into lane i = block i of each group), then the last
- * nblocks % QG blocks one at a time (qdot_block) into a second accumulator. */
-static inline __attribute__((always_inline)) void qdot_rows(int type, const uint8_t *row, long nblocks,
-                                                            const int8_t *q, const float *dx, const float *sx,
-                                                            long k, long rows, float *out, long ldo) {
+/* QW = 8 output channels (weight rows w0 .. w0 + 7, row_bytes apart; a group at the end of W repeats its
+ * last row) for activation rows [0, rows) (rows <= Q8_TILE): out[r * ldo + g] for g < cols.
+ * Vector path: per block, the 8 rows' codes are decoded once (shared by the activation rows); per
+ * activation row 8 integer dots, one lane sum (hsum8x8: lane g = row g's exact dot), then
+ * f = fma(dot, d * dx, f) and, but for Q8_0, f = fma(cw, sx, f): each output's blocks are summed in
+ * order, one lane per output, which is what the many-row GEMM below does with 16 lanes, so both paths
+ * give every row the same bits. */
+#define QW 8
+static inline __attribute__((always_inline)) void qdot_rows(int type, const uint8_t *w0, long row_bytes, long nw,
+                                                            long nblocks, const int8_t *q, const float *dx,
+                                                            const float *sx, long k, long rows, float *out,
+                                                            long ldo, long cols) {
     const long bb = block_bytes(type);
-    float corr[Q8_TILE] = {0};
-    qacc tail[Q8_TILE];
-    long b = 0;
 #if defined(__AVX2__)
-    __m256 acc[Q8_TILE], cacc[Q8_TILE];
-    for (long r = 0; r < rows; r++) acc[r] = cacc[r] = tail[r] = _mm256_setzero_ps();
-    for (; b + QG <= nblocks; b += QG) {
-        const uint8_t *blk = row + b * bb;
-        __m256i cb[QG], sg[QG];
-        for (int g = 0; g < QG; g++) cb[g] = block_codes(type, blk + g * bb, &sg[g]);
-        const __m256 d = block_halves(blk, bb, 0);
-        const __m256 cw = type == TYPE_Q4_1 || type == TYPE_Q5_1 ? block_halves(blk, bb, 2)
-                          : type == TYPE_Q4_0 ? _mm256_mul_ps(d, _mm256_set1_ps(-8.0f))
-                                              : _mm256_mul_ps(d, _mm256_set1_ps(-16.0f));
+    __m256 f[Q8_TILE];
+    for (long r = 0; r < rows; r++) f[r] = _mm256_setzero_ps();
+    for (long b = 0; b < nblocks; b++) {
+        const uint8_t *blk = w0 + b * bb;
+        __m256i cb[QW], sg[QW];
+        /* WHY: the 8 rows are read side by side, 8 strided streams the hardware prefetcher follows badly
+         * from L3 / memory (25% slower at 1 thread than reading rows one after the other); the next
+         * group's rows are one contiguous range, fetched here a slice per block */
+        for (long at = b * QW * bb; at < (b + 1) * QW * bb; at += 64)
+            _mm_prefetch((const char *)(w0 + QW * row_bytes + at), _MM_HINT_T0);
+        for (int g = 0; g < QW; g++) cb[g] = block_codes(type, blk + (g < nw ? g : nw - 1) * row_bytes, &sg[g]);
+        __m256 d, cw = _mm256_setzero_ps();
+        if (nw == QW) {
+            d = block_halves(blk, row_bytes, 0);
+            if (type == TYPE_Q4_1 || type == TYPE_Q5_1) cw = block_halves(blk, row_bytes, 2);
+        } else {  /* a short group: its rows' scales one by one, the last row repeated */
+            float dv[QW], cv[QW];
+            for (int g = 0; g < QW; g++) block_scales(type, blk + (g < nw ? g : nw - 1) * row_bytes, &dv[g], &cv[g]);
+            d = _mm256_loadu_ps(dv);
+            cw = _mm256_loadu_ps(cv);
+        }
+        if (type == TYPE_Q4_0) cw = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+        if (type == TYPE_Q5_0) cw = _mm256_mul_ps(d, _mm256_set1_ps(-16.0f));
         for (long r = 0; r < rows; r++) {
-            const int8_t *qb = q + r * k + b * QK;
-            __m256i dots[QG];
-            for (int g = 0; g < QG; g++) {
-                __m256i xs = _mm256_loadu_si256((const __m256i *)(qb + g * QK));
-                if (type == TYPE_Q8_0) xs = _mm256_sign_epi8(xs, sg[g]);
-                dots[g] = dot_u8s8(cb[g], xs);
-            }
-            const long i = r * (k / QK) + b;
-            acc[r] = _mm256_fmadd_ps(hsum8x8(dots), _mm256_mul_ps(d, _mm256_loadu_ps(dx + i)), acc[r]);
-            if (type != TYPE_Q8_0) cacc[r] = _mm256_fmadd_ps(cw, _mm256_loadu_ps(sx + i), cacc[r]);
+            const __m256i xs = _mm256_loadu_si256((const __m256i *)(q + r * k + b * QK));
+            __m256i dots[QW];
+            for (int g = 0; g < QW; g++) dots[g] = dot_u8s8(cb[g], type == TYPE_Q8_0 ? _mm256_sign_epi8(xs, sg[g]) : xs);
+            const long i = r * nblocks + b;
+            f[r] = _mm256_fmadd_ps(hsum8x8(dots), _mm256_mul_ps(d, _mm256_set1_ps(dx[i])), f[r]);
+            if (type != TYPE_Q8_0) f[r] = _mm256_fmadd_ps(cw, _mm256_set1_ps(sx[i]), f[r]);
+        }
+    }
+    for (long r = 0; r < rows; r++) {
+        if (cols == QW) {
+            _mm256_storeu_ps(out + r * ldo, f[r]);
+        } else {
+            float v[QW];
+            _mm256_storeu_ps(v, f[r]);
+            for (long g = 0; g < cols; g++) out[r * ldo + g] = v[g];
         }
     }
 #else
-    for (long r = 0; r < rows; r++) tail[r] = 0.0f;
+    for (long g = 0; g < cols; g++)
+        for (long r = 0; r < rows; r++) {
+            float f = 0.0f;
+            for (long b = 0; b < nblocks; b++) {
+                const uint8_t *blk = w0 + g * row_bytes + b * bb;
+                float d, cw;
+                block_scales(type, blk, &d, &cw);
+                int codes[QK];
+                block_codes_int(type, blk, codes);
+                const int8_t *qb = q + r * k + b * QK;
+                int dot = 0;
+                for (int j = 0; j < QK; j++) dot += codes[j] * qb[j];
+                const long i = r * nblocks + b;
+                /* WHY fmaf, not a * b + c: -ffp-contract=fast may fuse that in one variant and not in another */
+                f = fmaf((float)dot, d * dx[i], f);
+                if (type != TYPE_Q8_0) f = fmaf(cw, sx[i], f);
+            }
+            out[r * ldo + g] = f;
+        }
+    (void)nw;
 #endif
-    for (; b < nblocks; b++) qdot_block(type, row + b * bb, b, q, dx, sx, k, rows, tail, corr);
-    for (long r = 0; r < rows; r++) {
-#if defined(__AVX2__)
-        out[r * ldo] = hsum8(_mm256_add_ps(acc[r], cacc[r])) + (hsum8(tail[r]) + corr[r]);
-#else
-        out[r * ldo] = tail[r] + corr[r];
-#endif
-    }
 }
 
-typedef void (*qdot_fn)(const uint8_t *row, long nblocks, const int8_t *q, const float *dx, const float *sx, long k,
-                        float *out, long ldo);
+typedef void (*qdot_fn)(const uint8_t *w0, long row_bytes, long nw, long nblocks, const int8_t *q, const float *dx,
+                        const float *sx, long k, float *out, long ldo, long cols);
 /* One function per (format, row count 1..8), as the float path's DOT_FN and for the same reasons. */
-#define QDOT_FN(T, R)                                                                                      \
-    static __attribute__((noinline)) void qdot_##T##_##R(const uint8_t *row, long nblocks, const int8_t *q, \
-                                                          const float *dx, const float *sx, long k,         \
-                                                          float *out, long ldo) {                           \
-        qdot_rows(T, row, nblocks, q, dx, sx, k, (R) < Q8_TILE ? (R) : Q8_TILE, out, ldo);                 \
+#define QDOT_FN(T, R)                                                                                             \
+    static __attribute__((noinline)) void qdot_##T##_##R(const uint8_t *w0, long row_bytes, long nw, long nblocks, \
+                                                          const int8_t *q, const float *dx, const float *sx,        \
+                                                          long k, float *out, long ldo, long cols) {                \
+        qdot_rows(T, w0, row_bytes, nw, nblocks, q, dx, sx, k, (R) < Q8_TILE ? (R) : Q8_TILE, out, ldo, cols);     \
     }
 #define QDOT_FNS(T) \
     QDOT_FN(T, 1) QDOT_FN(T, 2) QDOT_FN(T, 3) QDOT_FN(T, 4) QDOT_FN(T, 5) QDOT_FN(T, 6) QDOT_FN(T, 7) QDOT_FN(T, 8)
@@ -722,34 +716,218 @@ static const qdot_fn *qdot_table(int type) {
 }
 
 /* out[M, N] = x[M, K] @ W^T as trillium_gguf_matmul, the activations quantized to int8 blocks first (the
- * section's header). Returns 0, -1 for a type without the integer path (the K-quants) or a bad K, -2 when
- * the activation buffer cannot be allocated. */
-int trillium_gguf_matmul_q8(int type, const float *x, long m, long k, long ldx, const uint8_t *w, long n,
+ * section's header), by the decode kernel whatever M (trillium_gguf_matmul_q8 picks a path by M). Returns 0,
+ * -1 for a type without the integer path (the K-quants) or a bad K, -2 when a buffer cannot be allocated. */
+int trillium_gguf_decode_q8(int type, const float *x, long m, long k, long ldx, const uint8_t *w, long n,
                             float *out, int num_threads) {
     if (!IS_LEGACY(type) || k % QK) return -1;
     if (m == 0) return 0;
-    const long nblocks = k / QK, row_bytes = nblocks * block_bytes(type);
+    const long nblocks = k / QK, row_bytes = nblocks * block_bytes(type), groups = (n + QW - 1) / QW;
     int8_t *q = malloc((size_t)(m * k));
-    float *scales = malloc(2 * sizeof(float) * (size_t)(m * nblocks));
-    if (q == NULL || scales == NULL) {
+    float *scales = malloc(sizeof(float) * (size_t)(2 * m * nblocks));
+    int32_t *sums = malloc(sizeof(int32_t) * (size_t)(m * nblocks));
+    if (q == NULL || scales == NULL || sums == NULL) {
         free(q);
         free(scales);
+        free(sums);
         return -2;
     }
     float *dx = scales, *sx = scales + m * nblocks;
-    quantize_rows_q8(x, m, k, ldx, q, dx, sx);
+    quantize_rows_q8(x, m, k, ldx, q, dx, sx, sums);
     const qdot_fn *dots = qdot_table(type);
 #pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (long j = 0; j < n; j++) {
-        const uint8_t *row = w + j * row_bytes;
+    for (long gi = 0; gi < groups; gi++) {
+        const long j0 = gi * QW, cols = n - j0 < QW ? n - j0 : QW;
         for (long r0 = 0; r0 < m; r0 += Q8_TILE) {
             const long rows = m - r0 < Q8_TILE ? m - r0 : Q8_TILE;
-            dots[rows - 1](row, nblocks, q + r0 * k, dx + r0 * nblocks, sx + r0 * nblocks, k, out + r0 * n + j, n);
+            dots[rows - 1](w + j0 * row_bytes, row_bytes, cols, nblocks, q + r0 * k, dx + r0 * nblocks,
+                           sx + r0 * nblocks, k, out + r0 * n + j0, n, cols);
         }
     }
     free(q);
     free(scales);
+    free(sums);
     return 0;
+}
+
+/* ---- int8 activations, many rows (trillium_gguf_gemm_q8): prefill's GEMM ---------------------------------
+ *
+ * The same numbers as trillium_gguf_matmul_q8 (activations quantized to int8 blocks by quantize_rows_q8, exact
+ * integer block dots, d * dx * dot + cw * sx per block), laid out for many activation rows. WHY a second
+ * layout: qdot_rows decodes a weight row's block once per tile of Q8_TILE activation rows and then sums
+ * each row's 8 lanes (hsum8x8); with hundreds of rows that lane sum is most of the work. Here the codes of
+ * GT = 16 weight rows are first unpacked, per block, into 8 vectors of 64 bytes (lane i = 4 consecutive
+ * codes of weight row i), so one vpdpbusd with an activation row's 4 int8 broadcast adds 4 products to
+ * each of the 16 rows' dots: a block is 8 vpdpbusd per activation row and the 16 lanes are 16 outputs,
+ * no lane sum at all (llama.cpp's repacked Q4_0_8x8 GEMM is the same idea, kept in the file at load;
+ * here the repack is per call, into a buffer of 16 * K bytes that stays in cache, paid once per 16
+ * weight rows and shared by every activation row).
+ *
+ * Codes are unsigned bytes: Q4_x / Q5_x their codes, Q8_0 c + 128, whose 128 * sum(q) is taken off the
+ * int32 dot again (quantize_rows_q8's integer sums), so every dot is the exact integer qdot_rows gets.
+ * Then the same float operations in the same order as qdot_rows (see "Determinism" above): the two
+ * paths give the same bits, and packed_linear.py picks one by row count only for speed.
+ * AVX-512 VNNI path (vpdpbusd on 512 bits); elsewhere the same layout in plain C
+ * (trillium_gguf_gemm_q8_vectorized() says which; the Python side then keeps dequantize + oneDNN). */
+#define GT 16  /* weight rows per tile: the 16 int32 lanes of a 512-bit vector */
+#define GR 8   /* activation rows per pass: 8 int and 8 float accumulators, 32 registers in all */
+
+int trillium_gguf_gemm_q8_vectorized(void) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* Weight rows [n0, n0 + rows) (rows <= GT) as codes [nblocks][8][GT][4] bytes, d and cw [nblocks][GT];
+ * lanes past `rows` are zero. */
+static void gemm_pack(int type, const uint8_t *w, long row_bytes, long nblocks, long n0, long rows,
+                      uint8_t *codes, float *dw, float *cw) {
+    const long bb = block_bytes(type);
+    if (rows < GT) {
+        memset(codes, 0, (size_t)(nblocks * 8 * GT * 4));
+        memset(dw, 0, sizeof(float) * (size_t)(nblocks * GT));
+        memset(cw, 0, sizeof(float) * (size_t)(nblocks * GT));
+    }
+    for (long i = 0; i < rows; i++) {
+        const uint8_t *row = w + (n0 + i) * row_bytes;
+        for (long b = 0; b < nblocks; b++) {
+            const uint8_t *blk = row + b * bb;
+            uint8_t c[QK] __attribute__((aligned(32)));
+#if defined(__AVX2__)
+            if (type == TYPE_Q8_0) {
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 2));
+                _mm256_store_si256((__m256i *)c, _mm256_xor_si256(raw, _mm256_set1_epi8((char)0x80)));
+            } else {
+                __m256i unused;
+                _mm256_store_si256((__m256i *)c, block_codes(type, blk, &unused));
+            }
+#else
+            int ci[QK];
+            block_codes_int(type, blk, ci);
+            for (int j = 0; j < QK; j++) c[j] = (uint8_t)(type == TYPE_Q8_0 ? ci[j] + 128 : ci[j]);
+#endif
+            uint8_t *dst = codes + b * 8 * GT * 4 + i * 4;
+            for (int q4 = 0; q4 < 8; q4++) memcpy(dst + q4 * GT * 4, c + q4 * 4, 4);
+            float d, corr;
+            block_scales(type, blk, &d, &corr);
+            dw[b * GT + i] = d;
+            cw[b * GT + i] = type == TYPE_Q8_0 ? -128.0f * d : corr;
+        }
+    }
+}
+
+/* out[r, 0..cols) for activation rows [0, rows) against one packed tile. */
+static inline __attribute__((always_inline)) void gemm_rows(int q8, const uint8_t *codes, const float *dw,
+                                                            const float *cw, long nblocks, const int8_t *q,
+                                                            const float *dx, const float *sx, const int32_t *sums,
+                                                            long k, long rows, float *out, long ldo, long cols) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    __m512 f[GR];
+    for (long r = 0; r < rows; r++) f[r] = _mm512_setzero_ps();
+    for (long b = 0; b < nblocks; b++) {
+        const uint8_t *pw = codes + b * 8 * GT * 4;
+        __m512i a[GR];
+        for (long r = 0; r < rows; r++) a[r] = _mm512_setzero_si512();
+        for (int q4 = 0; q4 < 8; q4++) {
+            const __m512i wv = _mm512_loadu_si512((const void *)(pw + q4 * GT * 4));
+            for (long r = 0; r < rows; r++) {
+                int32_t x4;
+                memcpy(&x4, q + r * k + b * QK + q4 * 4, 4);
+                a[r] = _mm512_dpbusd_epi32(a[r], wv, _mm512_set1_epi32(x4));
+            }
+        }
+        const __m512 dv = _mm512_loadu_ps(dw + b * GT), cv = _mm512_loadu_ps(cw + b * GT);
+        for (long r = 0; r < rows; r++) {
+            const long i = r * nblocks + b;
+            if (q8) a[r] = _mm512_sub_epi32(a[r], _mm512_set1_epi32(128 * sums[i]));  /* the codes' + 128 */
+            f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r]), _mm512_mul_ps(dv, _mm512_set1_ps(dx[i])), f[r]);
+            if (!q8) f[r] = _mm512_fmadd_ps(cv, _mm512_set1_ps(sx[i]), f[r]);
+        }
+    }
+    const __mmask16 mask = (__mmask16)((1u << cols) - 1u);
+    for (long r = 0; r < rows; r++) _mm512_mask_storeu_ps(out + r * ldo, mask, f[r]);
+#else
+    for (long r = 0; r < rows; r++) {
+        float f[GT] = {0};
+        for (long b = 0; b < nblocks; b++) {
+            const uint8_t *pw = codes + b * 8 * GT * 4;
+            const int8_t *qb = q + r * k + b * QK;
+            const long i = r * nblocks + b;
+            for (int lane = 0; lane < GT; lane++) {
+                int32_t dot = 0;
+                for (int q4 = 0; q4 < 8; q4++)
+                    for (int t = 0; t < 4; t++) dot += pw[q4 * GT * 4 + lane * 4 + t] * qb[q4 * 4 + t];
+                if (q8) dot -= 128 * sums[i];
+                f[lane] = fmaf((float)dot, dw[b * GT + lane] * dx[i], f[lane]);
+                if (!q8) f[lane] = fmaf(cw[b * GT + lane], sx[i], f[lane]);
+            }
+        }
+        for (long lane = 0; lane < cols; lane++) out[r * ldo + lane] = f[lane];
+    }
+#endif
+}
+
+typedef void (*gemm_fn)(int q8, const uint8_t *codes, const float *dw, const float *cw, long nblocks,
+                        const int8_t *q, const float *dx, const float *sx, const int32_t *sums, long k, float *out,
+                        long ldo, long cols);
+#define GEMM_FN(R)                                                                                              \
+    static __attribute__((noinline)) void gemm_##R(int q8, const uint8_t *codes, const float *dw,              \
+                                                   const float *cw, long nblocks, const int8_t *q,              \
+                                                   const float *dx, const float *sx, const int32_t *sums,       \
+                                                   long k, float *out, long ldo, long cols) {                   \
+        gemm_rows(q8, codes, dw, cw, nblocks, q, dx, sx, sums, k, R, out, ldo, cols);                           \
+    }
+GEMM_FN(1) GEMM_FN(2) GEMM_FN(3) GEMM_FN(4) GEMM_FN(5) GEMM_FN(6) GEMM_FN(7) GEMM_FN(8)
+static const gemm_fn gemm_table[GR] = {gemm_1, gemm_2, gemm_3, gemm_4, gemm_5, gemm_6, gemm_7, gemm_8};
+
+/* out[M, N] = x[M, K] @ W^T, int8 activations, by the GEMM whatever M (same bits and return codes as
+ * trillium_gguf_decode_q8). */
+int trillium_gguf_gemm_q8(int type, const float *x, long m, long k, long ldx, const uint8_t *w, long n,
+                          float *out, int num_threads) {
+    if (!IS_LEGACY(type) || k % QK) return -1;
+    if (m == 0) return 0;
+    const long nblocks = k / QK, row_bytes = nblocks * block_bytes(type), tiles = (n + GT - 1) / GT;
+    int8_t *q = malloc((size_t)(m * k));
+    float *scales = malloc(sizeof(float) * (size_t)(2 * m * nblocks));
+    int32_t *sums = malloc(sizeof(int32_t) * (size_t)(m * nblocks));
+    if (q == NULL || scales == NULL || sums == NULL) {
+        free(q);
+        free(scales);
+        free(sums);
+        return -2;
+    }
+    float *dx = scales, *sx = scales + m * nblocks;
+    quantize_rows_q8(x, m, k, ldx, q, dx, sx, sums);
+    const int q8 = type == TYPE_Q8_0;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads) reduction(| : failed)
+    {
+        uint8_t *codes = aligned_alloc(64, (size_t)(nblocks * 8 * GT * 4));
+        float *dw = malloc(2 * sizeof(float) * (size_t)(nblocks * GT));
+        const int ok = codes != NULL && dw != NULL;
+        failed = !ok;
+        /* every thread meets the worksharing loop (a thread without buffers skips its tiles, and the call fails) */
+#pragma omp for schedule(static)
+        for (long t = 0; t < tiles; t++) {
+            if (!ok) continue;
+            const long n0 = t * GT, cols = n - n0 < GT ? n - n0 : GT;
+            float *cw = dw + nblocks * GT;
+            gemm_pack(type, w, row_bytes, nblocks, n0, cols, codes, dw, cw);
+            for (long r0 = 0; r0 < m; r0 += GR) {
+                const long rows = m - r0 < GR ? m - r0 : GR;
+                gemm_table[rows - 1](q8, codes, dw, cw, nblocks, q + r0 * k, dx + r0 * nblocks, sx + r0 * nblocks,
+                                     sums + r0 * nblocks, k, out + r0 * n + n0, n, cols);
+            }
+        }
+        free(codes);
+        free(dw);
+    }
+    free(q);
+    free(scales);
+    free(sums);
+    return failed ? -2 : 0;
 }
 
 /* out[N, K] float32 = the dequantized W. Returns 0, or -1 for a bad type. */
@@ -767,4 +945,16 @@ int trillium_gguf_dequantize(int type, const uint8_t *w, long n, long k, float *
                 decode_block(type, blk, (int)s, mul + 2 * s, add + 2 * s, out + j * k + (b * nsub + s) * QK);
         }
     return 0;
+}
+
+/* out[M, N] = x[M, K] @ W^T with int8 activations: the decode kernel up to one pass of its rows (Q8_TILE),
+ * the GEMM above that where its VNNI path is built (same bits either way: the section's "Determinism").
+ * WHY the switch there: the GEMM's per-call unpacking of each 16-channel tile is shared by the rows, and
+ * from 9-16 rows on it costs less than the decode kernel's second pass over the weights (SmolLM2's
+ * Q4_1 shapes, 1 and 2 threads: 0.87-0.98x at 8 rows, 1.28x at 16, 2.1x at 64). */
+int trillium_gguf_matmul_q8(int type, const float *x, long m, long k, long ldx, const uint8_t *w, long n,
+                            float *out, int num_threads) {
+    if (m > Q8_TILE && trillium_gguf_gemm_q8_vectorized())
+        return trillium_gguf_gemm_q8(type, x, m, k, ldx, w, n, out, num_threads);
+    return trillium_gguf_decode_q8(type, x, m, k, ldx, w, n, out, num_threads);
 }

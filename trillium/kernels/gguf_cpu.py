@@ -1,6 +1,7 @@
 """GGUF weight-only matmuls on CPU: the C kernel in gguf_cpu.c, built at first use, called by ctypes.
 
     matmul(x [M, K] float32, blocks [N, row_bytes] uint8, ggml_type, K, activations=FLOAT32) -> [M, N] float32
+    gemm_int8 / decode_int8(x, blocks, ggml_type, K)         (matmul's two int8 kernels, one each: the same bits)
     dequantize(blocks, ggml_type, K) -> [N, K] float32
     available() -> bool        (a C compiler built the kernel here)
 
@@ -54,6 +55,12 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.trillium_gguf_matmul.restype = ctypes.c_int
     lib.trillium_gguf_matmul_q8.argtypes = lib.trillium_gguf_matmul.argtypes
     lib.trillium_gguf_matmul_q8.restype = ctypes.c_int
+    lib.trillium_gguf_decode_q8.argtypes = lib.trillium_gguf_matmul.argtypes
+    lib.trillium_gguf_decode_q8.restype = ctypes.c_int
+    lib.trillium_gguf_gemm_q8.argtypes = lib.trillium_gguf_matmul.argtypes
+    lib.trillium_gguf_gemm_q8.restype = ctypes.c_int
+    lib.trillium_gguf_gemm_q8_vectorized.argtypes = []
+    lib.trillium_gguf_gemm_q8_vectorized.restype = ctypes.c_int
     lib.trillium_gguf_dequantize.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
                                              ctypes.c_void_p, ctypes.c_int]
     lib.trillium_gguf_dequantize.restype = ctypes.c_int
@@ -90,32 +97,62 @@ def _check(blocks: torch.Tensor, ggml_type: int, k: int) -> None:
                          f"bytes on the CPU, got {tuple(blocks.shape)} on {blocks.device}")
 
 
-def matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int, activations: str = FLOAT32) -> torch.Tensor:
-    """x [M, K] float32 @ dequantize(blocks)^T -> [M, N] float32.
-
-    `activations` INT8: x quantized to int8 blocks and integer dot products (the C file's
-    "int8 activations" section), for the INT8_TYPES only: another type raises ValueError."""
+def _checked(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int) -> tuple[ctypes.CDLL, torch.Tensor]:
     lib = _LIBRARY.get()
     if lib is None:
         raise RuntimeError(f"GGUF CPU kernel unavailable: {unavailable_reason()}")
     _check(blocks, ggml_type, k)
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k or x.device.type != "cpu":
         raise ValueError(f"x must be float32 [M, {k}] on the CPU, got {x.dtype} {tuple(x.shape)} on {x.device}")
-    if x.stride(1) != 1:
-        x = x.contiguous()
+    return lib, x if x.stride(1) == 1 else x.contiguous()
+
+
+def _int8_call(fn, x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor:
+    if ggml_type not in INT8_TYPES:
+        raise ValueError(f"{FORMAT_NAMES[ggml_type]} has no int8-activation kernel "
+                         f"(have {', '.join(FORMAT_NAMES[t] for t in sorted(INT8_TYPES))})")
     out = torch.empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
+    rc = fn(ggml_type, x.data_ptr(), x.shape[0], k, x.stride(0), blocks.data_ptr(), blocks.shape[0], out.data_ptr(),
+            torch.get_num_threads())
+    if rc == -2:
+        raise MemoryError(f"int8 activations of {tuple(x.shape)}: allocation failed")
+    return out
+
+
+def matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int, activations: str = FLOAT32) -> torch.Tensor:
+    """x [M, K] float32 @ dequantize(blocks)^T -> [M, N] float32.
+
+    `activations` INT8: x quantized to int8 blocks and integer dot products (the C file's
+    "int8 activations" section), for the INT8_TYPES only: another type raises ValueError."""
+    lib, x = _checked(x, blocks, ggml_type, k)
     if check_activations(activations) == INT8:
-        if ggml_type not in INT8_TYPES:
-            raise ValueError(f"{FORMAT_NAMES[ggml_type]} has no int8-activation kernel "
-                             f"(have {', '.join(FORMAT_NAMES[t] for t in sorted(INT8_TYPES))})")
-        rc = lib.trillium_gguf_matmul_q8(ggml_type, x.data_ptr(), x.shape[0], k, x.stride(0), blocks.data_ptr(),
-                                         blocks.shape[0], out.data_ptr(), torch.get_num_threads())
-        if rc == -2:
-            raise MemoryError(f"int8 activations of {tuple(x.shape)}: allocation failed")
-        return out
+        return _int8_call(lib.trillium_gguf_matmul_q8, x, blocks, ggml_type, k)
+    out = torch.empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
     lib.trillium_gguf_matmul(ggml_type, x.data_ptr(), x.shape[0], k, x.stride(0), blocks.data_ptr(),
                              blocks.shape[0], out.data_ptr(), torch.get_num_threads())
     return out
+
+
+def gemm_int8(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor:
+    """`matmul(x, blocks, ggml_type, k, INT8)` by the many-row kernel only (the C file's "many rows"
+    section), whatever M; `matmul` runs it above 8 rows where it is vectorized. The same bits as
+    `decode_int8` (the same integer dots and float operations in the same order), so a row's result
+    does not depend on the other rows or on which of the two ran it."""
+    lib, x = _checked(x, blocks, ggml_type, k)
+    return _int8_call(lib.trillium_gguf_gemm_q8, x, blocks, ggml_type, k)
+
+
+def decode_int8(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor:
+    """`matmul(x, blocks, ggml_type, k, INT8)` by the decode kernel only, whatever M (tests, benches)."""
+    lib, x = _checked(x, blocks, ggml_type, k)
+    return _int8_call(lib.trillium_gguf_decode_q8, x, blocks, ggml_type, k)
+
+
+def gemm_int8_vectorized() -> bool:
+    """`gemm_int8` has its AVX-512 VNNI path here (else it runs plain loops, slower than dequantize +
+    oneDNN, and packed_linear.py keeps that)."""
+    lib = _LIBRARY.get()
+    return lib is not None and bool(lib.trillium_gguf_gemm_q8_vectorized())
 
 
 def dequantize(blocks: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor:

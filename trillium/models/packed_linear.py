@@ -20,10 +20,14 @@ reads the whole matrix every step.
 Forward: up to `DEQUANTIZE_ROWS` activation rows (decode, small batches; 64 with int8 activations) run
 the packed kernel (`trillium.kernels.gguf_cpu`), which reads only the blocks
 (int8 or float32 activations: `GgufLinear.activations`, from load_model's
-`gguf_activations`);
-larger batches (prefill) dequantize the blocks once into a temporary float32
-matrix and run oneDNN, whose float GEMM wins once the weight read is shared
-by many rows (bench/quant_matmul.py measures both).
+`gguf_activations`; with int8 the C side itself takes its GEMM above 8 rows).
+Larger batches (prefill) with int8 activations run the int8 GEMM
+(`gguf_cpu.gemm_int8`: the weight codes repacked per call so one VNNI
+instruction serves 16 output channels; ~3x dequantize + oneDNN at 1 thread,
+bench/quant_matmul.py --prefill; the decode kernel's bits, so a row's
+logits do not depend on its step's size); with float32 activations, or
+where that GEMM has no AVX-512 VNNI path, they dequantize the blocks once
+into a temporary float32 matrix and run oneDNN.
 
 Tensor parallel: each rank's blocks are the packed rows / whole blocks of
 its slice (gguf_tensor_parallel.py), so the same kernel runs on the shard;
@@ -111,8 +115,12 @@ class GgufLinear(nn.Module):
 def _gguf_linear(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, in_features: int,
                  bias: torch.Tensor | None, activations: str) -> torch.Tensor:
     """x [M, K] @ W^T (+ bias): the packed kernel up to DEQUANTIZE_ROWS rows (float32 activations) or
-    DEQUANTIZE_ROWS_INT8 (int8), else dequantize + oneDNN (float32, exact)."""
+    DEQUANTIZE_ROWS_INT8 (int8); more rows (prefill): int8, the int8 GEMM (`gguf_cpu.gemm_int8`, where
+    its AVX-512 VNNI path built), else dequantize + oneDNN (float32, exact)."""
     if x.shape[0] > _packed_rows(activations):
+        if activations == gguf_cpu.INT8 and gguf_cpu.gemm_int8_vectorized():
+            out = gguf_cpu.gemm_int8(x, blocks, ggml_type, in_features)
+            return out if bias is None else out.add_(bias)
         return linear(x, gguf_cpu.dequantize(blocks, ggml_type, in_features), bias)
     # compiled decode's padding rows cost FMAs here: skipped (kernels/padded_rows.py)
     out = padded_rows.skip_padding(x, blocks.shape[0], lambda live: gguf_cpu.matmul(live, blocks, ggml_type, in_features,
