@@ -193,7 +193,7 @@ def prefill_table(formats: tuple[Q, ...] = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_1)) -> 
             for m in (64, 128, 512):
                 x = torch.randn(m, k)
                 gemm = timed_us(lambda: gguf_cpu.gemm_int8(x, blocks, int(fmt), k)) / 1000
-                dec = timed_us(lambda: gguf_cpu.matmul(x, blocks, int(fmt), k, gguf_cpu.INT8)) / 1000
+                dec = timed_us(lambda: gguf_cpu.decode_int8(x, blocks, int(fmt), k)) / 1000
                 deq = timed_us(lambda: linear(x, gguf_cpu.dequantize(blocks, int(fmt), k))) / 1000
                 print(f"| {name} ({n} x {k}) | {fmt.name} | {m} | {gemm:.2f} | {dec:.2f} | {deq:.2f} | "
                       f"{deq / gemm:.2f}x | {n * k * m / gemm / 1e6:.0f} |")

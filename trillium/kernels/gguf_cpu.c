@@ -780,34 +780,78 @@ int trillium_gguf_gemm_q8_vectorized(void) {
 #endif
 }
 
+#if defined(__AVX2__)
+/* r[i] = row i of an 8 x 8 matrix of dwords; afterwards r[c] = column c. */
+static inline void transpose8x8_epi32(__m256i *r) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 2; j++) {
+            u[4 * h + 2 * j] = _mm256_unpacklo_epi64(t[4 * h + j], t[4 * h + j + 2]);
+            u[4 * h + 2 * j + 1] = _mm256_unpackhi_epi64(t[4 * h + j], t[4 * h + j + 2]);
+        }
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm256_permute2x128_si256(u[c], u[c + 4], 0x20);
+        r[c + 4] = _mm256_permute2x128_si256(u[c], u[c + 4], 0x31);
+    }
+}
+#endif
+
 /* Weight rows [n0, n0 + rows) (rows <= GT) as codes [nblocks][8][GT][4] bytes, d and cw [nblocks][GT];
- * lanes past `rows` are zero. */
+ * lanes past `rows` are zero. Vector path: per block, the 16 rows' codes (8 dwords each) go through two
+ * 8 x 8 dword transposes, and the next tile's rows (one contiguous range) are prefetched a slice per block,
+ * as in qdot_rows. */
 static void gemm_pack(int type, const uint8_t *w, long row_bytes, long nblocks, long n0, long rows,
                       uint8_t *codes, float *dw, float *cw) {
     const long bb = block_bytes(type);
+    const uint8_t *base = w + n0 * row_bytes;
+#if defined(__AVX2__)
+    for (long b = 0; b < nblocks; b++) {
+        for (long at = b * GT * bb; at < (b + 1) * GT * bb; at += 64)
+            _mm_prefetch((const char *)(base + GT * row_bytes + at), _MM_HINT_T0);
+        __m256i half[2][8];
+        for (long i = 0; i < GT; i++) {
+            __m256i c = _mm256_setzero_si256();
+            float d = 0.0f, corr = 0.0f;
+            if (i < rows) {
+                const uint8_t *blk = base + i * row_bytes + b * bb;
+                if (type == TYPE_Q8_0) {
+                    c = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)), _mm256_set1_epi8((char)0x80));
+                } else {
+                    __m256i unused;
+                    c = block_codes(type, blk, &unused);
+                }
+                block_scales(type, blk, &d, &corr);
+            }
+            half[i / 8][i % 8] = c;
+            dw[b * GT + i] = d;
+            cw[b * GT + i] = type == TYPE_Q8_0 ? -128.0f * d : corr;
+        }
+        transpose8x8_epi32(half[0]);
+        transpose8x8_epi32(half[1]);
+        uint8_t *dst = codes + b * 8 * GT * 4;
+        for (int q4 = 0; q4 < 8; q4++) {  /* chunk q4: rows 0-7 then rows 8-15 */
+            _mm256_storeu_si256((__m256i *)(dst + q4 * GT * 4), half[0][q4]);
+            _mm256_storeu_si256((__m256i *)(dst + q4 * GT * 4 + 32), half[1][q4]);
+        }
+    }
+#else
     if (rows < GT) {
         memset(codes, 0, (size_t)(nblocks * 8 * GT * 4));
         memset(dw, 0, sizeof(float) * (size_t)(nblocks * GT));
         memset(cw, 0, sizeof(float) * (size_t)(nblocks * GT));
     }
     for (long i = 0; i < rows; i++) {
-        const uint8_t *row = w + (n0 + i) * row_bytes;
+        const uint8_t *row = base + i * row_bytes;
         for (long b = 0; b < nblocks; b++) {
             const uint8_t *blk = row + b * bb;
-            uint8_t c[QK] __attribute__((aligned(32)));
-#if defined(__AVX2__)
-            if (type == TYPE_Q8_0) {
-                const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 2));
-                _mm256_store_si256((__m256i *)c, _mm256_xor_si256(raw, _mm256_set1_epi8((char)0x80)));
-            } else {
-                __m256i unused;
-                _mm256_store_si256((__m256i *)c, block_codes(type, blk, &unused));
-            }
-#else
             int ci[QK];
+            uint8_t c[QK];
             block_codes_int(type, blk, ci);
             for (int j = 0; j < QK; j++) c[j] = (uint8_t)(type == TYPE_Q8_0 ? ci[j] + 128 : ci[j]);
-#endif
             uint8_t *dst = codes + b * 8 * GT * 4 + i * 4;
             for (int q4 = 0; q4 < 8; q4++) memcpy(dst + q4 * GT * 4, c + q4 * 4, 4);
             float d, corr;
@@ -816,6 +860,7 @@ static void gemm_pack(int type, const uint8_t *w, long row_bytes, long nblocks, 
             cw[b * GT + i] = type == TYPE_Q8_0 ? -128.0f * d : corr;
         }
     }
+#endif
 }
 
 /* out[r, 0..cols) for activation rows [0, rows) against one packed tile. */
@@ -947,14 +992,17 @@ int trillium_gguf_dequantize(int type, const uint8_t *w, long n, long k, float *
     return 0;
 }
 
-/* out[M, N] = x[M, K] @ W^T with int8 activations: the decode kernel up to one pass of its rows (Q8_TILE),
- * the GEMM above that where its VNNI path is built (same bits either way: the section's "Determinism").
- * WHY the switch there: the GEMM's per-call unpacking of each 16-channel tile is shared by the rows, and
- * from 9-16 rows on it costs less than the decode kernel's second pass over the weights (SmolLM2's
- * Q4_1 shapes, 1 and 2 threads: 0.87-0.98x at 8 rows, 1.28x at 16, 2.1x at 64). */
+/* Rows from which trillium_gguf_matmul_q8 takes the GEMM (where its VNNI path is built). WHY 4: the
+ * GEMM's per-call unpacking of each 16-channel tile is shared by the rows, and from 4 rows on the
+ * GEMM costs less than the decode kernel's lane sums (SmolLM2's four Q4_1 shapes, 1 and 2 threads:
+ * 0.63-0.66x at 1 row, 0.93x at 3, 1.07x at 4, 1.24x at 5, 1.39x at 8, 1.81x at 16, 2.5x at 64). */
+#define GEMM_MIN_ROWS 4
+
+/* out[M, N] = x[M, K] @ W^T with int8 activations: the decode kernel below GEMM_MIN_ROWS rows, else the
+ * GEMM (same bits either way: the section's "Determinism"). */
 int trillium_gguf_matmul_q8(int type, const float *x, long m, long k, long ldx, const uint8_t *w, long n,
                             float *out, int num_threads) {
-    if (m > Q8_TILE && trillium_gguf_gemm_q8_vectorized())
+    if (m >= GEMM_MIN_ROWS && trillium_gguf_gemm_q8_vectorized())
         return trillium_gguf_gemm_q8(type, x, m, k, ldx, w, n, out, num_threads);
     return trillium_gguf_decode_q8(type, x, m, k, ldx, w, n, out, num_threads);
 }

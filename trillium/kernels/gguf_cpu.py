@@ -135,7 +135,7 @@ def matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int, activa
 
 def gemm_int8(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor:
     """`matmul(x, blocks, ggml_type, k, INT8)` by the many-row kernel only (the C file's "many rows"
-    section), whatever M; `matmul` runs it above 8 rows where it is vectorized. The same bits as
+    section), whatever M; `matmul` runs it from 4 rows where it is vectorized. The same bits as
     `decode_int8` (the same integer dots and float operations in the same order), so a row's result
     does not depend on the other rows or on which of the two ran it."""
     lib, x = _checked(x, blocks, ggml_type, k)

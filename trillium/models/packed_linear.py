@@ -20,7 +20,7 @@ reads the whole matrix every step.
 Forward: up to `DEQUANTIZE_ROWS` activation rows (decode, small batches; 64 with int8 activations) run
 the packed kernel (`trillium.kernels.gguf_cpu`), which reads only the blocks
 (int8 or float32 activations: `GgufLinear.activations`, from load_model's
-`gguf_activations`; with int8 the C side itself takes its GEMM above 8 rows).
+`gguf_activations`; with int8 the C side itself takes its GEMM from 4 rows).
 Larger batches (prefill) with int8 activations run the int8 GEMM
 (`gguf_cpu.gemm_int8`: the weight codes repacked per call so one VNNI
 instruction serves 16 output channels; ~3x dequantize + oneDNN at 1 thread,
