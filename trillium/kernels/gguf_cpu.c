@@ -543,6 +543,32 @@ static void quantize_rows_q8(const float *x, long m, long k, long ldx, int8_t *q
         }
 }
 
+/* The int8 paths' quantized activations, in one allocation: q [m, k], dx / sx / sums [m, k / 32]. */
+typedef struct {
+    void *mem;
+    int8_t *q;
+    float *dx, *sx;
+    int32_t *sums;
+} QRows;
+
+/* The int8 entry points' start: -1 for a type without the integer path or a bad K, 1 with no rows (nothing
+ * to do), -2 when the buffer cannot be allocated, else 0 with `a` filled (the caller frees a->mem). */
+static int qrows_quantize(QRows *a, int type, const float *x, long m, long k, long ldx) {
+    if (!IS_LEGACY(type) || k % QK) return -1;
+    if (m == 0) return 1;
+    const long nb = k / QK;
+    const size_t q_bytes = ((size_t)(m * k) + 63) / 64 * 64;  /* q first, on a cache line, as malloc'd alone */
+    const size_t bytes = q_bytes + (size_t)(m * nb) * (2 * sizeof(float) + sizeof(int32_t));
+    a->mem = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (a->mem == NULL) return -2;
+    a->q = (int8_t *)a->mem;
+    a->dx = (float *)((uint8_t *)a->mem + q_bytes);
+    a->sx = a->dx + m * nb;
+    a->sums = (int32_t *)(a->sx + m * nb);
+    quantize_rows_q8(x, m, k, ldx, a->q, a->dx, a->sx, a->sums);
+    return 0;
+}
+
 /* A block's scale d and the coefficient cw of its activation sum (see the header above). */
 static inline __attribute__((always_inline)) void block_scales(int type, const uint8_t *blk, float *d, float *cw) {
     *d = half_to_float(read_u16(blk));
@@ -720,33 +746,21 @@ static const qdot_fn *qdot_table(int type) {
  * -1 for a type without the integer path (the K-quants) or a bad K, -2 when a buffer cannot be allocated. */
 int trillium_gguf_decode_q8(int type, const float *x, long m, long k, long ldx, const uint8_t *w, long n,
                             float *out, int num_threads) {
-    if (!IS_LEGACY(type) || k % QK) return -1;
-    if (m == 0) return 0;
+    QRows a;
+    const int rc = qrows_quantize(&a, type, x, m, k, ldx);
+    if (rc != 0) return rc > 0 ? 0 : rc;
     const long nblocks = k / QK, row_bytes = nblocks * block_bytes(type), groups = (n + QW - 1) / QW;
-    int8_t *q = malloc((size_t)(m * k));
-    float *scales = malloc(sizeof(float) * (size_t)(2 * m * nblocks));
-    int32_t *sums = malloc(sizeof(int32_t) * (size_t)(m * nblocks));
-    if (q == NULL || scales == NULL || sums == NULL) {
-        free(q);
-        free(scales);
-        free(sums);
-        return -2;
-    }
-    float *dx = scales, *sx = scales + m * nblocks;
-    quantize_rows_q8(x, m, k, ldx, q, dx, sx, sums);
     const qdot_fn *dots = qdot_table(type);
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (long gi = 0; gi < groups; gi++) {
         const long j0 = gi * QW, cols = n - j0 < QW ? n - j0 : QW;
         for (long r0 = 0; r0 < m; r0 += Q8_TILE) {
             const long rows = m - r0 < Q8_TILE ? m - r0 : Q8_TILE;
-            dots[rows - 1](w + j0 * row_bytes, row_bytes, cols, nblocks, q + r0 * k, dx + r0 * nblocks,
-                           sx + r0 * nblocks, k, out + r0 * n + j0, n, cols);
+            dots[rows - 1](w + j0 * row_bytes, row_bytes, cols, nblocks, a.q + r0 * k, a.dx + r0 * nblocks,
+                           a.sx + r0 * nblocks, k, out + r0 * n + j0, n, cols);
         }
     }
-    free(q);
-    free(scales);
-    free(sums);
+    free(a.mem);
     return 0;
 }
 
@@ -931,20 +945,10 @@ static const gemm_fn gemm_table[GR] = {gemm_1, gemm_2, gemm_3, gemm_4, gemm_5, g
  * trillium_gguf_decode_q8). */
 int trillium_gguf_gemm_q8(int type, const float *x, long m, long k, long ldx, const uint8_t *w, long n,
                           float *out, int num_threads) {
-    if (!IS_LEGACY(type) || k % QK) return -1;
-    if (m == 0) return 0;
+    QRows a;
+    const int rc = qrows_quantize(&a, type, x, m, k, ldx);
+    if (rc != 0) return rc > 0 ? 0 : rc;
     const long nblocks = k / QK, row_bytes = nblocks * block_bytes(type), tiles = (n + GT - 1) / GT;
-    int8_t *q = malloc((size_t)(m * k));
-    float *scales = malloc(sizeof(float) * (size_t)(2 * m * nblocks));
-    int32_t *sums = malloc(sizeof(int32_t) * (size_t)(m * nblocks));
-    if (q == NULL || scales == NULL || sums == NULL) {
-        free(q);
-        free(scales);
-        free(sums);
-        return -2;
-    }
-    float *dx = scales, *sx = scales + m * nblocks;
-    quantize_rows_q8(x, m, k, ldx, q, dx, sx, sums);
     const int q8 = type == TYPE_Q8_0;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
@@ -962,16 +966,14 @@ int trillium_gguf_gemm_q8(int type, const float *x, long m, long k, long ldx, co
             gemm_pack(type, w, row_bytes, nblocks, n0, cols, codes, dw, cw);
             for (long r0 = 0; r0 < m; r0 += GR) {
                 const long rows = m - r0 < GR ? m - r0 : GR;
-                gemm_table[rows - 1](q8, codes, dw, cw, nblocks, q + r0 * k, dx + r0 * nblocks, sx + r0 * nblocks,
-                                     sums + r0 * nblocks, k, out + r0 * n + n0, n, cols);
+                gemm_table[rows - 1](q8, codes, dw, cw, nblocks, a.q + r0 * k, a.dx + r0 * nblocks, a.sx + r0 * nblocks,
+                                     a.sums + r0 * nblocks, k, out + r0 * n + n0, n, cols);
             }
         }
         free(codes);
         free(dw);
     }
-    free(q);
-    free(scales);
-    free(sums);
+    free(a.mem);
     return failed ? -2 : 0;
 }
 
