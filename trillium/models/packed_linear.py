@@ -169,6 +169,9 @@ class PackedReport:
             modes.setdefault(mode, set()).add(self.packed[module])
         if modes:
             out += "; activations " + ", ".join(f"{mode} ({', '.join(sorted(fmts))})" for mode, fmts in sorted(modes.items()))
+        if gguf_cpu.INT8 in modes:  # which kernel the int8 batches of 4+ rows (prefill) get here
+            out += ("; int8 GEMM (AVX-512 VNNI) from 4 rows" if gguf_cpu.gemm_int8_vectorized()
+                    else "; no int8 GEMM here (no AVX-512 VNNI): int8 prefill dequantizes for oneDNN")
         if self.dequantized:
             reasons: dict[str, int] = {}
             for why in self.dequantized.values():
