@@ -23,7 +23,7 @@ Run: .venv/bin/python bench/quant_matmul.py [--model PATH] [--threads N] [--max-
    matmul and the ratio to M = 1, int8 and float32 activations, beside float32 oneDNN on the same
    weights dequantized.
 4. --prefill (only this): many activation rows. The int8 GEMM (gguf_cpu.gemm_int8, what int8
-   activations run above 64 rows) beside the decode kernel and dequantize + oneDNN at M = 64, 128,
+   activations run from 4 rows) beside the decode kernel and dequantize + oneDNN at M = 64, 128,
    512 on SmolLM2's shapes, and the default model's prefill forward (128 and 512 prompt tokens) with
    int8 activations (the GEMM) and float32 ones (dequantize + oneDNN, the path int8 prefill took
    before the GEMM). Between them, where int8 switches from the decode kernel to the GEMM: 24

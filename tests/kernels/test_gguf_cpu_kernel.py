@@ -14,7 +14,7 @@ vector width, batches 1, a partial row tile and several tiles. Mirrors the split
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -246,7 +246,7 @@ def test_int8_gemm_rows_do_not_depend_on_the_other_rows_or_threads(qtype):
     assert torch.equal(gguf_cpu.gemm_int8(strided[:, :k], blocks, int(qtype), k), whole)
 
 
-_CPU_FLAGS = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+_CPU_FLAGS = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
 _BUILDS = {"plain C": ("-O2",), "AVX2": ("-O2", "-mavx2", "-mfma", "-mf16c")}
 
 

@@ -780,7 +780,7 @@ int trillium_gguf_decode_q8(int type, const float *x, long m, long k, long ldx, 
  * Codes are unsigned bytes: Q4_x / Q5_x their codes, Q8_0 c + 128, whose 128 * sum(q) is taken off the
  * int32 dot again (quantize_rows_q8's integer sums), so every dot is the exact integer qdot_rows gets.
  * Then the same float operations in the same order as qdot_rows (see "Determinism" above): the two
- * paths give the same bits, and packed_linear.py picks one by row count only for speed.
+ * paths give the same bits, and trillium_gguf_matmul_q8 picks one by row count only for speed.
  * AVX-512 VNNI path (vpdpbusd on 512 bits); elsewhere the same layout in plain C
  * (trillium_gguf_gemm_q8_vectorized() says which; the Python side then keeps dequantize + oneDNN). */
 #define GT 16  /* weight rows per tile: the 16 int32 lanes of a 512-bit vector */
@@ -842,7 +842,7 @@ static void gemm_pack(int type, const uint8_t *w, long row_bytes, long nblocks, 
             }
             half[i / 8][i % 8] = c;
             dw[b * GT + i] = d;
-            cw[b * GT + i] = type == TYPE_Q8_0 ? -128.0f * d : corr;
+            cw[b * GT + i] = corr;  /* Q8_0: unused (its + 128 comes off the integer dot) */
         }
         transpose8x8_epi32(half[0]);
         transpose8x8_epi32(half[1]);
@@ -871,7 +871,7 @@ static void gemm_pack(int type, const uint8_t *w, long row_bytes, long nblocks, 
             float d, corr;
             block_scales(type, blk, &d, &corr);
             dw[b * GT + i] = d;
-            cw[b * GT + i] = type == TYPE_Q8_0 ? -128.0f * d : corr;
+            cw[b * GT + i] = corr;
         }
     }
 #endif

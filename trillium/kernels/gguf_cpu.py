@@ -31,6 +31,7 @@ loaded (same soname), so `torch.get_num_threads()` bounds both.
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 
 import torch
@@ -148,9 +149,10 @@ def decode_int8(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int) -
     return _int8_call(lib.trillium_gguf_decode_q8, x, blocks, ggml_type, k)
 
 
+@functools.cache
 def gemm_int8_vectorized() -> bool:
     """`gemm_int8` has its AVX-512 VNNI path here (else it runs plain loops, slower than dequantize +
-    oneDNN, and packed_linear.py keeps that)."""
+    oneDNN, and packed_linear.py keeps that). Fixed once the library is built: asked once."""
     lib = _LIBRARY.get()
     return lib is not None and bool(lib.trillium_gguf_gemm_q8_vectorized())
 

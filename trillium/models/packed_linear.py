@@ -21,8 +21,8 @@ Forward: up to `DEQUANTIZE_ROWS` activation rows (decode, small batches; 64 with
 the packed kernel (`trillium.kernels.gguf_cpu`), which reads only the blocks
 (int8 or float32 activations: `GgufLinear.activations`, from load_model's
 `gguf_activations`; with int8 the C side itself takes its GEMM from 4 rows).
-Larger batches (prefill) with int8 activations run the int8 GEMM
-(`gguf_cpu.gemm_int8`: the weight codes repacked per call so one VNNI
+Larger batches (prefill) with int8 activations stay on `gguf_cpu.matmul`, i.e. the int8 GEMM
+(gguf_cpu.c's "many rows" kernel: the weight codes repacked per call so one VNNI
 instruction serves 16 output channels; ~3x dequantize + oneDNN at 1 thread,
 bench/quant_matmul.py --prefill; the decode kernel's bits, so a row's
 logits do not depend on its step's size); with float32 activations, or
@@ -114,13 +114,12 @@ class GgufLinear(nn.Module):
 
 def _gguf_linear(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, in_features: int,
                  bias: torch.Tensor | None, activations: str) -> torch.Tensor:
-    """x [M, K] @ W^T (+ bias): the packed kernel up to DEQUANTIZE_ROWS rows (float32 activations) or
-    DEQUANTIZE_ROWS_INT8 (int8); more rows (prefill): int8, the int8 GEMM (`gguf_cpu.gemm_int8`, where
-    its AVX-512 VNNI path built), else dequantize + oneDNN (float32, exact)."""
-    if x.shape[0] > _packed_rows(activations):
-        if activations == gguf_cpu.INT8 and gguf_cpu.gemm_int8_vectorized():
-            out = gguf_cpu.gemm_int8(x, blocks, ggml_type, in_features)
-            return out if bias is None else out.add_(bias)
+    """x [M, K] @ W^T (+ bias): the packed kernels up to DEQUANTIZE_ROWS rows (float32 activations) or
+    DEQUANTIZE_ROWS_INT8 (int8), and at any row count with int8 where the int8 GEMM's AVX-512 VNNI path
+    built (`gguf_cpu.matmul` itself takes the GEMM from 4 rows); more rows otherwise (prefill):
+    dequantize + oneDNN (float32, exact)."""
+    if x.shape[0] > _packed_rows(activations) and not (activations == gguf_cpu.INT8
+                                                        and gguf_cpu.gemm_int8_vectorized()):
         return linear(x, gguf_cpu.dequantize(blocks, ggml_type, in_features), bias)
     # compiled decode's padding rows cost FMAs here: skipped (kernels/padded_rows.py)
     out = padded_rows.skip_padding(x, blocks.shape[0], lambda live: gguf_cpu.matmul(live, blocks, ggml_type, in_features,
@@ -131,7 +130,8 @@ def _gguf_linear(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, in_featu
 
 
 def _packed_rows(activations: str) -> int:
-    """Rows up to which the packed kernel runs (more: dequantize + oneDNN)."""
+    """Rows up to which the packed decode kernel (and trillium_native::gguf_linear) serves every format
+    and build (more: dequantize + oneDNN, or with int8 the int8 GEMM where it is vectorized)."""
     return DEQUANTIZE_ROWS_INT8 if activations == gguf_cpu.INT8 else DEQUANTIZE_ROWS
 
 
