@@ -20,8 +20,9 @@ Run: .venv/bin/python bench/quant_matmul.py [--model PATH] [--threads N] [--max-
 3. --rows-sweep (only this): what each extra activation row costs, M = 1..8 (small batches and
    speculative verify steps, a token and its drafts): SmolLM2's down projection in Q4_1, 40
    different weights in turn (22 MiB, so they come from L3 / memory as in a forward), mean us per
-   matmul and the ratio to M = 1, int8 and float32 activations, beside float32 oneDNN on the same
-   weights dequantized.
+   matmul and the ratio to M = 1, int8 (what matmul runs: the GEMM's fused pass where AVX-512 VNNI
+   is built, beside the decode kernel and the buffered GEMM alone) and float32 activations, beside
+   float32 oneDNN on the same weights dequantized.
 4. --prefill (only this): many activation rows. The int8 GEMM (gguf_cpu.gemm_int8, what int8
    activations run from 4 rows) beside the decode kernel and dequantize + oneDNN at M = 64, 128,
    512 on SmolLM2's shapes, and the default model's prefill forward (128 and 512 prompt tokens) with
@@ -164,16 +165,19 @@ def rows_sweep(fmt: Q = Q.Q4_1, n: int = 576, k: int = 1536, count: int = 40) ->
         blocks = encode((rng.standard_normal((n, k)) * 0.05).astype(np.float32), fmt)
         weights.append((torch.from_numpy(np.ascontiguousarray(blocks)), torch.from_numpy(dequantize(blocks, fmt).copy())))
     print(f"rows sweep: {fmt.name} {n} x {k}, {count} weights in turn, mean us per matmul")
-    print("| M | packed int8 us | x M = 1 | packed us | x M = 1 | float32 us | x M = 1 |\n|---|---|---|---|---|---|---|")
+    print("| M | packed int8 us | x M = 1 | int8 decode kernel us | int8 GEMM us | packed us | x M = 1 | float32 us "
+          "| x M = 1 |\n|---|---|---|---|---|---|---|---|---|")
     base = None
     for m in (1, 2, 3, 4, 5, 6, 7, 8):
         x = torch.randn(m, k)
         int8 = timed_us(lambda: [gguf_cpu.matmul(x, b, int(fmt), k, gguf_cpu.INT8) for b, _ in weights]) / count
+        decode = timed_us(lambda: [gguf_cpu.decode_int8(x, b, int(fmt), k) for b, _ in weights]) / count
+        gemm = timed_us(lambda: [gguf_cpu.gemm_int8(x, b, int(fmt), k) for b, _ in weights]) / count
         packed = timed_us(lambda: [gguf_cpu.matmul(x, b, int(fmt), k) for b, _ in weights]) / count
         dense = timed_us(lambda: [linear(x, w) for _, w in weights]) / count
         base = base or (int8, packed, dense)
-        print(f"| {m} | {int8:.0f} | {int8 / base[0]:.2f} | {packed:.0f} | {packed / base[1]:.2f} | {dense:.0f} | "
-              f"{dense / base[2]:.2f} |")
+        print(f"| {m} | {int8:.0f} | {int8 / base[0]:.2f} | {decode:.0f} | {gemm:.0f} | {packed:.0f} | "
+              f"{packed / base[1]:.2f} | {dense:.0f} | {dense / base[2]:.2f} |")
 
 
 PREFILL_SHAPES = SHAPES[:2] + (("SmolLM2 qkv", 960, 576), ("SmolLM2 o", 576, 576))
@@ -227,13 +231,19 @@ def switch_table(fmt: Q = Q.Q4_1, copies: int = 6) -> None:
                for _ in range(copies) for _, n, k in (("qkv", 960, 576), ("o", 576, 576), ("gate_up", 3072, 576),
                                                       ("down", 576, 1536))]  # fmt: skip
     kernels = {"decode kernel": gguf_cpu.decode_int8, "GEMM": gguf_cpu.gemm_int8,
+               f"GEMM's fused passes (<= {gguf_cpu.FUSED_MAX_ROWS} rows)": gguf_cpu.fused_int8,
                "matmul (picks)": lambda x, b, t, k: gguf_cpu.matmul(x, b, t, k, gguf_cpu.INT8)}
+    fused = gguf_cpu.gemm_int8_vectorized()  # the fused pass is built with the GEMM's VNNI path
     print(f"\nint8 kernels by row count: {len(weights)} {fmt.name} matmuls (SmolLM2's 4 shapes x {copies}), ms")
-    print("| M | " + " | ".join(kernels) + " | GEMM / decode speed-up |\n|---|---|---|---|---|")
-    for m in (1, 4, 8, 16, 32, 64):
+    print("| M | " + " | ".join(kernels) + " | GEMM / decode speed-up | fused / decode speed-up |\n"
+          "|---|---|---|---|---|---|---|")
+    for m in (1, 2, 4, 5, 8, 16, 32, 64):
         xs = {k: torch.randn(m, k) for k in (576, 1536)}
-        ms = [timed_us(lambda fn=fn: [fn(xs[k], b, int(fmt), k) for k, b in weights]) / 1000 for fn in kernels.values()]
-        print(f"| {m} | " + " | ".join(f"{t:.2f}" for t in ms) + f" | {ms[0] / ms[1]:.2f}x |")
+        runs = [fn is not gguf_cpu.fused_int8 or (fused and m <= gguf_cpu.FUSED_MAX_ROWS) for fn in kernels.values()]
+        ms = [timed_us(lambda fn=fn: [fn(xs[k], b, int(fmt), k) for k, b in weights]) / 1000 if run else float("nan")
+              for fn, run in zip(kernels.values(), runs)]
+        print(f"| {m} | " + " | ".join("-" if t != t else f"{t:.2f}" for t in ms)
+              + f" | {ms[0] / ms[1]:.2f}x | " + ("-" if ms[2] != ms[2] else f"{ms[0] / ms[2]:.2f}x") + " |")
 
 
 def prefill(model: str) -> None:

@@ -941,6 +941,164 @@ typedef void (*gemm_fn)(int q8, const uint8_t *codes, const float *dw, const flo
 GEMM_FN(1) GEMM_FN(2) GEMM_FN(3) GEMM_FN(4) GEMM_FN(5) GEMM_FN(6) GEMM_FN(7) GEMM_FN(8)
 static const gemm_fn gemm_table[GR] = {gemm_1, gemm_2, gemm_3, gemm_4, gemm_5, gemm_6, gemm_7, gemm_8};
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* One pass of at most GR activation rows against one full tile of GT weight rows, straight from the
+ * blocks: per block, gemm_pack's unpacking and transposes in registers, then gemm_rows's dots and float
+ * operations, in the same order (the same bits). WHY: with a few rows (a verify step's token and its
+ * drafts, a small batch) gemm_pack's pass over the tile writes 16 x K bytes and scalar scales that one
+ * pass of rows reads back once; here nothing goes through memory, and the 8 rows' scales are widened
+ * by one vector conversion each. */
+static inline __attribute__((always_inline)) void gemm_fused_rows(int type, const uint8_t *base, long row_bytes,
+                                                                  long nblocks, const int8_t *q, const float *dx,
+                                                                  const float *sx, const int32_t *sums, long k,
+                                                                  long rows, float *out, long ldo) {
+    const long bb = block_bytes(type);
+    const int q8 = type == TYPE_Q8_0;
+    __m512 f[GR];
+    for (long r = 0; r < rows; r++) f[r] = _mm512_setzero_ps();
+    for (long b = 0; b < nblocks; b++) {
+        for (long at = b * GT * bb; at < (b + 1) * GT * bb; at += 64)
+            _mm_prefetch((const char *)(base + GT * row_bytes + at), _MM_HINT_T0);
+        const uint8_t *blk = base + b * bb;
+        __m512i wq[8];  /* wq[q4] lane i = codes 4 q4 .. 4 q4 + 3 of weight row i (gemm_pack's layout) */
+        /* the 16 rows' first dwords (d, and m or the codes' start), for the scales */
+        const __m512i head = _mm512_i32gather_epi32(_mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                                       _mm512_set1_epi32((int)row_bytes)),
+                                                    (const void *)blk, 1);
+        if (type == TYPE_Q4_0 || type == TYPE_Q4_1) {
+            /* WHY nibbles after the transpose: a block's 16 code bytes are 4 dwords, so the 16 rows go through
+             * one in-lane 4 x 4 dword transpose (rows 4L .. 4L + 3 in 128-bit lane L), and then low / high
+             * nibbles split 16 rows at once; byte j holds code j (low) and code j + 16 (high) */
+            const long at = type == TYPE_Q4_0 ? 2 : 4;
+            __m512i rq[4];
+            for (int c = 0; c < 4; c++) {
+                const uint8_t *bi = blk + at + c * row_bytes;
+                __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)bi));
+                v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(bi + 4 * row_bytes)), 1);
+                v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(bi + 8 * row_bytes)), 2);
+                rq[c] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(bi + 12 * row_bytes)), 3);
+            }
+            const __m512i t0 = _mm512_unpacklo_epi32(rq[0], rq[1]), t1 = _mm512_unpackhi_epi32(rq[0], rq[1]);
+            const __m512i t2 = _mm512_unpacklo_epi32(rq[2], rq[3]), t3 = _mm512_unpackhi_epi32(rq[2], rq[3]);
+            const __m512i p[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2),
+                                  _mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3)};
+            const __m512i m15 = _mm512_set1_epi8(15);
+            for (int j = 0; j < 4; j++) {
+                wq[j] = _mm512_and_si512(p[j], m15);
+                wq[4 + j] = _mm512_and_si512(_mm512_srli_epi16(p[j], 4), m15);
+            }
+        } else {
+            __m256i half[2][8];
+            for (long i = 0; i < GT; i++) {
+                const uint8_t *bi = blk + i * row_bytes;
+                __m256i unused;
+                half[i / 8][i % 8] = q8 ? _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(bi + 2)),
+                                                           _mm256_set1_epi8((char)0x80))
+                                        : block_codes(type, bi, &unused);
+            }
+            transpose8x8_epi32(half[0]);
+            transpose8x8_epi32(half[1]);
+            for (int q4 = 0; q4 < 8; q4++)
+                wq[q4] = _mm512_inserti64x4(_mm512_castsi256_si512(half[0][q4]), half[1][q4], 1);
+        }
+        const __m512 dv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+        __m512 cv = _mm512_setzero_ps();
+        if (type == TYPE_Q4_1 || type == TYPE_Q5_1) cv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
+        if (type == TYPE_Q4_0) cv = _mm512_mul_ps(dv, _mm512_set1_ps(-8.0f));
+        if (type == TYPE_Q5_0) cv = _mm512_mul_ps(dv, _mm512_set1_ps(-16.0f));
+        __m512i a[GR];
+        for (long r = 0; r < rows; r++) a[r] = _mm512_setzero_si512();
+        for (int q4 = 0; q4 < 8; q4++) {
+            const __m512i wv = wq[q4];
+            for (long r = 0; r < rows; r++) {
+                int32_t x4;
+                memcpy(&x4, q + r * k + b * QK + q4 * 4, 4);
+                a[r] = _mm512_dpbusd_epi32(a[r], wv, _mm512_set1_epi32(x4));
+            }
+        }
+        for (long r = 0; r < rows; r++) {
+            const long i = r * nblocks + b;
+            if (q8) a[r] = _mm512_sub_epi32(a[r], _mm512_set1_epi32(128 * sums[i]));  /* the codes' + 128 */
+            f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r]), _mm512_mul_ps(dv, _mm512_set1_ps(dx[i])), f[r]);
+            if (!q8) f[r] = _mm512_fmadd_ps(cv, _mm512_set1_ps(sx[i]), f[r]);
+        }
+    }
+    for (long r = 0; r < rows; r++) _mm512_storeu_ps(out + r * ldo, f[r]);
+}
+
+typedef void (*fused_fn)(const uint8_t *base, long row_bytes, long nblocks, const int8_t *q, const float *dx,
+                         const float *sx, const int32_t *sums, long k, float *out, long ldo);
+/* One function per (format, row count), as QDOT_FN. */
+#define FUSED_FN(T, R)                                                                                          \
+    static __attribute__((noinline)) void fused_##T##_##R(const uint8_t *base, long row_bytes, long nblocks,    \
+                                                          const int8_t *q, const float *dx, const float *sx,    \
+                                                          const int32_t *sums, long k, float *out, long ldo) {  \
+        gemm_fused_rows(T, base, row_bytes, nblocks, q, dx, sx, sums, k, R, out, ldo);                          \
+    }
+#define FUSED_FNS(T) \
+    FUSED_FN(T, 1) FUSED_FN(T, 2) FUSED_FN(T, 3) FUSED_FN(T, 4) FUSED_FN(T, 5) FUSED_FN(T, 6) FUSED_FN(T, 7) FUSED_FN(T, 8)
+FUSED_FNS(TYPE_Q8_0) FUSED_FNS(TYPE_Q4_0) FUSED_FNS(TYPE_Q4_1) FUSED_FNS(TYPE_Q5_0) FUSED_FNS(TYPE_Q5_1)
+#define FUSED_TABLE(T) \
+    {fused_##T##_1, fused_##T##_2, fused_##T##_3, fused_##T##_4, fused_##T##_5, fused_##T##_6, fused_##T##_7, fused_##T##_8}
+
+static const fused_fn *fused_table(int type) {
+    static const fused_fn q8_0[] = FUSED_TABLE(TYPE_Q8_0), q4_0[] = FUSED_TABLE(TYPE_Q4_0),
+                          q4_1[] = FUSED_TABLE(TYPE_Q4_1), q5_0[] = FUSED_TABLE(TYPE_Q5_0),
+                          q5_1[] = FUSED_TABLE(TYPE_Q5_1);
+    static const fused_fn *const by_type[] = {[TYPE_Q8_0] = q8_0, [TYPE_Q4_0] = q4_0, [TYPE_Q4_1] = q4_1,
+                                              [TYPE_Q5_0] = q5_0, [TYPE_Q5_1] = q5_1};
+    return by_type[type];  /* the caller checked IS_LEGACY(type) */
+}
+#endif
+
+/* Rows up to which trillium_gguf_matmul_q8 takes the fused passes: with more, the GEMM's buffer, unpacked
+ * once per tile, beats unpacking each block again for every pass of GR rows (24 SmolLM2 Q4_1 matmuls at 1
+ * thread: two fused passes 3.0 ms against the GEMM's 3.4 at 16 rows, four 6.0 against 5.5 at 32). */
+#define FUSED_MAX_ROWS 16
+
+/* out[M, N] = x[M, K] @ W^T for M <= FUSED_MAX_ROWS, in passes of GR rows: full tiles by the fused pass
+ * above, a last short tile (N not a multiple of GT) through gemm_pack + gemm_rows; the same bits as trillium_gguf_gemm_q8. Returns as it;
+ * -1 also where the fused pass is not built (no AVX-512 VNNI) or M > FUSED_MAX_ROWS. */
+int trillium_gguf_fused_q8(int type, const float *x, long m, long k, long ldx, const uint8_t *w, long n,
+                           float *out, int num_threads) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    if (m > FUSED_MAX_ROWS) return -1;
+    QRows a;
+    const int rc = qrows_quantize(&a, type, x, m, k, ldx);
+    if (rc != 0) return rc > 0 ? 0 : rc;
+    const long nblocks = k / QK, row_bytes = nblocks * block_bytes(type), full = n / GT;
+    const fused_fn *fns = fused_table(type);
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (long t = 0; t < full; t++)
+        for (long r0 = 0; r0 < m; r0 += GR)  /* a second pass reads the tile's blocks from L1 / L2 */
+            fns[(m - r0 < GR ? m - r0 : GR) - 1](w + t * GT * row_bytes, row_bytes, nblocks, a.q + r0 * k,
+                                                 a.dx + r0 * nblocks, a.sx + r0 * nblocks, a.sums + r0 * nblocks, k,
+                                                 out + r0 * n + t * GT, n);
+    int failed = 0;
+    if (full * GT < n) {  /* the short tile: GT - 1 rows at most, one thread */
+        uint8_t *codes = aligned_alloc(64, (size_t)(nblocks * 8 * GT * 4));
+        float *dw = malloc(2 * sizeof(float) * (size_t)(nblocks * GT));
+        if (codes != NULL && dw != NULL) {
+            const long n0 = full * GT;
+            gemm_pack(type, w, row_bytes, nblocks, n0, n - n0, codes, dw, dw + nblocks * GT);
+            for (long r0 = 0; r0 < m; r0 += GR)
+                gemm_table[(m - r0 < GR ? m - r0 : GR) - 1](type == TYPE_Q8_0, codes, dw, dw + nblocks * GT, nblocks,
+                                                            a.q + r0 * k, a.dx + r0 * nblocks, a.sx + r0 * nblocks,
+                                                            a.sums + r0 * nblocks, k, out + r0 * n + n0, n, n - n0);
+        } else {
+            failed = 1;
+        }
+        free(codes);
+        free(dw);
+    }
+    free(a.mem);
+    return failed ? -2 : 0;
+#else
+    (void)type, (void)x, (void)m, (void)k, (void)ldx, (void)w, (void)n, (void)out, (void)num_threads;
+    return -1;
+#endif
+}
+
 /* out[M, N] = x[M, K] @ W^T, int8 activations, by the GEMM whatever M (same bits and return codes as
  * trillium_gguf_decode_q8). */
 int trillium_gguf_gemm_q8(int type, const float *x, long m, long k, long ldx, const uint8_t *w, long n,
@@ -994,17 +1152,17 @@ int trillium_gguf_dequantize(int type, const uint8_t *w, long n, long k, float *
     return 0;
 }
 
-/* Rows from which trillium_gguf_matmul_q8 takes the GEMM (where its VNNI path is built). WHY 4: the
- * GEMM's per-call unpacking of each 16-channel tile is shared by the rows, and from 4 rows on the
- * GEMM costs less than the decode kernel's lane sums (SmolLM2's four Q4_1 shapes, 1 and 2 threads:
- * 0.63-0.66x at 1 row, 0.93x at 3, 1.07x at 4, 1.24x at 5, 1.39x at 8, 1.81x at 16, 2.5x at 64). */
-#define GEMM_MIN_ROWS 4
-
-/* out[M, N] = x[M, K] @ W^T with int8 activations: the decode kernel below GEMM_MIN_ROWS rows, else the
- * GEMM (same bits either way: the section's "Determinism"). */
+/* out[M, N] = x[M, K] @ W^T with int8 activations, where the GEMM's VNNI path is built: up to
+ * FUSED_MAX_ROWS rows the fused passes (trillium_gguf_fused_q8), more rows the GEMM; elsewhere the decode kernel. Same bits on every
+ * path (the section's "Determinism"). WHY the fused pass from one row: it reads each 16-row tile once and
+ * has no lane sums, so it beats the decode kernel at every row count, 1 row included (SmolLM2's Q4_1
+ * shapes at 1 thread: 0.72-0.80x the decode kernel's time at 1 row, 0.53-0.64x at 5, 0.52-0.61x at 8;
+ * the Q8_0 LM head 1.0x / 0.58x / 0.57x), and the GEMM's packed buffer beats it only when several
+ * passes of rows read that buffer (bench/quant_matmul.py --rows-sweep and --prefill). */
 int trillium_gguf_matmul_q8(int type, const float *x, long m, long k, long ldx, const uint8_t *w, long n,
                             float *out, int num_threads) {
-    if (m >= GEMM_MIN_ROWS && trillium_gguf_gemm_q8_vectorized())
-        return trillium_gguf_gemm_q8(type, x, m, k, ldx, w, n, out, num_threads);
+    if (trillium_gguf_gemm_q8_vectorized())
+        return m <= FUSED_MAX_ROWS ? trillium_gguf_fused_q8(type, x, m, k, ldx, w, n, out, num_threads)
+                       : trillium_gguf_gemm_q8(type, x, m, k, ldx, w, n, out, num_threads);
     return trillium_gguf_decode_q8(type, x, m, k, ldx, w, n, out, num_threads);
 }
