@@ -231,7 +231,7 @@ def switch_table(fmt: Q = Q.Q4_1, copies: int = 6) -> None:
                for _ in range(copies) for _, n, k in (("qkv", 960, 576), ("o", 576, 576), ("gate_up", 3072, 576),
                                                       ("down", 576, 1536))]  # fmt: skip
     kernels = {"decode kernel": gguf_cpu.decode_int8, "GEMM": gguf_cpu.gemm_int8,
-               f"GEMM's fused passes (<= {gguf_cpu.FUSED_MAX_ROWS} rows)": gguf_cpu.fused_int8,
+               "GEMM's fused passes": gguf_cpu.fused_int8,
                "matmul (picks)": lambda x, b, t, k: gguf_cpu.matmul(x, b, t, k, gguf_cpu.INT8)}
     fused = gguf_cpu.gemm_int8_vectorized()  # the fused pass is built with the GEMM's VNNI path
     print(f"\nint8 kernels by row count: {len(weights)} {fmt.name} matmuls (SmolLM2's 4 shapes x {copies}), ms")
@@ -239,7 +239,8 @@ def switch_table(fmt: Q = Q.Q4_1, copies: int = 6) -> None:
           "|---|---|---|---|---|---|---|")
     for m in (1, 2, 4, 5, 8, 16, 32, 64):
         xs = {k: torch.randn(m, k) for k in (576, 1536)}
-        runs = [fn is not gguf_cpu.fused_int8 or (fused and m <= gguf_cpu.FUSED_MAX_ROWS) for fn in kernels.values()]
+        runs = [fn is not gguf_cpu.fused_int8 or (fused and m <= gguf_cpu.FUSED_PASSES_MAX_ROWS)
+                for fn in kernels.values()]
         ms = [timed_us(lambda fn=fn: [fn(xs[k], b, int(fmt), k) for k, b in weights]) / 1000 if run else float("nan")
               for fn, run in zip(kernels.values(), runs)]
         print(f"| {m} | " + " | ".join("-" if t != t else f"{t:.2f}" for t in ms)

@@ -47,7 +47,7 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, model_required: bool = 
                             "per token) instead of multiplying Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K blocks directly")
     group.add_argument("--gguf-activations", default=None, choices=["int8", "float32"],
                        help="packed GGUF matmuls: int8 (activations quantized to int8 blocks and integer dot "
-                            "products, as llama.cpp and vLLM do; kernels 1.2-3x faster at 1-8 rows (a fused "
+                            "products, as llama.cpp and vLLM do; kernels 2.2-2.6x faster at 1-8 rows (a fused "
                             "GEMM pass), and an int8 GEMM above: prefill ~2.4x faster) or float32 (exact dequantize-then-"
                             "matmul, matches transformers; prefill dequantizes for oneDNN); "
                             "Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 (K-quants always float32); default int8")

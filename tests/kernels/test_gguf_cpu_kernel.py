@@ -250,18 +250,18 @@ def test_int8_gemm_rows_do_not_depend_on_the_other_rows_or_threads(qtype):
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
 @pytest.mark.parametrize("n, k", [(48, 96), (16, 32), (33, 288), (130, 160)])  # N: whole tiles of 16 and tails
 def test_int8_fused_pass_matches_the_decode_kernel_at_every_row_count(qtype, n, k):
-    """The GEMM's fused passes (8 rows a pass, up to FUSED_MAX_ROWS; each block's codes unpacked and transposed in registers: Q4_0 /
+    """The GEMM's fused passes (8 rows a pass; each block's codes unpacked and transposed in registers: Q4_0 /
     Q4_1 nibbles after one 4 x 4 dword transpose, the other formats through gemm_pack's two 8 x 8) is its
     quantized reference and the decode kernel's result bit for bit at 1..9, 15 and 16 rows, a short last
     tile of N included, and it is what `matmul` runs for those rows (a verify step's or small batch's row has the
     bits it would have in a decode step or a prefill chunk)."""
     blocks, w = packed(n, k, qtype, seed=n * k + 3)
-    x = torch.randn(gguf_cpu.FUSED_MAX_ROWS, k, generator=torch.Generator().manual_seed(n + k))
+    x = torch.randn(16, k, generator=torch.Generator().manual_seed(n + k))
     if k > 32:
         x[1, 32:64] = 0.0
         x[9, 32:64] = 0.0
     ref = (int8_activations(x) @ w.double().T).float()
-    for m in (*range(1, 10), gguf_cpu.FUSED_MAX_ROWS - 1, gguf_cpu.FUSED_MAX_ROWS):
+    for m in (*range(1, 10), 15, 16):
         out = gguf_cpu.fused_int8(x[:m], blocks, int(qtype), k)
         torch.testing.assert_close(out, ref[:m], rtol=1e-5, atol=1e-5)
         assert torch.equal(out, gguf_cpu.decode_int8(x[:m], blocks, int(qtype), k)), m
@@ -272,7 +272,7 @@ def test_int8_fused_pass_matches_the_decode_kernel_at_every_row_count(qtype, n, 
 @pytest.mark.skipif(not gguf_cpu.gemm_int8_vectorized(), reason="the fused pass needs AVX-512 VNNI")
 def test_int8_fused_pass_rows_threads_strides_and_refusals():
     """Strided activation rows, either thread count and a row's place in a pass give the same bits; more
-    than FUSED_MAX_ROWS rows, a K-quant and a K of no whole blocks are refused."""
+    than FUSED_PASSES_MAX_ROWS rows, a K-quant and a K of no whole blocks are refused."""
     k = 160
     qtype = GGMLQuantizationType.Q4_1
     blocks, _ = packed(64, k, qtype, seed=9)
@@ -289,8 +289,8 @@ def test_int8_fused_pass_rows_threads_strides_and_refusals():
         assert torch.equal(gguf_cpu.fused_int8(x, blocks, int(qtype), k), whole)
     finally:
         torch.set_num_threads(threads)
-    with pytest.raises(ValueError, match=f"at most {gguf_cpu.FUSED_MAX_ROWS} rows"):
-        gguf_cpu.fused_int8(torch.randn(gguf_cpu.FUSED_MAX_ROWS + 1, k), blocks, int(qtype), k)
+    with pytest.raises(ValueError, match=f"at most {gguf_cpu.FUSED_PASSES_MAX_ROWS} rows"):
+        gguf_cpu.fused_int8(torch.randn(gguf_cpu.FUSED_PASSES_MAX_ROWS + 1, k), blocks, int(qtype), k)
     kblocks, _ = packed(16, 256, GGMLQuantizationType.Q4_K)
     with pytest.raises(ValueError, match="Q4_K has no int8-activation kernel"):
         gguf_cpu.fused_int8(torch.randn(2, 256), kblocks, int(GGMLQuantizationType.Q4_K), 256)
@@ -298,9 +298,9 @@ def test_int8_fused_pass_rows_threads_strides_and_refusals():
     out = torch.empty(2, 16)
     assert lib.trillium_gguf_fused_q8(int(qtype), x.data_ptr(), 2, 40, 40, blocks.data_ptr(), 16, out.data_ptr(),
                                       1) == -1  # K not whole blocks
-    big = torch.randn(gguf_cpu.FUSED_MAX_ROWS + 1, k)
+    big = torch.randn(gguf_cpu.FUSED_PASSES_MAX_ROWS + 1, k)
     assert lib.trillium_gguf_fused_q8(int(qtype), big.data_ptr(), big.shape[0], k, k, blocks.data_ptr(), 16,
-                                      out.data_ptr(), 1) == -1  # more rows than FUSED_MAX_ROWS
+                                      out.data_ptr(), 1) == -1  # more rows than FUSED_PASSES_MAX_ROWS
 
 
 _CPU_FLAGS = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""

@@ -102,7 +102,7 @@ def test_int8_activations_stay_near_the_float_model(quantized, variant, caplog):
     assert modes == {"int8"}
     summary = next(r.getMessage() for r in caplog.records if "kept packed" in r.getMessage())
     assert "activations int8 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)" in summary
-    assert ("; int8 fused passes up to 16 rows, GEMM above (AVX-512 VNNI)" if gguf_cpu.gemm_int8_vectorized()
+    assert ("; int8 fused pass up to 8 rows, GEMM above (AVX-512 VNNI)" if gguf_cpu.gemm_int8_vectorized()
             else "no int8 GEMM here") in summary
     sequences = random_sequences(config.vocab_size, seed=3)
     schedule = (tuple((i, 2) for i in range(len(sequences))),) + tuple(  # decode-sized steps throughout

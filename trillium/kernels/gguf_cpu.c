@@ -814,6 +814,63 @@ static inline void transpose8x8_epi32(__m256i *r) {
 }
 #endif
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* One block of a full tile of GT weight rows from `blk` (row 0's block; the rows row_bytes apart) in the
+ * GEMM's layout: wq[q4] lane i = codes 4 q4 .. 4 q4 + 3 of weight row i (+ 128 for Q8_0), dv / cv lane i =
+ * row i's d and cw (cw 0 for Q8_0, whose + 128 comes off the integer dot). The same values as gemm_pack's
+ * per-row path below; gemm_pack (full tiles) and the fused passes both take it. */
+static inline __attribute__((always_inline)) void tile_block(int type, const uint8_t *blk, long row_bytes,
+                                                             __m512i *wq, __m512 *dv, __m512 *cv) {
+    const int q8 = type == TYPE_Q8_0;
+    /* the 16 rows' first dwords (d, and m or the codes' start), for the scales */
+    const __m512i rows = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i head = _mm512_i32gather_epi32(_mm512_mullo_epi32(rows, _mm512_set1_epi32((int)row_bytes)),
+                                                (const void *)blk, 1);
+    if (type == TYPE_Q4_0 || type == TYPE_Q4_1) {
+        /* WHY nibbles after the transpose: a block's 16 code bytes are 4 dwords, so the 16 rows go through
+         * one in-lane 4 x 4 dword transpose (rows 4L .. 4L + 3 in 128-bit lane L), and then low / high
+         * nibbles split 16 rows at once; byte j holds code j (low) and code j + 16 (high) */
+        const long at = type == TYPE_Q4_0 ? 2 : 4;
+        __m512i rq[4];
+        for (int c = 0; c < 4; c++) {
+            const uint8_t *bi = blk + at + c * row_bytes;
+            __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)bi));
+            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(bi + 4 * row_bytes)), 1);
+            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(bi + 8 * row_bytes)), 2);
+            rq[c] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(bi + 12 * row_bytes)), 3);
+        }
+        const __m512i t0 = _mm512_unpacklo_epi32(rq[0], rq[1]), t1 = _mm512_unpackhi_epi32(rq[0], rq[1]);
+        const __m512i t2 = _mm512_unpacklo_epi32(rq[2], rq[3]), t3 = _mm512_unpackhi_epi32(rq[2], rq[3]);
+        const __m512i p[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2),
+                              _mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3)};
+        const __m512i m15 = _mm512_set1_epi8(15);
+        for (int j = 0; j < 4; j++) {
+            wq[j] = _mm512_and_si512(p[j], m15);
+            wq[4 + j] = _mm512_and_si512(_mm512_srli_epi16(p[j], 4), m15);
+        }
+    } else {
+        __m256i half[2][8];
+        for (long i = 0; i < GT; i++) {
+            const uint8_t *bi = blk + i * row_bytes;
+            __m256i unused;
+            half[i / 8][i % 8] = q8 ? _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(bi + 2)),
+                                                       _mm256_set1_epi8((char)0x80))
+                                    : block_codes(type, bi, &unused);
+        }
+        transpose8x8_epi32(half[0]);
+        transpose8x8_epi32(half[1]);
+        for (int q4 = 0; q4 < 8; q4++)
+            wq[q4] = _mm512_inserti64x4(_mm512_castsi256_si512(half[0][q4]), half[1][q4], 1);
+    }
+    *dv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+    *cv = _mm512_setzero_ps();
+    if (type == TYPE_Q4_1 || type == TYPE_Q5_1)
+        *cv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
+    if (type == TYPE_Q4_0) *cv = _mm512_mul_ps(*dv, _mm512_set1_ps(-8.0f));
+    if (type == TYPE_Q5_0) *cv = _mm512_mul_ps(*dv, _mm512_set1_ps(-16.0f));
+}
+#endif
+
 /* Weight rows [n0, n0 + rows) (rows <= GT) as codes [nblocks][8][GT][4] bytes, d and cw [nblocks][GT];
  * lanes past `rows` are zero. Vector path: per block, the 16 rows' codes (8 dwords each) go through two
  * 8 x 8 dword transposes, and the next tile's rows (one contiguous range) are prefetched a slice per block,
@@ -822,6 +879,22 @@ static void gemm_pack(int type, const uint8_t *w, long row_bytes, long nblocks, 
                       uint8_t *codes, float *dw, float *cw) {
     const long bb = block_bytes(type);
     const uint8_t *base = w + n0 * row_bytes;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    if (rows == GT) {  /* a full tile: tile_block's register unpacking, stored */
+        for (long b = 0; b < nblocks; b++) {
+            for (long at = b * GT * bb; at < (b + 1) * GT * bb; at += 64)
+                _mm_prefetch((const char *)(base + GT * row_bytes + at), _MM_HINT_T0);
+            __m512i wq[8];
+            __m512 dv, cv;
+            tile_block(type, base + b * bb, row_bytes, wq, &dv, &cv);
+            uint8_t *dst = codes + b * 8 * GT * 4;
+            for (int q4 = 0; q4 < 8; q4++) _mm512_storeu_si512((void *)(dst + q4 * GT * 4), wq[q4]);
+            _mm512_storeu_ps(dw + b * GT, dv);
+            _mm512_storeu_ps(cw + b * GT, cv);
+        }
+        return;
+    }
+#endif
 #if defined(__AVX2__)
     for (long b = 0; b < nblocks; b++) {
         for (long at = b * GT * bb; at < (b + 1) * GT * bb; at += 64)
@@ -943,11 +1016,10 @@ static const gemm_fn gemm_table[GR] = {gemm_1, gemm_2, gemm_3, gemm_4, gemm_5, g
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 /* One pass of at most GR activation rows against one full tile of GT weight rows, straight from the
- * blocks: per block, gemm_pack's unpacking and transposes in registers, then gemm_rows's dots and float
- * operations, in the same order (the same bits). WHY: with a few rows (a verify step's token and its
- * drafts, a small batch) gemm_pack's pass over the tile writes 16 x K bytes and scalar scales that one
- * pass of rows reads back once; here nothing goes through memory, and the 8 rows' scales are widened
- * by one vector conversion each. */
+ * blocks: per block, tile_block's unpacking in registers, then gemm_rows's dots and float operations, in
+ * the same order (the same bits). WHY: with a few rows (a verify step's token and its drafts, a small
+ * batch) the buffered GEMM writes its tile's 16 x K bytes that one pass of rows reads back once; here
+ * nothing goes through memory. */
 static inline __attribute__((always_inline)) void gemm_fused_rows(int type, const uint8_t *base, long row_bytes,
                                                                   long nblocks, const int8_t *q, const float *dx,
                                                                   const float *sx, const int32_t *sums, long k,
@@ -959,53 +1031,9 @@ static inline __attribute__((always_inline)) void gemm_fused_rows(int type, cons
     for (long b = 0; b < nblocks; b++) {
         for (long at = b * GT * bb; at < (b + 1) * GT * bb; at += 64)
             _mm_prefetch((const char *)(base + GT * row_bytes + at), _MM_HINT_T0);
-        const uint8_t *blk = base + b * bb;
-        __m512i wq[8];  /* wq[q4] lane i = codes 4 q4 .. 4 q4 + 3 of weight row i (gemm_pack's layout) */
-        /* the 16 rows' first dwords (d, and m or the codes' start), for the scales */
-        const __m512i head = _mm512_i32gather_epi32(_mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                                                       _mm512_set1_epi32((int)row_bytes)),
-                                                    (const void *)blk, 1);
-        if (type == TYPE_Q4_0 || type == TYPE_Q4_1) {
-            /* WHY nibbles after the transpose: a block's 16 code bytes are 4 dwords, so the 16 rows go through
-             * one in-lane 4 x 4 dword transpose (rows 4L .. 4L + 3 in 128-bit lane L), and then low / high
-             * nibbles split 16 rows at once; byte j holds code j (low) and code j + 16 (high) */
-            const long at = type == TYPE_Q4_0 ? 2 : 4;
-            __m512i rq[4];
-            for (int c = 0; c < 4; c++) {
-                const uint8_t *bi = blk + at + c * row_bytes;
-                __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)bi));
-                v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(bi + 4 * row_bytes)), 1);
-                v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(bi + 8 * row_bytes)), 2);
-                rq[c] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(bi + 12 * row_bytes)), 3);
-            }
-            const __m512i t0 = _mm512_unpacklo_epi32(rq[0], rq[1]), t1 = _mm512_unpackhi_epi32(rq[0], rq[1]);
-            const __m512i t2 = _mm512_unpacklo_epi32(rq[2], rq[3]), t3 = _mm512_unpackhi_epi32(rq[2], rq[3]);
-            const __m512i p[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2),
-                                  _mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3)};
-            const __m512i m15 = _mm512_set1_epi8(15);
-            for (int j = 0; j < 4; j++) {
-                wq[j] = _mm512_and_si512(p[j], m15);
-                wq[4 + j] = _mm512_and_si512(_mm512_srli_epi16(p[j], 4), m15);
-            }
-        } else {
-            __m256i half[2][8];
-            for (long i = 0; i < GT; i++) {
-                const uint8_t *bi = blk + i * row_bytes;
-                __m256i unused;
-                half[i / 8][i % 8] = q8 ? _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(bi + 2)),
-                                                           _mm256_set1_epi8((char)0x80))
-                                        : block_codes(type, bi, &unused);
-            }
-            transpose8x8_epi32(half[0]);
-            transpose8x8_epi32(half[1]);
-            for (int q4 = 0; q4 < 8; q4++)
-                wq[q4] = _mm512_inserti64x4(_mm512_castsi256_si512(half[0][q4]), half[1][q4], 1);
-        }
-        const __m512 dv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
-        __m512 cv = _mm512_setzero_ps();
-        if (type == TYPE_Q4_1 || type == TYPE_Q5_1) cv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
-        if (type == TYPE_Q4_0) cv = _mm512_mul_ps(dv, _mm512_set1_ps(-8.0f));
-        if (type == TYPE_Q5_0) cv = _mm512_mul_ps(dv, _mm512_set1_ps(-16.0f));
+        __m512i wq[8];
+        __m512 dv, cv;
+        tile_block(type, base + b * bb, row_bytes, wq, &dv, &cv);
         __m512i a[GR];
         for (long r = 0; r < rows; r++) a[r] = _mm512_setzero_si512();
         for (int q4 = 0; q4 < 8; q4++) {
@@ -1051,18 +1079,21 @@ static const fused_fn *fused_table(int type) {
 }
 #endif
 
-/* Rows up to which trillium_gguf_matmul_q8 takes the fused passes: with more, the GEMM's buffer, unpacked
- * once per tile, beats unpacking each block again for every pass of GR rows (24 SmolLM2 Q4_1 matmuls at 1
- * thread: two fused passes 3.0 ms against the GEMM's 3.4 at 16 rows, four 6.0 against 5.5 at 32). */
-#define FUSED_MAX_ROWS 16
+/* Rows up to which trillium_gguf_matmul_q8 takes the fused pass: one pass. With more, the GEMM's buffer,
+ * unpacked once per tile, beats unpacking each block again for every pass of GR rows (24 SmolLM2 Q4_1
+ * matmuls at 1 thread: 1.61 ms fused against 1.79 buffered at 8 rows, two fused passes 3.04 against
+ * 2.85 at 16). trillium_gguf_fused_q8 itself takes more rows in passes of GR (tests, benches). */
+#define FUSED_MAX_ROWS 8
+#define FUSED_PASSES_MAX_ROWS 64
 
-/* out[M, N] = x[M, K] @ W^T for M <= FUSED_MAX_ROWS, in passes of GR rows: full tiles by the fused pass
- * above, a last short tile (N not a multiple of GT) through gemm_pack + gemm_rows; the same bits as trillium_gguf_gemm_q8. Returns as it;
- * -1 also where the fused pass is not built (no AVX-512 VNNI) or M > FUSED_MAX_ROWS. */
+/* out[M, N] = x[M, K] @ W^T for M <= FUSED_PASSES_MAX_ROWS, in passes of GR rows: full tiles by the fused
+ * pass above, a last short tile (N not a multiple of GT) through gemm_pack + gemm_rows; the same bits as
+ * trillium_gguf_gemm_q8. Returns as it; -1 also where the fused pass is not built (no AVX-512 VNNI) or
+ * M > FUSED_PASSES_MAX_ROWS. */
 int trillium_gguf_fused_q8(int type, const float *x, long m, long k, long ldx, const uint8_t *w, long n,
                            float *out, int num_threads) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-    if (m > FUSED_MAX_ROWS) return -1;
+    if (m > FUSED_PASSES_MAX_ROWS) return -1;
     QRows a;
     const int rc = qrows_quantize(&a, type, x, m, k, ldx);
     if (rc != 0) return rc > 0 ? 0 : rc;
@@ -1153,12 +1184,12 @@ int trillium_gguf_dequantize(int type, const uint8_t *w, long n, long k, float *
 }
 
 /* out[M, N] = x[M, K] @ W^T with int8 activations, where the GEMM's VNNI path is built: up to
- * FUSED_MAX_ROWS rows the fused passes (trillium_gguf_fused_q8), more rows the GEMM; elsewhere the decode kernel. Same bits on every
- * path (the section's "Determinism"). WHY the fused pass from one row: it reads each 16-row tile once and
- * has no lane sums, so it beats the decode kernel at every row count, 1 row included (SmolLM2's Q4_1
- * shapes at 1 thread: 0.72-0.80x the decode kernel's time at 1 row, 0.53-0.64x at 5, 0.52-0.61x at 8;
- * the Q8_0 LM head 1.0x / 0.58x / 0.57x), and the GEMM's packed buffer beats it only when several
- * passes of rows read that buffer (bench/quant_matmul.py --rows-sweep and --prefill). */
+ * FUSED_MAX_ROWS rows (one pass) the fused pass (trillium_gguf_fused_q8), more rows the buffered GEMM;
+ * elsewhere the decode kernel. Same bits on every path (the section's "Determinism"). WHY the fused pass
+ * from one row: it reads each 16-row tile's blocks side by side and has no lane sums, so it beats the
+ * decode kernel at every row count, 1 row included (24 SmolLM2 Q4_1 matmuls at 1 thread: 1.26x at 1 row,
+ * 1.59x at 5, 1.68x at 8; the Q8_0 LM head 1.0x / 1.7x / 1.8x), and the buffered GEMM at up to 8 rows
+ * (bench/quant_matmul.py --prefill and --rows-sweep). */
 int trillium_gguf_matmul_q8(int type, const float *x, long m, long k, long ldx, const uint8_t *w, long n,
                             float *out, int num_threads) {
     if (trillium_gguf_gemm_q8_vectorized())

@@ -46,7 +46,8 @@ FORMAT_NAMES = {Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q
 # Activation modes of `matmul`: float32 (exact dequantize-then-matmul) or int8 blocks (llama.cpp's way).
 FLOAT32, INT8 = "float32", "int8"
 INT8_TYPES = frozenset({Q8_0, Q4_0, Q4_1, Q5_0, Q5_1})  # the formats with an int8-activation kernel
-FUSED_MAX_ROWS = 16  # gguf_cpu.c's: matmul's int8 rows take the fused passes up to here, the GEMM above
+FUSED_MAX_ROWS = 8  # gguf_cpu.c's: matmul's int8 rows take the fused pass up to here, the buffered GEMM above
+FUSED_PASSES_MAX_ROWS = 64  # gguf_cpu.c's: what fused_int8 takes, in passes of 8 rows (tests, benches)
 BLOCK_SIZE = 32  # the legacy formats' block; K-quant super-blocks are BLOCK_VALUES[t] = 256
 _SOURCE = Path(__file__).with_name("gguf_cpu.c")
 
@@ -140,7 +141,7 @@ def matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int, activa
 def gemm_int8(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor:
     """`matmul(x, blocks, ggml_type, k, INT8)` by the many-row kernel only (the C file's "many rows"
     section), whatever M; `matmul` runs it above FUSED_MAX_ROWS rows where it is vectorized (its fused
-    passes, `fused_int8`, up to there). The same bits as
+    pass, `fused_int8`, up to there). The same bits as
     `decode_int8` (the same integer dots and float operations in the same order), so a row's result
     does not depend on the other rows or on which of the two ran it."""
     lib, x = _checked(x, blocks, ggml_type, k)
@@ -155,12 +156,12 @@ def decode_int8(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int) -
 
 def fused_int8(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor:
     """`matmul(x, blocks, ggml_type, k, INT8)` by the GEMM's fused passes only (the C file's
-    `trillium_gguf_fused_q8`: 8 rows a pass, no packed buffer), for at most FUSED_MAX_ROWS rows where
-    the GEMM is vectorized; `matmul` runs it for those rows (tests, benches call it alone). The same
-    bits as `gemm_int8` and `decode_int8`."""
+    `trillium_gguf_fused_q8`: 8 rows a pass, no packed buffer), for at most FUSED_PASSES_MAX_ROWS rows
+    where the GEMM is vectorized; `matmul` runs one pass, up to FUSED_MAX_ROWS rows (tests, benches call
+    it alone). The same bits as `gemm_int8` and `decode_int8`."""
     lib, x = _checked(x, blocks, ggml_type, k)
-    if not gemm_int8_vectorized() or x.shape[0] > FUSED_MAX_ROWS:
-        raise ValueError(f"the fused pass takes at most {FUSED_MAX_ROWS} rows where AVX-512 VNNI is built, "
+    if not gemm_int8_vectorized() or x.shape[0] > FUSED_PASSES_MAX_ROWS:
+        raise ValueError(f"the fused pass takes at most {FUSED_PASSES_MAX_ROWS} rows where AVX-512 VNNI is built, "
                          f"got {x.shape[0]} rows"
                          + ("" if gemm_int8_vectorized() else " (not built here)"))
     return _int8_call(lib.trillium_gguf_fused_q8, x, blocks, ggml_type, k)

@@ -20,7 +20,7 @@ reads the whole matrix every step.
 Forward: up to `DEQUANTIZE_ROWS` activation rows (decode, small batches; 64 with int8 activations) run
 the packed kernel (`trillium.kernels.gguf_cpu`), which reads only the blocks
 (int8 or float32 activations: `GgufLinear.activations`, from load_model's
-`gguf_activations`; with int8 the C side itself picks its fused passes up to 16 rows and its GEMM above).
+`gguf_activations`; with int8 the C side itself picks its fused pass up to 8 rows and its GEMM above).
 Larger batches (prefill) with int8 activations stay on `gguf_cpu.matmul`, i.e. the int8 GEMM
 (gguf_cpu.c's "many rows" kernel: the weight codes repacked per call so one VNNI
 instruction serves 16 output channels; ~3x dequantize + oneDNN at 1 thread,
@@ -116,7 +116,7 @@ def _gguf_linear(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, in_featu
                  bias: torch.Tensor | None, activations: str) -> torch.Tensor:
     """x [M, K] @ W^T (+ bias): the packed kernels up to DEQUANTIZE_ROWS rows (float32 activations) or
     DEQUANTIZE_ROWS_INT8 (int8), and at any row count with int8 where the int8 GEMM's AVX-512 VNNI path
-    built (`gguf_cpu.matmul` itself takes the fused passes up to 16 rows, the GEMM above); more rows
+    built (`gguf_cpu.matmul` itself takes the fused pass up to 8 rows, the GEMM above); more rows
     otherwise (prefill): dequantize + oneDNN (float32, exact)."""
     if x.shape[0] > _packed_rows(activations) and not (activations == gguf_cpu.INT8
                                                         and gguf_cpu.gemm_int8_vectorized()):
@@ -170,7 +170,7 @@ class PackedReport:
         if modes:
             out += "; activations " + ", ".join(f"{mode} ({', '.join(sorted(fmts))})" for mode, fmts in sorted(modes.items()))
         if gguf_cpu.INT8 in modes:  # which kernels the int8 batches get here
-            out += (f"; int8 fused passes up to {gguf_cpu.FUSED_MAX_ROWS} rows, GEMM above (AVX-512 VNNI)"
+            out += (f"; int8 fused pass up to {gguf_cpu.FUSED_MAX_ROWS} rows, GEMM above (AVX-512 VNNI)"
                     if gguf_cpu.gemm_int8_vectorized() else "; no int8 GEMM here (no AVX-512 VNNI): int8 prefill dequantizes for oneDNN")
         if self.dequantized:
             reasons: dict[str, int] = {}
