@@ -730,16 +730,19 @@ typedef void (*qdot_fn)(const uint8_t *w0, long row_bytes, long nw, long nblocks
 #define QDOT_FNS(T) \
     QDOT_FN(T, 1) QDOT_FN(T, 2) QDOT_FN(T, 3) QDOT_FN(T, 4) QDOT_FN(T, 5) QDOT_FN(T, 6) QDOT_FN(T, 7) QDOT_FN(T, 8)
 QDOT_FNS(TYPE_Q8_0) QDOT_FNS(TYPE_Q4_0) QDOT_FNS(TYPE_Q4_1) QDOT_FNS(TYPE_Q5_0) QDOT_FNS(TYPE_Q5_1)
-#define QDOT_TABLE(T) \
-    {qdot_##T##_1, qdot_##T##_2, qdot_##T##_3, qdot_##T##_4, qdot_##T##_5, qdot_##T##_6, qdot_##T##_7, qdot_##T##_8}
-
-static const qdot_fn *qdot_table(int type) {
-    static const qdot_fn q8_0[] = QDOT_TABLE(TYPE_Q8_0), q4_0[] = QDOT_TABLE(TYPE_Q4_0),
-                         q4_1[] = QDOT_TABLE(TYPE_Q4_1), q5_0[] = QDOT_TABLE(TYPE_Q5_0), q5_1[] = QDOT_TABLE(TYPE_Q5_1);
-    static const qdot_fn *const by_type[] = {[TYPE_Q8_0] = q8_0, [TYPE_Q4_0] = q4_0, [TYPE_Q4_1] = q4_1,
-                                             [TYPE_Q5_0] = q5_0, [TYPE_Q5_1] = q5_1};
-    return by_type[type];  /* the caller checked IS_LEGACY(type) */
-}
+/* NAME(type): the table of P_<type>_1 .. P_<type>_8 (one function per row count) of a legacy format;
+ * the caller checked IS_LEGACY(type). */
+#define ROWS_TABLE(P, T) {P##_##T##_1, P##_##T##_2, P##_##T##_3, P##_##T##_4, P##_##T##_5, P##_##T##_6, P##_##T##_7, P##_##T##_8}
+#define LEGACY_TABLE(NAME, FN_T, P)                                                                           \
+    static const FN_T *NAME(int type) {                                                                       \
+        static const FN_T q8_0[] = ROWS_TABLE(P, TYPE_Q8_0), q4_0[] = ROWS_TABLE(P, TYPE_Q4_0),               \
+                          q4_1[] = ROWS_TABLE(P, TYPE_Q4_1), q5_0[] = ROWS_TABLE(P, TYPE_Q5_0),               \
+                          q5_1[] = ROWS_TABLE(P, TYPE_Q5_1);                                                  \
+        static const FN_T *const by_type[] = {[TYPE_Q8_0] = q8_0, [TYPE_Q4_0] = q4_0, [TYPE_Q4_1] = q4_1,      \
+                                              [TYPE_Q5_0] = q5_0, [TYPE_Q5_1] = q5_1};                        \
+        return by_type[type];                                                                                 \
+    }
+LEGACY_TABLE(qdot_table, qdot_fn, qdot)
 
 /* out[M, N] = x[M, K] @ W^T as trillium_gguf_matmul, the activations quantized to int8 blocks first (the
  * section's header), by the decode kernel whatever M (trillium_gguf_matmul_q8 picks a path by M). Returns 0,
@@ -815,13 +818,18 @@ static inline void transpose8x8_epi32(__m256i *r) {
 #endif
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-/* One block of a full tile of GT weight rows from `blk` (row 0's block; the rows row_bytes apart) in the
- * GEMM's layout: wq[q4] lane i = codes 4 q4 .. 4 q4 + 3 of weight row i (+ 128 for Q8_0), dv / cv lane i =
- * row i's d and cw (cw 0 for Q8_0, whose + 128 comes off the integer dot). The same values as gemm_pack's
- * per-row path below; gemm_pack (full tiles) and the fused passes both take it. */
-static inline __attribute__((always_inline)) void tile_block(int type, const uint8_t *blk, long row_bytes,
+/* Block b of the full tile of GT weight rows at `base` (the rows row_bytes apart) in the GEMM's layout:
+ * wq[q4] lane i = codes 4 q4 .. 4 q4 + 3 of weight row i (+ 128 for Q8_0), dv / cv lane i = row i's d and
+ * cw (cw 0 for Q8_0, whose + 128 comes off the integer dot). The same values as gemm_pack's per-row path
+ * below; gemm_pack (full tiles) and the fused passes both take it. The next tile's rows (one contiguous
+ * range) are prefetched a slice per block, as in qdot_rows. */
+static inline __attribute__((always_inline)) void tile_block(int type, const uint8_t *base, long row_bytes, long b,
                                                              __m512i *wq, __m512 *dv, __m512 *cv) {
     const int q8 = type == TYPE_Q8_0;
+    const long bb = block_bytes(type);
+    const uint8_t *blk = base + b * bb;
+    for (long at = b * GT * bb; at < (b + 1) * GT * bb; at += 64)
+        _mm_prefetch((const char *)(base + GT * row_bytes + at), _MM_HINT_T0);
     /* the 16 rows' first dwords (d, and m or the codes' start), for the scales */
     const __m512i rows = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     const __m512i head = _mm512_i32gather_epi32(_mm512_mullo_epi32(rows, _mm512_set1_epi32((int)row_bytes)),
@@ -882,11 +890,9 @@ static void gemm_pack(int type, const uint8_t *w, long row_bytes, long nblocks, 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
     if (rows == GT) {  /* a full tile: tile_block's register unpacking, stored */
         for (long b = 0; b < nblocks; b++) {
-            for (long at = b * GT * bb; at < (b + 1) * GT * bb; at += 64)
-                _mm_prefetch((const char *)(base + GT * row_bytes + at), _MM_HINT_T0);
             __m512i wq[8];
             __m512 dv, cv;
-            tile_block(type, base + b * bb, row_bytes, wq, &dv, &cv);
+            tile_block(type, base, row_bytes, b, wq, &dv, &cv);
             uint8_t *dst = codes + b * 8 * GT * 4;
             for (int q4 = 0; q4 < 8; q4++) _mm512_storeu_si512((void *)(dst + q4 * GT * 4), wq[q4]);
             _mm512_storeu_ps(dw + b * GT, dv);
@@ -1024,16 +1030,13 @@ static inline __attribute__((always_inline)) void gemm_fused_rows(int type, cons
                                                                   long nblocks, const int8_t *q, const float *dx,
                                                                   const float *sx, const int32_t *sums, long k,
                                                                   long rows, float *out, long ldo) {
-    const long bb = block_bytes(type);
     const int q8 = type == TYPE_Q8_0;
     __m512 f[GR];
     for (long r = 0; r < rows; r++) f[r] = _mm512_setzero_ps();
     for (long b = 0; b < nblocks; b++) {
-        for (long at = b * GT * bb; at < (b + 1) * GT * bb; at += 64)
-            _mm_prefetch((const char *)(base + GT * row_bytes + at), _MM_HINT_T0);
         __m512i wq[8];
         __m512 dv, cv;
-        tile_block(type, base + b * bb, row_bytes, wq, &dv, &cv);
+        tile_block(type, base, row_bytes, b, wq, &dv, &cv);
         __m512i a[GR];
         for (long r = 0; r < rows; r++) a[r] = _mm512_setzero_si512();
         for (int q4 = 0; q4 < 8; q4++) {
@@ -1066,17 +1069,7 @@ typedef void (*fused_fn)(const uint8_t *base, long row_bytes, long nblocks, cons
 #define FUSED_FNS(T) \
     FUSED_FN(T, 1) FUSED_FN(T, 2) FUSED_FN(T, 3) FUSED_FN(T, 4) FUSED_FN(T, 5) FUSED_FN(T, 6) FUSED_FN(T, 7) FUSED_FN(T, 8)
 FUSED_FNS(TYPE_Q8_0) FUSED_FNS(TYPE_Q4_0) FUSED_FNS(TYPE_Q4_1) FUSED_FNS(TYPE_Q5_0) FUSED_FNS(TYPE_Q5_1)
-#define FUSED_TABLE(T) \
-    {fused_##T##_1, fused_##T##_2, fused_##T##_3, fused_##T##_4, fused_##T##_5, fused_##T##_6, fused_##T##_7, fused_##T##_8}
-
-static const fused_fn *fused_table(int type) {
-    static const fused_fn q8_0[] = FUSED_TABLE(TYPE_Q8_0), q4_0[] = FUSED_TABLE(TYPE_Q4_0),
-                          q4_1[] = FUSED_TABLE(TYPE_Q4_1), q5_0[] = FUSED_TABLE(TYPE_Q5_0),
-                          q5_1[] = FUSED_TABLE(TYPE_Q5_1);
-    static const fused_fn *const by_type[] = {[TYPE_Q8_0] = q8_0, [TYPE_Q4_0] = q4_0, [TYPE_Q4_1] = q4_1,
-                                              [TYPE_Q5_0] = q5_0, [TYPE_Q5_1] = q5_1};
-    return by_type[type];  /* the caller checked IS_LEGACY(type) */
-}
+LEGACY_TABLE(fused_table, fused_fn, fused)
 #endif
 
 /* Rows up to which trillium_gguf_matmul_q8 takes the fused pass: one pass. With more, the GEMM's buffer,
