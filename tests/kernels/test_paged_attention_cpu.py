@@ -136,3 +136,32 @@ def test_verify_rows_attend_as_their_decode_steps():
                             head_dim=64, block_size=16)
     assert not paged_attention_cpu.decode_supported(long.q, long.k_cache, long.v_cache,
                                                     attrs.evolve(long.meta, verify_rows=True))
+
+
+@pytest.mark.parametrize("verify", [False, True], ids=["decode", "verify"])
+def test_mixed_step_decode_rows_attend_as_their_decode_steps(verify):
+    """A step holding decode rows beside prefill chunks (continuous batching) sends its decode rows (and,
+    in a verify step, each sequence's few verify rows) through the kernel, bit for bit the decode step
+    each stands for, and only the prefill chunks to the gather path: a request's greedy tokens do not
+    depend on whether another request was prefilling beside it."""
+    qlens, lens = ([3, 1, 20, 1, 9], [40, 17, 20, 66, 30]) if verify else ([1, 20, 1, 9], [17, 20, 66, 30])
+    batch = make_paged_batch(qlens, lens, num_heads=8, num_kv_heads=4, head_dim=64, block_size=16, seed=5,
+                             fill=None)
+    meta = attrs.evolve(batch.meta, verify_rows=verify, derived={})
+    args = (batch.q, batch.k_cache, batch.v_cache, meta, batch.scale)
+    assert not paged_attention_cpu.decode_supported(*args[:4])
+    out = kernels.paged_attention(*args)
+    torch.testing.assert_close(out, reference.paged_attention(*args), atol=2e-6, rtol=1e-5)
+    tables, row, limit = batch.meta.block_tables.tolist(), 0, paged_attention_cpu.MAX_VERIFY_ROWS if verify else 1
+    for b, (q_len, n) in enumerate(zip(qlens, lens)):
+        for i in range(q_len):
+            if q_len <= limit:
+                keys = n - q_len + i + 1
+                one = AttentionMetadata.build([1], [keys], [tables[b]], batch.k_cache.shape[1])
+                alone = paged_attention_cpu.decode_attention(batch.q[row : row + 1], *args[1:3], one, batch.scale)
+                assert torch.equal(alone[0], out[row]), (b, i)
+            row += 1
+    kinds = paged_attention_cpu.mixed_split(meta)
+    assert kinds is not None and kinds[1].num_seqs == sum(n <= limit for n in qlens)
+    decode_only = make_paged_batch([1, 1], [5, 9], num_heads=8, num_kv_heads=4, head_dim=64, block_size=16)
+    assert paged_attention_cpu.mixed_split(decode_only.meta) is None  # not mixed: the kernel takes it whole

@@ -122,6 +122,18 @@ def paged_attention(
         # Pure decode on CPU: the C kernel reads the blocks in place (no gathered copy).
         return paged_attention_cpu.decode_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale,
                                                     sliding_window=sliding_window, softcap=softcap)
+    elif q.device.type == "cpu" and meta.max_query_len > 1 and (split := paged_attention_cpu.mixed_split(meta)):
+        rows, rows_meta, others, others_meta = split
+        if paged_attention_cpu.decode_supported(q[rows], k_cache, v_cache, rows_meta):
+            # A mixed step: its decode rows through the kernel, as in a decode step (the same bits),
+            # the prefill chunks through the reference.
+            out = torch.empty_like(q)
+            out[rows] = paged_attention_cpu.decode_attention(q[rows], k_cache, v_cache, rows_meta, scale, k_scale,
+                                                             v_scale, sliding_window=sliding_window, softcap=softcap)
+            out[others] = reference.paged_attention(
+                q[others], k_cache, v_cache, others_meta, scale, k_scale, v_scale, sliding_window=sliding_window,
+                softcap=softcap, k=None if k is None else k[others], v=None if v is None else v[others])
+            return out
     return reference.paged_attention(
         q, k_cache, v_cache, meta, scale, k_scale, v_scale, sliding_window=sliding_window, softcap=softcap,
         k=k, v=v,

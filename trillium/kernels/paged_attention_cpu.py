@@ -1,6 +1,7 @@
 """Decode attention on CPU over the paged KV cache in place: the C kernel in paged_attention_cpu.c.
 
     decode_supported(q, k_cache, v_cache, meta) -> bool   (this call can take the kernel)
+    mixed_split(meta) -> (rows, meta, other rows, meta) | None   (a mixed step's decode rows and the rest)
     decode_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, *, sliding_window, softcap) -> out
     available() -> bool, unavailable_reason() -> str | None   (a C compiler built the kernel here)
 
@@ -21,9 +22,12 @@ a 256-entry table built by `fp8.widen_fp8` (so the values are the
 reference's, bit for bit); contiguous caches; int32 block tables and
 sequence lengths (what `AttentionMetadata.build` makes). Sliding window and
 soft-capping are in the kernel (the reference has both; it has no ALiBi, nor
-does this). Everything else (prefill and mixed steps, bfloat16 / float16
-queries or caches, no C compiler, TRILLIUM_KERNELS=reference) goes to the
-reference, explicitly, in `dispatch.paged_attention`.
+does this). Everything else (prefill, bfloat16 / float16 queries or caches,
+no C compiler, TRILLIUM_KERNELS=reference) goes to the reference,
+explicitly, in `dispatch.paged_attention`. A mixed step (decode rows beside
+prefill chunks) is split there (`mixed_split`): the decode rows take the
+kernel, the prefill chunks the reference, so a decode row is computed as in
+a decode step whatever else its step holds.
 
 A speculative verify step (`meta.verify_rows`, at most `MAX_VERIFY_ROWS`
 query rows per sequence: the last token and its drafts) takes the kernel
@@ -142,6 +146,55 @@ def decode_attention(
     if rc != 0:
         raise ValueError(f"paged decode attention refused q {tuple(q.shape)} over a cache {tuple(k_cache.shape)}")
     return out
+
+
+_MIXED_KEY = "paged_attention_cpu.mixed"
+
+
+def mixed_split(meta: AttentionMetadata) -> tuple | None:
+    """A mixed step (decode rows beside prefill chunks): (decode rows, their metadata, the other rows,
+    theirs), the decode rows being every sequence of one query row (and, in a verify step, of at most
+    MAX_VERIFY_ROWS); None when the step has none of either kind. Once per step (meta.derived).
+
+    WHY: the kernel computes a decode row with its own chunks and summation order; in a mixed step the
+    reference would compute the same row in another order, so a request's tokens would depend on
+    whether another request was prefilling beside it (greedy output differing between batch sizes)."""
+    if _MIXED_KEY in meta.derived:
+        return meta.derived[_MIXED_KEY]
+    limit = MAX_VERIFY_ROWS if meta.verify_rows else 1
+    kernel_seqs = [b for b, n in enumerate(meta.query_lens_list) if n <= limit]
+    split = None
+    if 0 < len(kernel_seqs) < meta.num_seqs:
+        other_seqs = [b for b, n in enumerate(meta.query_lens_list) if n > limit]
+        starts = meta.query_start_loc.tolist()
+        parts = []
+        for seqs in (kernel_seqs, other_seqs):
+            rows = torch.tensor([r for b in seqs for r in range(starts[b], starts[b + 1])], dtype=torch.int64)
+            parts += [rows, _sub_meta(meta, seqs, rows)]
+        split = tuple(parts)
+    meta.derived[_MIXED_KEY] = split
+    return split
+
+
+def _sub_meta(meta: AttentionMetadata, seqs: list[int], rows: torch.Tensor) -> AttentionMetadata:
+    """The metadata of some of a step's sequences (their rows in `rows`' order)."""
+    index = torch.tensor(seqs, dtype=torch.int64)
+    qlens = tuple(meta.query_lens_list[b] for b in seqs)
+    slens = tuple(meta.seq_lens_list[b] for b in seqs)
+    starts = [0]
+    for n in qlens:
+        starts.append(starts[-1] + n)
+    return AttentionMetadata(
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        seq_lens=meta.seq_lens.index_select(0, index).contiguous(),
+        block_tables=meta.block_tables.index_select(0, index).contiguous(),
+        slot_mapping=meta.slot_mapping.index_select(0, rows),
+        max_query_len=max(qlens),
+        max_seq_len=max(slens),
+        query_lens_list=qlens,
+        seq_lens_list=slens,
+        verify_rows=meta.verify_rows,
+    )
 
 
 def _verify_rows(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
