@@ -226,24 +226,29 @@ def test_int8_gemm_matches_its_reference_and_the_decode_kernel(qtype, n, k, m):
 
 @pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q5_1],
                          ids=lambda t: t.name)
-def test_int8_gemm_rows_do_not_depend_on_the_other_rows_or_threads(qtype):
+@pytest.mark.parametrize("kernel", ["gemm_int8", "fused_int8"])
+def test_int8_gemm_rows_do_not_depend_on_the_other_rows_or_threads(qtype, kernel):
     """A prefill row's result is the same whatever chunk it is in, its place in a pass of 8, or the
-    thread count (tiles split over threads): bit for bit."""
+    thread count (tiles split over threads), strided rows too: bit for bit; the buffered GEMM and its
+    fused passes alike."""
+    if kernel == "fused_int8" and not gguf_cpu.gemm_int8_vectorized():
+        pytest.skip("the fused pass needs AVX-512 VNNI")
+    run = getattr(gguf_cpu, kernel)
     k = 160
     blocks, _ = packed(50, k, qtype, seed=5)
     x = torch.randn(19, k, generator=torch.Generator().manual_seed(11))
-    whole = gguf_cpu.gemm_int8(x, blocks, int(qtype), k)
+    whole = run(x, blocks, int(qtype), k)
     for start, stop in ((0, 1), (3, 12), (5, 19), (18, 19)):
-        assert torch.equal(gguf_cpu.gemm_int8(x[start:stop], blocks, int(qtype), k), whole[start:stop])
+        assert torch.equal(run(x[start:stop], blocks, int(qtype), k), whole[start:stop])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1 if threads > 1 else 2)
-        assert torch.equal(gguf_cpu.gemm_int8(x, blocks, int(qtype), k), whole)
+        assert torch.equal(run(x, blocks, int(qtype), k), whole)
     finally:
         torch.set_num_threads(threads)
     strided = torch.randn(19, 2 * k)
     strided[:, :k] = x
-    assert torch.equal(gguf_cpu.gemm_int8(strided[:, :k], blocks, int(qtype), k), whole)
+    assert torch.equal(run(strided[:, :k], blocks, int(qtype), k), whole)
 
 
 @pytest.mark.skipif(not gguf_cpu.gemm_int8_vectorized(), reason="the fused pass needs AVX-512 VNNI")
@@ -270,25 +275,13 @@ def test_int8_fused_pass_matches_the_decode_kernel_at_every_row_count(qtype, n, 
 
 
 @pytest.mark.skipif(not gguf_cpu.gemm_int8_vectorized(), reason="the fused pass needs AVX-512 VNNI")
-def test_int8_fused_pass_rows_threads_strides_and_refusals():
-    """Strided activation rows, either thread count and a row's place in a pass give the same bits; more
-    than FUSED_PASSES_MAX_ROWS rows, a K-quant and a K of no whole blocks are refused."""
+def test_int8_fused_pass_refusals():
+    """More than FUSED_PASSES_MAX_ROWS rows, a K-quant and a K of no whole blocks are refused (its rows,
+    threads and strides: test_int8_gemm_rows_do_not_depend_on_the_other_rows_or_threads)."""
     k = 160
     qtype = GGMLQuantizationType.Q4_1
     blocks, _ = packed(64, k, qtype, seed=9)
     x = torch.randn(13, k, generator=torch.Generator().manual_seed(3))
-    whole = gguf_cpu.fused_int8(x, blocks, int(qtype), k)
-    for start, stop in ((0, 1), (2, 7), (5, 13)):
-        assert torch.equal(gguf_cpu.fused_int8(x[start:stop], blocks, int(qtype), k), whole[start:stop])
-    strided = torch.randn(13, 2 * k)
-    strided[:, :k] = x
-    assert torch.equal(gguf_cpu.fused_int8(strided[:, :k], blocks, int(qtype), k), whole)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1 if threads > 1 else 2)
-        assert torch.equal(gguf_cpu.fused_int8(x, blocks, int(qtype), k), whole)
-    finally:
-        torch.set_num_threads(threads)
     with pytest.raises(ValueError, match=f"at most {gguf_cpu.FUSED_PASSES_MAX_ROWS} rows"):
         gguf_cpu.fused_int8(torch.randn(gguf_cpu.FUSED_PASSES_MAX_ROWS + 1, k), blocks, int(qtype), k)
     kblocks, _ = packed(16, 256, GGMLQuantizationType.Q4_K)

@@ -124,11 +124,12 @@ def paged_attention(
                                                     sliding_window=sliding_window, softcap=softcap)
     elif q.device.type == "cpu" and meta.max_query_len > 1 and (split := paged_attention_cpu.mixed_split(meta)):
         rows, rows_meta, others, others_meta = split
-        if paged_attention_cpu.decode_supported(q[rows], k_cache, v_cache, rows_meta):
+        q_rows = q[rows]
+        if paged_attention_cpu.decode_supported(q_rows, k_cache, v_cache, rows_meta):
             # A mixed step: its decode rows through the kernel, as in a decode step (the same bits),
             # the prefill chunks through the reference.
             out = torch.empty_like(q)
-            out[rows] = paged_attention_cpu.decode_attention(q[rows], k_cache, v_cache, rows_meta, scale, k_scale,
+            out[rows] = paged_attention_cpu.decode_attention(q_rows, k_cache, v_cache, rows_meta, scale, k_scale,
                                                              v_scale, sliding_window=sliding_window, softcap=softcap)
             out[others] = reference.paged_attention(
                 q[others], k_cache, v_cache, others_meta, scale, k_scale, v_scale, sliding_window=sliding_window,

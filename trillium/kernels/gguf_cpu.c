@@ -956,6 +956,32 @@ static void gemm_pack(int type, const uint8_t *w, long row_bytes, long nblocks, 
 #endif
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* Block b of one tile (wq, dv, cv: tile_block's layout) into the float sums f[r] of activation rows
+ * [0, rows): each row's exact integer dot (8 vpdpbusd, 4 broadcast codes each), then, but for Q8_0's
+ * + 128 taken off, f = fma(dot, d * dx, f) and f = fma(cw, sx, f). The one place these operations are
+ * written, for the buffered GEMM and the fused pass alike: the order is what keeps their bits equal. */
+static inline __attribute__((always_inline)) void block_rows(int q8, const __m512i *wq, __m512 dv, __m512 cv,
+                                                             const int8_t *q, const float *dx, const float *sx,
+                                                             const int32_t *sums, long k, long nblocks, long b,
+                                                             long rows, __m512 *f) {
+    __m512i a[GR];
+    for (long r = 0; r < rows; r++) a[r] = _mm512_setzero_si512();
+    for (int q4 = 0; q4 < 8; q4++)
+        for (long r = 0; r < rows; r++) {
+            int32_t x4;
+            memcpy(&x4, q + r * k + b * QK + q4 * 4, 4);
+            a[r] = _mm512_dpbusd_epi32(a[r], wq[q4], _mm512_set1_epi32(x4));
+        }
+    for (long r = 0; r < rows; r++) {
+        const long i = r * nblocks + b;
+        if (q8) a[r] = _mm512_sub_epi32(a[r], _mm512_set1_epi32(128 * sums[i]));  /* the codes' + 128 */
+        f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r]), _mm512_mul_ps(dv, _mm512_set1_ps(dx[i])), f[r]);
+        if (!q8) f[r] = _mm512_fmadd_ps(cv, _mm512_set1_ps(sx[i]), f[r]);
+    }
+}
+#endif
+
 /* out[r, 0..cols) for activation rows [0, rows) against one packed tile. */
 static inline __attribute__((always_inline)) void gemm_rows(int q8, const uint8_t *codes, const float *dw,
                                                             const float *cw, long nblocks, const int8_t *q,
@@ -966,23 +992,10 @@ static inline __attribute__((always_inline)) void gemm_rows(int q8, const uint8_
     for (long r = 0; r < rows; r++) f[r] = _mm512_setzero_ps();
     for (long b = 0; b < nblocks; b++) {
         const uint8_t *pw = codes + b * 8 * GT * 4;
-        __m512i a[GR];
-        for (long r = 0; r < rows; r++) a[r] = _mm512_setzero_si512();
-        for (int q4 = 0; q4 < 8; q4++) {
-            const __m512i wv = _mm512_loadu_si512((const void *)(pw + q4 * GT * 4));
-            for (long r = 0; r < rows; r++) {
-                int32_t x4;
-                memcpy(&x4, q + r * k + b * QK + q4 * 4, 4);
-                a[r] = _mm512_dpbusd_epi32(a[r], wv, _mm512_set1_epi32(x4));
-            }
-        }
-        const __m512 dv = _mm512_loadu_ps(dw + b * GT), cv = _mm512_loadu_ps(cw + b * GT);
-        for (long r = 0; r < rows; r++) {
-            const long i = r * nblocks + b;
-            if (q8) a[r] = _mm512_sub_epi32(a[r], _mm512_set1_epi32(128 * sums[i]));  /* the codes' + 128 */
-            f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r]), _mm512_mul_ps(dv, _mm512_set1_ps(dx[i])), f[r]);
-            if (!q8) f[r] = _mm512_fmadd_ps(cv, _mm512_set1_ps(sx[i]), f[r]);
-        }
+        __m512i wq[8];
+        for (int q4 = 0; q4 < 8; q4++) wq[q4] = _mm512_loadu_si512((const void *)(pw + q4 * GT * 4));
+        block_rows(q8, wq, _mm512_loadu_ps(dw + b * GT), _mm512_loadu_ps(cw + b * GT), q, dx, sx, sums, k, nblocks,
+                   b, rows, f);
     }
     const __mmask16 mask = (__mmask16)((1u << cols) - 1u);
     for (long r = 0; r < rows; r++) _mm512_mask_storeu_ps(out + r * ldo, mask, f[r]);
@@ -1020,10 +1033,24 @@ typedef void (*gemm_fn)(int q8, const uint8_t *codes, const float *dw, const flo
 GEMM_FN(1) GEMM_FN(2) GEMM_FN(3) GEMM_FN(4) GEMM_FN(5) GEMM_FN(6) GEMM_FN(7) GEMM_FN(8)
 static const gemm_fn gemm_table[GR] = {gemm_1, gemm_2, gemm_3, gemm_4, gemm_5, gemm_6, gemm_7, gemm_8};
 
+/* The buffered GEMM's tile of weight rows [n0, n0 + GT) (fewer at the end of W): packed into `codes` and
+ * `dw` (d, then cw: 2 * nblocks * GT floats), then every pass of GR activation rows of `a` over it. */
+static void gemm_tile(int type, const uint8_t *w, long row_bytes, long nblocks, long n0, uint8_t *codes, float *dw,
+                      const QRows *a, long m, long k, float *out, long n) {
+    const long cols = n - n0 < GT ? n - n0 : GT;
+    float *cw = dw + nblocks * GT;
+    gemm_pack(type, w, row_bytes, nblocks, n0, cols, codes, dw, cw);
+    for (long r0 = 0; r0 < m; r0 += GR) {
+        const long rows = m - r0 < GR ? m - r0 : GR;
+        gemm_table[rows - 1](type == TYPE_Q8_0, codes, dw, cw, nblocks, a->q + r0 * k, a->dx + r0 * nblocks,
+                             a->sx + r0 * nblocks, a->sums + r0 * nblocks, k, out + r0 * n + n0, n, cols);
+    }
+}
+
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 /* One pass of at most GR activation rows against one full tile of GT weight rows, straight from the
- * blocks: per block, tile_block's unpacking in registers, then gemm_rows's dots and float operations, in
- * the same order (the same bits). WHY: with a few rows (a verify step's token and its drafts, a small
+ * blocks: per block, tile_block's unpacking in registers, then block_rows, as the buffered GEMM (the
+ * same bits). WHY: with a few rows (a verify step's token and its drafts, a small
  * batch) the buffered GEMM writes its tile's 16 x K bytes that one pass of rows reads back once; here
  * nothing goes through memory. */
 static inline __attribute__((always_inline)) void gemm_fused_rows(int type, const uint8_t *base, long row_bytes,
@@ -1037,22 +1064,7 @@ static inline __attribute__((always_inline)) void gemm_fused_rows(int type, cons
         __m512i wq[8];
         __m512 dv, cv;
         tile_block(type, base, row_bytes, b, wq, &dv, &cv);
-        __m512i a[GR];
-        for (long r = 0; r < rows; r++) a[r] = _mm512_setzero_si512();
-        for (int q4 = 0; q4 < 8; q4++) {
-            const __m512i wv = wq[q4];
-            for (long r = 0; r < rows; r++) {
-                int32_t x4;
-                memcpy(&x4, q + r * k + b * QK + q4 * 4, 4);
-                a[r] = _mm512_dpbusd_epi32(a[r], wv, _mm512_set1_epi32(x4));
-            }
-        }
-        for (long r = 0; r < rows; r++) {
-            const long i = r * nblocks + b;
-            if (q8) a[r] = _mm512_sub_epi32(a[r], _mm512_set1_epi32(128 * sums[i]));  /* the codes' + 128 */
-            f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r]), _mm512_mul_ps(dv, _mm512_set1_ps(dx[i])), f[r]);
-            if (!q8) f[r] = _mm512_fmadd_ps(cv, _mm512_set1_ps(sx[i]), f[r]);
-        }
+        block_rows(q8, wq, dv, cv, q, dx, sx, sums, k, nblocks, b, rows, f);
     }
     for (long r = 0; r < rows; r++) _mm512_storeu_ps(out + r * ldo, f[r]);
 }
@@ -1102,16 +1114,10 @@ int trillium_gguf_fused_q8(int type, const float *x, long m, long k, long ldx, c
     if (full * GT < n) {  /* the short tile: GT - 1 rows at most, one thread */
         uint8_t *codes = aligned_alloc(64, (size_t)(nblocks * 8 * GT * 4));
         float *dw = malloc(2 * sizeof(float) * (size_t)(nblocks * GT));
-        if (codes != NULL && dw != NULL) {
-            const long n0 = full * GT;
-            gemm_pack(type, w, row_bytes, nblocks, n0, n - n0, codes, dw, dw + nblocks * GT);
-            for (long r0 = 0; r0 < m; r0 += GR)
-                gemm_table[(m - r0 < GR ? m - r0 : GR) - 1](type == TYPE_Q8_0, codes, dw, dw + nblocks * GT, nblocks,
-                                                            a.q + r0 * k, a.dx + r0 * nblocks, a.sx + r0 * nblocks,
-                                                            a.sums + r0 * nblocks, k, out + r0 * n + n0, n, n - n0);
-        } else {
+        if (codes != NULL && dw != NULL)
+            gemm_tile(type, w, row_bytes, nblocks, full * GT, codes, dw, &a, m, k, out, n);
+        else
             failed = 1;
-        }
         free(codes);
         free(dw);
     }
@@ -1131,7 +1137,6 @@ int trillium_gguf_gemm_q8(int type, const float *x, long m, long k, long ldx, co
     const int rc = qrows_quantize(&a, type, x, m, k, ldx);
     if (rc != 0) return rc > 0 ? 0 : rc;
     const long nblocks = k / QK, row_bytes = nblocks * block_bytes(type), tiles = (n + GT - 1) / GT;
-    const int q8 = type == TYPE_Q8_0;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
@@ -1143,14 +1148,7 @@ int trillium_gguf_gemm_q8(int type, const float *x, long m, long k, long ldx, co
 #pragma omp for schedule(static)
         for (long t = 0; t < tiles; t++) {
             if (!ok) continue;
-            const long n0 = t * GT, cols = n - n0 < GT ? n - n0 : GT;
-            float *cw = dw + nblocks * GT;
-            gemm_pack(type, w, row_bytes, nblocks, n0, cols, codes, dw, cw);
-            for (long r0 = 0; r0 < m; r0 += GR) {
-                const long rows = m - r0 < GR ? m - r0 : GR;
-                gemm_table[rows - 1](q8, codes, dw, cw, nblocks, a.q + r0 * k, a.dx + r0 * nblocks, a.sx + r0 * nblocks,
-                                     a.sums + r0 * nblocks, k, out + r0 * n + n0, n, cols);
-            }
+            gemm_tile(type, w, row_bytes, nblocks, t * GT, codes, dw, &a, m, k, out, n);
         }
         free(codes);
         free(dw);

@@ -171,7 +171,8 @@ class PackedReport:
             out += "; activations " + ", ".join(f"{mode} ({', '.join(sorted(fmts))})" for mode, fmts in sorted(modes.items()))
         if gguf_cpu.INT8 in modes:  # which kernels the int8 batches get here
             out += (f"; int8 fused pass up to {gguf_cpu.FUSED_MAX_ROWS} rows, GEMM above (AVX-512 VNNI)"
-                    if gguf_cpu.gemm_int8_vectorized() else "; no int8 GEMM here (no AVX-512 VNNI): int8 prefill dequantizes for oneDNN")
+                    if gguf_cpu.gemm_int8_vectorized()
+                    else "; no int8 GEMM here (no AVX-512 VNNI): int8 prefill dequantizes for oneDNN")
         if self.dequantized:
             reasons: dict[str, int] = {}
             for why in self.dequantized.values():
