@@ -1,4 +1,5 @@
-"""Compiled decode's per-step overhead: Python ops + Dynamo guards, C++ ops, C++ ops + guard-free dispatch.
+"""Compiled decode's per-step overhead: Python ops + Dynamo guards, C++ ops, C++ ops + guard-free dispatch;
+and what keeping the row-wise ops opaque costs against letting Inductor fuse them.
 
 One decode step of the bare model (batch B at a fixed context, forward only, and forward + logits)
 through `CompiledDecode`, in three variants, each in a fresh process (Dynamo and the op choice are
@@ -7,6 +8,9 @@ per process):
     python   the graphs call the Python ops (trillium::gguf_linear / cpu_linear / graph_attention),
              and every call goes through Dynamo's guards: what compiled decode did before native_ops
     native   the graphs call trillium_native::* (kernels/native_ops.cpp); guards still evaluated
+    fused    as direct, but the norms, rope and SiLU traced into the graph for Inductor to fuse (what
+             compiled decode did before they became opaque ops, kernels/dispatch.py: faster, but a
+             graph's rows then round otherwise than eager's)
     direct   native ops, and each bucket's bytecode called directly (executor/direct_dispatch.py):
              the default
 
@@ -14,6 +18,7 @@ WHY monkeypatching in the child processes: neither switch is a user setting (bot
 themselves where they cannot apply), so the benchmark turns them off from outside.
 
 Run: .venv/bin/python bench/native_ops.py [--model PATH] [--batch 1] [--threads 2] [--context 128]
+     [--variants python,native,fused,direct]
      (default model: the packaged SmolLM2-135M Q4_1 GGUF)
 Nothing is asserted; on a shared machine compare the variants of one run.
 """
@@ -26,7 +31,7 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("python", "native", "direct")
+VARIANTS = ("python", "native", "fused", "direct")
 
 
 def _default_model() -> str:
@@ -49,8 +54,14 @@ def measure(model_path: str, variant: str, batch: int, context: int, threads: in
     torch.set_num_threads(threads)
     if variant == "python":
         compiled_decode._load_native = lambda: False  # the graphs trace the Python ops
-    if variant != "direct":
+    if variant in ("python", "native"):
         DirectDispatch.get = lambda self, key: None  # every call through Dynamo's guards
+    if variant == "fused":  # the layers call the reference ops, which Dynamo traces through
+        from trillium import kernels
+        from trillium.kernels import reference
+
+        for name in ("rms_norm", "silu_and_mul", "rotary_embedding"):
+            setattr(kernels, name, getattr(reference, name))
     model, _ = load_model(model_path, dtype="float32", progress=False)
     blocks_per_seq = context // 16 + 1
     caches = model.allocate_kv_caches(batch * blocks_per_seq, 16)
@@ -85,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7, help="rounds of 50 steps; the best is kept")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, the first is the baseline")
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # a child process
     args = parser.parse_args(argv)
     model = args.model or _default_model()
@@ -92,7 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(model, args.variant, args.batch, args.context, args.threads, args.rounds)))
         return 0
     rows = []
-    for variant in VARIANTS:
+    variants = args.variants.split(",")
+    if unknown := set(variants) - set(VARIANTS):
+        parser.error(f"--variants: unknown {sorted(unknown)} (choose from {', '.join(VARIANTS)})")
+    for variant in variants:
         child = [sys.executable, __file__, "--model", model, "--batch", str(args.batch), "--context",
                  str(args.context), "--threads", str(args.threads), "--rounds", str(args.rounds), "--variant", variant]
         out = subprocess.run(child, check=True, capture_output=True, text=True).stdout
@@ -101,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     base = rows[0]
     print(f"compiled decode, {model.rsplit('/', 1)[-1]}, batch {args.batch}, context {args.context}, "
           f"{args.threads} threads (best of {args.rounds} x 50 steps)")
-    print("| variant | forward ms | x python | forward + logits ms | x python |\n|---|---|---|---|---|")
+    print(f"| variant | forward ms | x {base['variant']} | forward + logits ms | x {base['variant']} |\n|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['variant']} | {row['forward_ms']:.2f} | {base['forward_ms'] / row['forward_ms']:.2f} | "
               f"{row['step_ms']:.2f} | {base['step_ms'] / row['step_ms']:.2f} |")

@@ -168,3 +168,53 @@ def test_graph_attention_refuses_a_slot_outside_the_cache() -> None:
     with pytest.raises(RuntimeError, match="slot 8 outside a cache of 8 slots"):
         graph_kv_slots(context, 2)[0].attend(q, k, v, meta, 0.25, sliding_window=None, softcap=None)
     context.native_step.clear()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 37])
+def test_row_wise_ops_give_eagers_bits(rows: int) -> None:
+    """rms_norm, silu_and_mul and rope, native and their Python twins (dispatch.py), give the bits
+    eager gets (dispatch's CPU path: rowwise_cpu.c; rope also kernels/reference.py's exactly) -- what a
+    compiled graph computes is what eager computes -- on the strided views a layer hands them (q / k of
+    one fused projection, a norm's input at an offset) and odd widths (a tail past the vector loop)."""
+    from trillium.kernels import dispatch, reference
+
+    gen = torch.Generator().manual_seed(rows)
+    heads, kv_heads, head_dim, hidden = 5, 2, 66, 203
+    wide = torch.randn(rows, 2 * hidden + 1, generator=gen)
+    weight = torch.randn(hidden, generator=gen)
+    for x in (torch.randn(rows, hidden, generator=gen) * 3, wide[:, 1 : hidden + 1]):  # contiguous, strided
+        want = dispatch._cpu_rms_norm(x, weight, 1e-5)
+        for op in (torch.ops.trillium_native.rms_norm, torch.ops.trillium.rms_norm):
+            assert torch.equal(op(x, weight, 1e-5), want)
+    gate_up = torch.randn(rows, 2 * 170, generator=gen) * 4
+    want = dispatch._cpu_silu_and_mul(gate_up)
+    for op in (torch.ops.trillium_native.silu_and_mul, torch.ops.trillium.silu_and_mul):
+        got = op(gate_up)
+        assert got.is_contiguous() and torch.equal(got, want)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim, generator=gen)
+    q = qkv[:, : heads * head_dim].view(rows, heads, head_dim)  # rows strided, as Attention.forward's views
+    k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(rows, kv_heads, head_dim)
+    angles = torch.rand(4096, head_dim // 2, generator=gen) * 100
+    table = torch.cat([angles.cos(), angles.sin()], dim=-1)
+    positions = torch.randint(0, 4096, (rows,), generator=gen)
+    want_q, want_k = reference.rotary_embedding(positions, q, k, table)
+    for op in (torch.ops.trillium_native.rotary_embedding, torch.ops.trillium.rotary_embedding):
+        got_q, got_k = op(positions, q, k, table)
+        assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+        assert got_q.is_contiguous() and got_k.is_contiguous()
+
+
+def test_row_wise_ops_run_the_reference_for_what_the_c_kernel_does_not_take() -> None:
+    """Not float32, or a last dimension with a stride: the twin's reference, as eager; a position
+    outside the rope table: the reference's IndexError, not a read past the table."""
+    from trillium.kernels import reference
+
+    x, weight = torch.randn(3, 8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    assert torch.equal(torch.ops.trillium_native.rms_norm(x, weight, 1e-6), reference.rms_norm(x, weight, 1e-6))
+    gate_up = torch.randn(6, 3).t()  # [3, 6], last dimension strided
+    assert torch.equal(torch.ops.trillium_native.silu_and_mul(gate_up), reference.silu_and_mul(gate_up))
+    table, q, k = torch.randn(16, 8), torch.randn(2, 3, 8), torch.randn(2, 1, 8)
+    with pytest.raises(IndexError):
+        torch.ops.trillium_native.rotary_embedding(torch.tensor([3, 16]), q, k, table)
+    with pytest.raises(IndexError):
+        torch.ops.trillium_native.rotary_embedding(torch.tensor([-1, 2]), q, k, table)

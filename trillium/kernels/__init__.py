@@ -15,7 +15,9 @@ Public API (dispatching on the tensors' device):
 
 On CPU, paged_attention of a pure decode step (float32 queries, float32 or
 fp8 caches) runs `paged_attention_cpu.c`, which reads the blocks in place;
-everything else runs the reference.
+float32 rms_norm, silu_and_mul and rotary_embedding run `rowwise_cpu.c` (the
+same machine code eager and in compiled decode graphs); everything else runs
+the reference.
 
 KV caches are float32 / bfloat16 / float16, or fp8 (float8_e4m3fn,
 float8_e5m2) with per-tensor float32 scales: values are stored divided by

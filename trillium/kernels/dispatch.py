@@ -6,7 +6,9 @@ fall back to the reference. The Triton modules are imported lazily, on the
 first CUDA call, so importing the kernels never needs a GPU or a working
 Triton install, and CPU calls cost one attribute check over the reference.
 CPU decode attention goes to `paged_attention_cpu` (C, built at first use)
-when it takes the call, else to the reference.
+when it takes the call, else to the reference; float32 CPU RMSNorm, SiLU-and-mul
+and rope go to `rowwise_cpu` (C), eager and inside compiled graphs alike (see
+the note above `_cpu_rms_norm`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from types import ModuleType
 
 import torch
 
-from trillium.kernels import paged_attention_cpu, reference
+from trillium.kernels import paged_attention_cpu, reference, rowwise_cpu
 from trillium.kernels.metadata import AttentionMetadata
 
 # The one place the kernel choice is read from the environment. Read per CUDA
@@ -51,13 +53,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         kernels = _triton("pointwise")
         if kernels.rms_norm_supported(x, weight):
             return kernels.rms_norm(x, weight, eps)
-    return reference.rms_norm(x, weight, eps)
+    if x.device.type == "cpu" and torch.compiler.is_compiling():
+        return _graph_op("rms_norm", x, weight)(x, weight, eps)
+    return _cpu_rms_norm(x, weight, eps)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if wants_triton(x) and x.stride(-1) == 1:
         return _triton("pointwise").silu_and_mul(x)
-    return reference.silu_and_mul(x)
+    if x.device.type == "cpu" and torch.compiler.is_compiling():
+        return _graph_op("silu_and_mul", x)(x)
+    return _cpu_silu_and_mul(x)
 
 
 def rotary_embedding(
@@ -70,7 +76,73 @@ def rotary_embedding(
         if k.stride(-1) != 1 or k.stride(-2) != head_dim:
             k = k.contiguous()
         return _triton("pointwise").rotary_embedding(positions, q, k, cos_sin_cache)
-    return reference.rotary_embedding(positions, q, k, cos_sin_cache)
+    if q.device.type == "cpu" and torch.compiler.is_compiling():
+        return _graph_op("rotary_embedding", q, k, cos_sin_cache)(positions, q, k, cos_sin_cache)
+    return _cpu_rotary_embedding(positions, q, k, cos_sin_cache)
+
+
+# The row-wise ops off CUDA: rowwise_cpu.c for float32 CPU tensors it takes, else the reference.
+# WHY one C kernel for eager steps and compiled graphs alike: a row must get the same bits whichever
+# ran its step. Inductor, left to it, fused the norms, rope and SiLU into loops of its own that round
+# otherwise than eager (a norm's sum of squares in another order, its own exp); a row computed in a
+# graph then differed in the last bits from the same row computed eagerly -- in a prefill, a mixed
+# step, a verify step past the largest bucket -- and a greedy near-tie late in a request flipped with
+# the batch it ran in (speculative against plain, batch 8 against 1). So in a graph these are opaque
+# ops: native_ops.cpp's, calling the same C functions, where that library loaded, else the Python
+# twins below, which run exactly what eager runs. Inductor still compiles what is exact (embedding,
+# residual adds, views).
+
+
+def _cpu_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    out = rowwise_cpu.rms_norm(x, weight, eps)
+    return out if out is not None else reference.rms_norm(x, weight, eps)
+
+
+def _cpu_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    out = rowwise_cpu.silu_and_mul(x)
+    return out if out is not None else reference.silu_and_mul(x)
+
+
+def _cpu_rotary_embedding(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    out = rowwise_cpu.rotary_embedding(positions, q, k, cos_sin_cache)
+    return out if out is not None else reference.rotary_embedding(positions, q, k, cos_sin_cache)
+
+
+_GRAPH_LIB = torch.library.Library("trillium", "FRAGMENT")
+_GRAPH_LIB.define("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor")
+_GRAPH_LIB.define("silu_and_mul(Tensor x) -> Tensor")
+_GRAPH_LIB.define("rotary_embedding(Tensor positions, Tensor q, Tensor k, Tensor cos_sin_cache) -> (Tensor, Tensor)")
+# NOTE: contiguous and fresh, as the fakes below say (an op's outputs may not alias its inputs)
+_GRAPH_LIB.impl("rms_norm", lambda x, weight, eps: _cpu_rms_norm(x, weight, eps).contiguous(), "CPU")
+_GRAPH_LIB.impl("silu_and_mul", lambda x: _cpu_silu_and_mul(x).contiguous(), "CPU")
+_GRAPH_LIB.impl("rotary_embedding", lambda positions, q, k, table: tuple(
+    t.contiguous() for t in _cpu_rotary_embedding(positions, q, k, table)), "CPU")
+
+
+@torch.library.register_fake("trillium::rms_norm")
+def _(x, weight, eps):
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("trillium::silu_and_mul")
+def _(x):
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+@torch.library.register_fake("trillium::rotary_embedding")
+def _(positions, q, k, cos_sin_cache):
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+def _graph_op(name: str, *tensors: torch.Tensor):
+    """The op a compiled graph calls for `name` (a static choice at trace time): native for float32."""
+    from trillium.kernels import native_ops  # WHY here: native_ops imports the C kernels' modules
+
+    if native_ops.loaded() and all(t.dtype == torch.float32 for t in tensors):
+        return getattr(torch.ops.trillium_native, name)
+    return getattr(torch.ops.trillium, name)
 
 
 def write_kv_cache(

@@ -13,12 +13,16 @@
  *       trillium::graph_attention (models/graph_attention.py) for a float32 cache: the step's keys
  *       and values written to their slots, then paged_attention_cpu.c; any other step calls
  *       trillium::graph_attention itself (through the dispatcher)
+ *   trillium_native::rms_norm(x, weight, eps), ::silu_and_mul(x), ::rotary_embedding(positions, q, k, table)
+ *       rowwise_cpu.c's functions, which eager calls too (kernels/dispatch.py says why a row must get
+ *       the same bits either way); a call rowwise_cpu.py would not take runs the Python twin
+ *       (trillium::rms_norm, ...: the reference), as eager does
  *
  * WHY: a decode step of SmolLM2-135M calls ~150 such ops. From Inductor's Python wrapper each
  * Python-implemented op cost ~20-50 us of dispatch, checks and ctypes around kernels of ~10-40 us
  * (bench/native_ops.py measures both); the same call into this file costs ~3 us.
  *
- * The C kernels are the ones Python loads (gguf_cpu.c, dense_cpu.c, paged_attention_cpu.c, each its
+ * The C kernels are the ones Python loads (gguf_cpu.c, dense_cpu.c, paged_attention_cpu.c, rowwise_cpu.c, each its
  * own shared library); native_ops.py hands their addresses to trillium_native_bind once, so both
  * paths run the same machine code and give the same bits.
  *
@@ -36,6 +40,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 extern "C" {
@@ -47,6 +52,9 @@ typedef int (*decode_attention_fn)(const float *, long, long, long, long, long, 
                                    const float *, long, long, const int32_t *, long, const int32_t *,
                                    const int32_t *, float, const float *, const float *, long, float, float *,
                                    int);
+typedef void (*rms_norm_fn)(const float *, long, long, long, long, long, const float *, float, float *);
+typedef void (*silu_and_mul_fn)(const float *, long, long, long, float *);
+typedef int (*rope_fn)(const float *, long, long, long, long, long, const int64_t *, const float *, long, float *);
 }
 
 namespace {
@@ -55,6 +63,9 @@ gguf_matmul_fn g_gguf_float32 = nullptr, g_gguf_int8 = nullptr;
 gguf_row_bytes_fn g_gguf_row_bytes = nullptr;
 dense_linear_fn g_dense = nullptr;
 decode_attention_fn g_attention = nullptr;
+rms_norm_fn g_rms_norm = nullptr;
+silu_and_mul_fn g_silu_and_mul = nullptr;
+rope_fn g_rope = nullptr;
 thread_local long t_live_rows = -1;  // < 0: no hint (every row is live)
 
 /* What trillium::gguf_linear's packed path and trillium::cpu_linear's kernel path take. */
@@ -185,11 +196,76 @@ at::Tensor graph_attention(const at::Tensor &q, const at::Tensor &k, const at::T
     return out;
 }
 
+/* The Python twin of a row-wise op (kernels/dispatch.py), for a call rowwise_cpu.py would not take
+ * either: then both paths run the reference, and still agree. */
+template <typename Fn>
+c10::TypedOperatorHandle<Fn> twin(const char *name) {
+    return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>();
+}
+
+/* rowwise_cpu.py's _lib test: float32 CPU, last dimension contiguous. */
+bool rowwise_takes(const at::Tensor &t) {
+    return t.scalar_type() == at::kFloat && t.device().is_cpu() && t.dim() >= 1 && t.stride(-1) == 1;
+}
+
+at::Tensor rms_norm(const at::Tensor &x, const at::Tensor &weight, double eps) {
+    const long dims = x.dim();
+    if (g_rms_norm == nullptr || !rowwise_takes(x) || !rowwise_takes(weight) || dims > 3 || weight.dim() != 1 ||
+        weight.size(0) != x.size(-1) || x.numel() == 0) {
+        static auto op = twin<at::Tensor(const at::Tensor &, const at::Tensor &, double)>("trillium::rms_norm");
+        return op.call(x, weight, eps);
+    }
+    const long outer = dims == 1 ? 1 : x.size(0), inner = dims == 3 ? x.size(1) : 1;
+    const long stride_outer = dims == 1 ? 0 : x.stride(0), stride_inner = dims == 3 ? x.stride(1) : 0;
+    at::Tensor out = at::empty(x.sizes(), x.options());
+    g_rms_norm(x.data_ptr<float>(), outer, inner, x.size(-1), stride_outer, stride_inner, weight.data_ptr<float>(),
+               static_cast<float>(eps), out.data_ptr<float>());
+    return out;
+}
+
+at::Tensor silu_and_mul(const at::Tensor &x) {
+    if (g_silu_and_mul == nullptr || !rowwise_takes(x) || x.dim() != 2 || x.size(1) % 2 != 0 || x.numel() == 0) {
+        static auto op = twin<at::Tensor(const at::Tensor &)>("trillium::silu_and_mul");
+        return op.call(x);
+    }
+    const long inter = x.size(1) / 2;
+    at::Tensor out = at::empty({x.size(0), inter}, x.options());
+    g_silu_and_mul(x.data_ptr<float>(), x.size(0), inter, x.stride(0), out.data_ptr<float>());
+    return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> rotary_embedding(const at::Tensor &positions, const at::Tensor &q,
+                                                    const at::Tensor &k, const at::Tensor &table) {
+    using Fn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor &, const at::Tensor &, const at::Tensor &,
+                                                  const at::Tensor &);
+    static auto op = twin<Fn>("trillium::rotary_embedding");
+    const bool takes = g_rope != nullptr && rowwise_takes(q) && rowwise_takes(k) && rowwise_takes(table) &&
+                       q.dim() == 3 && k.dim() == 3 && table.dim() == 2 && table.is_contiguous() &&
+                       q.size(2) == table.size(1) && k.size(2) == table.size(1) && q.size(2) % 2 == 0 &&
+                       positions.scalar_type() == at::kLong && positions.dim() == 1 && positions.is_contiguous() &&
+                       positions.device().is_cpu() && positions.size(0) == q.size(0) && k.size(0) == q.size(0);
+    if (!takes) return op.call(positions, q, k, table);
+    at::Tensor outs[2];
+    const at::Tensor *ins[2] = {&q, &k};
+    for (int i = 0; i < 2; i++) {
+        const at::Tensor &x = *ins[i];
+        outs[i] = at::empty(x.sizes(), x.options());
+        if (g_rope(x.data_ptr<float>(), x.size(0), x.size(1), x.size(2), x.stride(0), x.stride(1),
+                   positions.data_ptr<int64_t>(), table.data_ptr<float>(), table.size(0), outs[i].data_ptr<float>()))
+            return op.call(positions, q, k, table);  // a position outside the table: the reference says which
+    }
+    return {outs[0], outs[1]};
+}
+
 }  // namespace
 
 extern "C" {
 
-void trillium_native_bind(void *gguf_row_bytes, void *gguf_float32, void *gguf_int8, void *dense, void *attention) {
+void trillium_native_bind(void *gguf_row_bytes, void *gguf_float32, void *gguf_int8, void *dense, void *attention,
+                          void *rms_norm, void *silu_and_mul, void *rope) {
+    g_rms_norm = reinterpret_cast<rms_norm_fn>(rms_norm);
+    g_silu_and_mul = reinterpret_cast<silu_and_mul_fn>(silu_and_mul);
+    g_rope = reinterpret_cast<rope_fn>(rope);
     g_gguf_row_bytes = reinterpret_cast<gguf_row_bytes_fn>(gguf_row_bytes);
     g_gguf_float32 = reinterpret_cast<gguf_matmul_fn>(gguf_float32);
     g_gguf_int8 = reinterpret_cast<gguf_matmul_fn>(gguf_int8);
@@ -226,4 +302,7 @@ TORCH_LIBRARY_IMPL(trillium_native, CPU, m) {
     m.impl("gguf_linear", TORCH_FN(gguf_linear));
     m.impl("cpu_linear", TORCH_FN(cpu_linear));
     m.impl("graph_attention", TORCH_FN(graph_attention));
+    m.impl("rms_norm", TORCH_FN(rms_norm));
+    m.impl("silu_and_mul", TORCH_FN(silu_and_mul));
+    m.impl("rotary_embedding", TORCH_FN(rotary_embedding));
 }

@@ -12,6 +12,9 @@
     torch.ops.trillium_native.gguf_linear(x, blocks, ggml_type, in_features, bias, activations)
     torch.ops.trillium_native.cpu_linear(x, weight, bias)
     torch.ops.trillium_native.graph_attention(q, k, v, context, step, layer, scale, sliding_window, softcap)
+    torch.ops.trillium_native.rms_norm(x, weight, eps)                     float32 (rowwise_cpu.c; else the twin)
+    torch.ops.trillium_native.silu_and_mul(x)
+    torch.ops.trillium_native.rotary_embedding(positions, q, k, table)
 
 Each does what the Python op of the same name in the `trillium` namespace does (models/packed_linear.py,
 models/llama.py, models/graph_attention.py) for the calls a compiled decode graph makes -- the packed
@@ -19,6 +22,10 @@ kernel's rows (up to 32 / 64), dense_cpu's rows (up to 16), a float32 cache's de
 and calls the same C kernels, so the bits are the same. The Python callers pick the native op only
 for those shapes (a static decision at trace time), and the native attention calls the Python op
 itself for a step `Step.set` does not take (fp8 caches, TRILLIUM_KERNELS=reference, ...).
+
+The row-wise ops call rowwise_cpu.c, as eager does, so Inductor cannot fuse norms, rope and SiLU
+into loops that round otherwise (dispatch.py says why that matters); where the library does not load
+the graphs call their Python twins (`trillium::rms_norm`, ... in dispatch.py), opaque too.
 
 WHY: ~150 op calls per SmolLM2 decode step. Through the dispatcher into Python, with each op's checks
 and its ctypes call, those cost ~20-50 us each; into C++, ~3 us (bench/native_ops.py).
@@ -37,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from trillium.kernels import dense_cpu, gguf_cpu, paged_attention_cpu
+from trillium.kernels import dense_cpu, gguf_cpu, paged_attention_cpu, rowwise_cpu
 from trillium.kernels.c_library import CXX, CLibrary
 
 _SOURCE = Path(__file__).with_name("native_ops.cpp")
@@ -54,7 +61,7 @@ _P, _L = ctypes.c_void_p, ctypes.c_long
 
 
 def _declare(lib: ctypes.CDLL) -> None:
-    lib.trillium_native_bind.argtypes = [_P, _P, _P, _P, _P]
+    lib.trillium_native_bind.argtypes = [_P, _P, _P, _P, _P, _P, _P, _P]
     lib.trillium_native_bind.restype = None
     lib.trillium_native_set_live_rows.argtypes = [_L]
     lib.trillium_native_set_live_rows.restype = None
@@ -79,7 +86,8 @@ def unavailable_reason() -> str | None:
     lib = _LIBRARY.get()
     if lib is None:
         return _LIBRARY.unavailable_reason()
-    missing = [m.__name__.rpartition(".")[2] for m in (gguf_cpu, dense_cpu, paged_attention_cpu) if not m.available()]
+    kernels = (gguf_cpu, dense_cpu, paged_attention_cpu, rowwise_cpu)
+    missing = [m.__name__.rpartition(".")[2] for m in kernels if not m.available()]
     return f"C kernels unavailable: {', '.join(missing)}" if missing else None
 
 
@@ -90,11 +98,13 @@ def load() -> bool:
     if os.environ.get("TRILLIUM_KERNELS", "") == "reference" or unavailable_reason() is not None:
         return False
     lib = _LIBRARY.get()
-    gguf, dense, attention = (m._LIBRARY.get() for m in (gguf_cpu, dense_cpu, paged_attention_cpu))
+    gguf, dense, attention, rowwise = (m._LIBRARY.get() for m in (gguf_cpu, dense_cpu, paged_attention_cpu, rowwise_cpu))
     address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
     lib.trillium_native_bind(address(gguf.trillium_gguf_row_bytes), address(gguf.trillium_gguf_matmul),
                              address(gguf.trillium_gguf_matmul_q8),
-                             address(dense.trillium_f32_linear), address(attention.trillium_paged_decode_attention))
+                             address(dense.trillium_f32_linear), address(attention.trillium_paged_decode_attention),
+                             address(rowwise.trillium_rms_norm), address(rowwise.trillium_silu_and_mul),
+                             address(rowwise.trillium_rope))
     _BOUND.append(lib)
     return True
 
@@ -172,6 +182,9 @@ _LIB.define("gguf_linear(Tensor x, Tensor blocks, int ggml_type, int in_features
 _LIB.define("cpu_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
 _LIB.define("graph_attention(Tensor q, Tensor k, Tensor v, int context, int step, int layer, float scale, "
             "int? sliding_window, float? softcap) -> Tensor")
+_LIB.define("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor")
+_LIB.define("silu_and_mul(Tensor x) -> Tensor")
+_LIB.define("rotary_embedding(Tensor positions, Tensor q, Tensor k, Tensor cos_sin_cache) -> (Tensor, Tensor)")
 
 
 @torch.library.register_fake("trillium_native::gguf_linear")
@@ -187,6 +200,21 @@ def _(x, weight, bias):
 @torch.library.register_fake("trillium_native::graph_attention")
 def _(q, k, v, context, step, layer, scale, sliding_window, softcap):
     return torch.empty_like(q)
+
+
+@torch.library.register_fake("trillium_native::rms_norm")
+def _(x, weight, eps):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("trillium_native::silu_and_mul")
+def _(x):
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+@torch.library.register_fake("trillium_native::rotary_embedding")
+def _(positions, q, k, cos_sin_cache):
+    return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
 __all__ = ["Step", "load", "loaded", "set_live_rows", "unavailable_reason"]

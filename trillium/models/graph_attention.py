@@ -13,7 +13,8 @@ shape: `unified_attention` is a custom op that reads its metadata and cache
 from the forward context, vllm/attention/layer.py): the op
 `trillium::graph_attention(q, k, v, context, layer, ...)` looks the step up
 in the context and runs the eager path, `KvCache.attend`. Inductor compiles
-everything around it (norms, projections, rope, MLP, residuals).
+everything around it (the projections, norms, rope and SiLU are opaque ops too,
+so a graph's row has eager's bits: kernels/dispatch.py).
 
 Padding: a graph compiled for B rows may run a batch of n < B sequences;
 rows n.. are padding. The op writes and attends rows 0..n-1 only and

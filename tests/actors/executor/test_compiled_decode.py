@@ -34,7 +34,7 @@ from trillium.actors.executor.core import ExecutorCore
 from trillium.actors.protocol.requests import AddRequest
 from trillium.actors.scheduler.core import build_scheduler
 from trillium.config import EngineConfig
-from trillium.kernels import native_ops
+from trillium.kernels import AttentionMetadata, native_ops
 from trillium.sampling_params import SamplingParams
 
 PROMPTS = {"a": [5, 9, 13, 2, 7], "b": list(range(10, 40)), "c": [3] * 21}
@@ -118,6 +118,47 @@ def test_compiled_greedy_matches_eager_and_transformers_then_follows_weight_upda
     # through the C++ ops where they build (kernels/native_ops.py)
     assert compiled.forward.num_direct_steps == compiled.forward.num_compiled_steps
     assert compiled.forward.native == native_ops.load()
+
+
+def test_a_compiled_row_has_the_bits_of_the_same_row_run_eagerly(cores):
+    """Bit for bit, not just the same greedy tokens: the hidden states of a decode step of 3 rows (padded
+    to the 4-row graph) and of a verify step of 4 rows (one sequence's token and 3 drafts) equal the
+    eager forward's on the same cache. WHY it matters: a request's steps run in a graph or eagerly
+    depending on what shares them (prefill chunks, a verify step past the largest bucket), so any
+    rounding difference lets a late greedy near-tie follow the batch (dispatch.py's opaque row-wise
+    ops: Inductor's own fused norms, rope and SiLU rounded otherwise)."""
+    compiled = cores[0]
+    model, forward = compiled.model, compiled.forward
+    block_size, vocab = compiled.config.block_size, compiled.model_config.vocab_size
+    caches = model.allocate_kv_caches(24, block_size)
+    generator = torch.Generator().manual_seed(7)
+    lens = [5, 9, 2 * block_size + 3]
+    tables, first = [], 1
+    for n in lens:  # each sequence's blocks, room for 4 more tokens
+        count = -(-(n + 4) // block_size)
+        tables.append(list(range(first, first + count)))
+        first += count
+    ids = torch.randint(0, vocab, (sum(lens),), generator=generator)
+    positions = torch.cat([torch.arange(n) for n in lens])
+    with torch.inference_mode():
+        model(ids, positions, caches, AttentionMetadata.build(lens, lens, tables, block_size))  # prefill, eager
+        steps = [  # (query lens, verify rows)
+            ([1, 1, 1], False),
+            ([4], True),
+        ]
+        for query_lens, verify in steps:
+            seqs = range(len(query_lens))
+            seq_lens = [lens[i] + q for i, q in zip(seqs, query_lens)]
+            meta = AttentionMetadata.build(query_lens, seq_lens, [tables[i] for i in seqs], block_size,
+                                           verify_rows=verify)
+            step_ids = torch.randint(0, vocab, (sum(query_lens),), generator=generator)
+            step_pos = torch.cat([torch.arange(lens[i], lens[i] + q) for i, q in zip(seqs, query_lens)])
+            before = forward.num_compiled_steps
+            graph = forward(step_ids, step_pos, caches, meta)
+            assert forward.num_compiled_steps == before + 1  # it did run the graph
+            eager = model(step_ids, step_pos, caches, meta)
+            assert torch.equal(graph, eager), (query_lens, (graph - eager).abs().max())
+            assert torch.equal(model.compute_logits(graph), model.compute_logits(eager))
 
 
 def test_speculative_verify_steps_run_the_compiled_graph_with_eager_tokens(cores, monkeypatch):

@@ -16,7 +16,11 @@ eager. Compile seconds per bucket are logged at start.
 What is compiled: embedding, norms, projections (through opaque ops of ours:
 float weights `trillium::cpu_linear`, `models/llama.py`; GGUF weights kept
 packed `trillium::gguf_linear`, `models/packed_linear.py`), rope, MLP and
-residuals. Attention is an opaque op
+residuals. The norms, rope and SiLU are opaque ops too (`trillium::rms_norm`,
+... in kernels/dispatch.py, C++ in native_ops.cpp), computing what eager does,
+so every row a graph computes has the bits of the same row run eagerly, and a
+request's greedy tokens do not depend on which of its steps ran in a graph
+(batch size, speculation). Attention is an opaque op
 reading the step's paged cache and metadata from a context
 (`models/graph_attention.py`), so the graph does not depend on sequence
 lengths or block tables and never recompiles between steps.

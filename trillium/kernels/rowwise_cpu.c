@@ -1,0 +1,104 @@
+/* The row-wise ops of a decoder layer in float32 on CPU: RMSNorm, SiLU-and-mul, rotary embedding.
+ *
+ * Called two ways, by the same machine code: eagerly through ctypes (rowwise_cpu.py, from
+ * kernels/dispatch.py), and from compiled decode graphs through native_ops.cpp (its ops hold these
+ * functions' addresses). WHY one kernel for both: a row must get the same bits whether its step
+ * ran eagerly (a prefill, a mixed step, a verify step past the largest bucket) or in a graph, or a
+ * greedy near-tie late in a request flips with the batch it ran in (speculative against plain, batch 8
+ * against 1). Inductor's own fused loops and ATen's ops sum and approximate in orders of their own;
+ * these functions fix one, and neither path computes it any other way.
+ *
+ * Every function works one row at a time and a row's result depends on nothing but the row (no
+ * row count, thread or alignment decides an order), so batches are invariant too. Built with
+ * -ffp-contract=off (rowwise_cpu.py): no fused multiply-add is formed, each product is rounded as
+ * written, so whatever the compiler vectorizes computes exactly the scalar code's values.
+ *
+ *   trillium_rms_norm     y = x * (1 / sqrt(mean(x^2) + eps)) * w; the squares summed in 16 lanes
+ *                         (element i into lane i % 16), the lanes then added pairwise (8, 4, 2, 1)
+ *   trillium_silu_and_mul [gate | up] -> gate / (1 + exp(-gate)) * up, exp by Cody-Waite reduction
+ *                         and a degree-6 polynomial (Cephes' expf, ~1 ulp)
+ *   trillium_rope         neox (rotate-half) rope from a [positions, D] table of [cos | sin]:
+ *                         x1 * cos - x2 * sin, x2 * cos + x1 * sin (the reference's products and sums
+ *                         exactly, so these bits are kernels/reference.py's too)
+ *
+ * Rows are given as (outer, inner) with a stride for each, so a layer's views (q and k of one fused
+ * projection, rows strided) need no copy; outputs are contiguous.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LANES 16
+
+void trillium_rms_norm(const float *x, long outer, long inner, long n, long stride_outer, long stride_inner,
+                       const float *weight, float eps, float *out) {
+    for (long o = 0; o < outer; o++) {
+        for (long i = 0; i < inner; i++) {
+            const float *row = x + o * stride_outer + i * stride_inner;
+            float *dst = out + (o * inner + i) * n;
+            float acc[LANES] = {0};
+            long e = 0;
+            for (; e + LANES <= n; e += LANES)
+                for (int l = 0; l < LANES; l++) acc[l] += row[e + l] * row[e + l];
+            for (int l = 0; e + l < n; l++) acc[l] += row[e + l] * row[e + l];
+            for (int width = LANES / 2; width > 0; width /= 2)
+                for (int l = 0; l < width; l++) acc[l] += acc[l + width];
+            const float scale = 1.0f / sqrtf(acc[0] / (float)n + eps);
+            for (long j = 0; j < n; j++) dst[j] = row[j] * scale * weight[j];
+        }
+    }
+}
+
+/* exp(x): +inf above float's range (a gate below -88.4 then gets silu -0, as the reference), held at
+ * exp(-87.34) below it (the gate itself to rounding); NaN stays NaN. */
+static inline float exp_cephes(float x) {
+    const float in = x;
+    x = x > 88.3762626647949f ? 88.3762626647949f : x;
+    x = x < -87.3365447504f ? -87.3365447504f : x;
+    const float shift = 12582912.0f;  /* 1.5 * 2^23: adding it rounds to the nearest integer */
+    const float n = (x * 1.44269504088896341f + shift) - shift;
+    x = x - n * 0.693359375f;  /* ln 2 in two parts: n * 0.693359375 is exact */
+    x = x - n * -2.12194440e-4f;
+    const float z = x * x;
+    float p = 1.9875691500E-4f;
+    p = p * x + 1.3981999507E-3f;
+    p = p * x + 8.3334519073E-3f;
+    p = p * x + 4.1665795894E-2f;
+    p = p * x + 1.6666665459E-1f;
+    p = p * x + 5.0000001201E-1f;
+    p = p * z + x + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;  /* 2^n, n in [-126, 127] */
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return in > 88.3762626647949f ? INFINITY : p * scale;
+}
+
+void trillium_silu_and_mul(const float *x, long rows, long inter, long stride, float *out) {
+    for (long r = 0; r < rows; r++) {
+        const float *gate = x + r * stride, *up = gate + inter;
+        float *dst = out + r * inter;
+        for (long j = 0; j < inter; j++) dst[j] = gate[j] / (1.0f + exp_cephes(-gate[j])) * up[j];
+    }
+}
+
+/* x [T, H, D] rows at (stride_t, stride_h), positions [T], table [P, D]. Returns -1, having written
+ * nothing, when a position is outside the table; else 0. */
+int trillium_rope(const float *x, long t, long h, long d, long stride_t, long stride_h, const int64_t *positions,
+                  const float *table, long table_rows, float *out) {
+    const long half = d / 2;
+    for (long i = 0; i < t; i++)
+        if (positions[i] < 0 || positions[i] >= table_rows) return -1;
+    for (long i = 0; i < t; i++) {
+        const float *cos = table + positions[i] * d, *sin = cos + half;
+        for (long j = 0; j < h; j++) {
+            const float *row = x + i * stride_t + j * stride_h;
+            float *dst = out + (i * h + j) * d;
+            for (long e = 0; e < half; e++) {
+                const float x1 = row[e], x2 = row[half + e];
+                dst[e] = x1 * cos[e] - x2 * sin[e];
+                dst[half + e] = x2 * cos[e] + x1 * sin[e];
+            }
+        }
+    }
+    return 0;
+}
