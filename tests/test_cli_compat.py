@@ -275,19 +275,28 @@ def test_enforce_eager_and_compile_batch_sizes_reach_the_engine_config(checkpoin
 
 def test_async_scheduling_flag_reaches_the_engine_and_falls_back_where_not_exact(checkpoint, caplog):
     """vLLM's --async-scheduling / --no-async-scheduling (vllm/engine/arg_utils.py, a
-    BooleanOptionalAction over SchedulerConfig.async_scheduling, default None). Trillium's None is
-    off; under speculative decoding it falls back to synchronous steps with a warning."""
+    BooleanOptionalAction over SchedulerConfig.async_scheduling, default None: on where supported).
+    Trillium's None is on while at most ASYNC_AUTO_MAX_RUNNING requests run, and quietly off where
+    not supported; asked for under speculative decoding it falls back to synchronous steps with a
+    warning."""
+    from trillium.actors.scheduler.config import SchedulerConfig
     from trillium.cli import _engine_kwargs
+    from trillium.config import ASYNC_AUTO_MAX_RUNNING
 
     model = str(checkpoint("llama"))
 
     def resolved(*argv: str) -> EngineConfig:
         return EngineConfig.build(model=model, **_engine_kwargs(parse(model, *argv))).resolve()
 
-    assert resolved().async_scheduling is False
+    unset = resolved()
+    assert (unset.async_scheduling, unset.async_max_running) == (True, ASYNC_AUTO_MAX_RUNNING)
+    assert SchedulerConfig.from_engine(unset).async_max_running == ASYNC_AUTO_MAX_RUNNING
     assert resolved("--no-async-scheduling").async_scheduling is False
     on = resolved("--async-scheduling")
-    assert on.async_scheduling is True and EngineConfig.from_bytes(on.to_bytes()) == on
+    assert (on.async_scheduling, on.async_max_running) == (True, 0)  # at any batch
+    assert EngineConfig.from_bytes(on.to_bytes()) == on
     spec = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'
+    assert resolved("--speculative-config", spec).async_scheduling is False
+    assert "--async-scheduling is off" not in caplog.text  # unset: off without a warning
     assert resolved("--async-scheduling", "--speculative-config", spec).async_scheduling is False
     assert "--async-scheduling is off" in caplog.text and "--speculative-config" in caplog.text

@@ -178,9 +178,11 @@ def add_serve_args(serve) -> None:
                              "--compile-batch-sizes; CUDA graphs are never used)")
     compat.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                         help="plan step N+1 while step N runs, so the executor never waits for the "
-                             "scheduler between steps (its inputs take the tokens it just sampled); "
-                             "default off. Falls back to synchronous steps, with a warning, under "
-                             "--speculative-config, the host / disk KV tiers and pooling models")
+                             "scheduler between steps (its inputs take the tokens it just sampled). "
+                             "Unset (the default): on while at most 4 requests run, synchronous steps "
+                             "above; --async-scheduling: at any batch; --no-async-scheduling: never. "
+                             "Synchronous steps under --speculative-config, the host / disk KV tiers "
+                             "and pooling models (a warning when it was asked for)")
     compat.add_argument("--disable-log-requests", action="store_true",
                         help="accepted: Trillium does not log request contents")
     compat.add_argument("--enable-log-requests", action="store_true",

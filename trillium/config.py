@@ -199,9 +199,13 @@ class EngineConfig:
     # Speculative decoding (trillium/speculative/): vLLM's --speculative-config, parsed in `build`.
     speculative_config: SpeculativeConfig = attrs.field(factory=SpeculativeConfig)
     # vLLM's --async-scheduling (actors/scheduler/in_flight.py): the scheduler plans step N+1 while
-    # step N runs. None resolves to False (default off; vLLM's None turns it on where supported);
-    # resolve() turns it off, with a warning, for the features it cannot keep exact yet.
+    # step N runs. None (unset) resolves, as vLLM's does, to on where supported, here while at most
+    # ASYNC_AUTO_MAX_RUNNING requests run (async_max_running); True plans ahead at any batch, False
+    # never. resolve() turns it off for the features it cannot keep exact yet (with a warning when
+    # it was asked for).
     async_scheduling: bool | None = None
+    # Resolved: the most running requests a step is planned ahead for (0: no limit).
+    async_max_running: int = 0
 
     def __attrs_post_init__(self) -> None:
         if self.enable_lora and (self.max_loras < 1 or self.max_lora_rank < 1 or self.max_cpu_loras < 0):
@@ -317,6 +321,7 @@ class EngineConfig:
             enable_prefix_caching=prefix_caching, kv_sliding_window=window,
             enforce_eager=_resolve_enforce_eager(self.enforce_eager), speculative_config=spec,
             async_scheduling=_resolve_async_scheduling(self, runner),
+            async_max_running=ASYNC_AUTO_MAX_RUNNING if self.async_scheduling is None else 0,
         )
 
     @property
@@ -348,19 +353,30 @@ def _resolve_enforce_eager(value: bool | None) -> bool:
     return os.environ.get(ENFORCE_EAGER_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
+# Unset --async-scheduling plans ahead while at most this many requests run. WHY a limit: the step's
+# hops (two ZeroMQ messages and the scheduler, ~1-2 ms) are a large share of a one-stream step and
+# a small one of a batch's, while the planning and the detokenizing it moves beside the forward take
+# CPU from the forward's threads on a small machine. Measured on the 2-core box, default model
+# (README "Where a step's time goes"): async 1.11x at one stream, 0.98x at 16 and 64 streams.
+ASYNC_AUTO_MAX_RUNNING = 4
+
+
 def _resolve_async_scheduling(config: EngineConfig, runner: str) -> bool:
-    """--async-scheduling, off where it is not exact yet (then each step is planned after the last
-    returned, as without it). WHY each: speculative decoding's drafts are counted from the previous
-    step's result; the host / disk KV tiers move blocks whose reads and writes the in-flight step may
-    still race; a pooling model ends every request after one step."""
-    if not config.async_scheduling:
+    """--async-scheduling (unset: on), off where it is not exact yet (then each step is planned after
+    the last returned, as without it). WHY each: speculative decoding's drafts are counted from the
+    previous step's result; the host / disk KV tiers move blocks whose reads and writes the in-flight
+    step may still race; a pooling model ends every request after one step."""
+    if config.async_scheduling is False:
         return False
     reasons = [why for why, on in (("--speculative-config", config.speculative_config.enabled),
                                    ("the host / disk KV tiers", config.kv_tiers.has_host),
                                    ("a pooling model", runner == "pooling")) if on]
     if reasons:
-        log.warning("--async-scheduling is off: not supported yet with %s; steps are scheduled synchronously",
-                    " and ".join(reasons))
+        if config.async_scheduling:  # asked for: say why it is off; unset: as vLLM, quietly
+            log.warning("--async-scheduling is off: not supported yet with %s; steps are scheduled "
+                        "synchronously", " and ".join(reasons))
+        else:
+            log.info("asynchronous scheduling off (not supported yet with %s)", " and ".join(reasons))
         return False
     return True
 

@@ -452,10 +452,12 @@ async def test_profile_start_stop_writes_files(checkpoints, tmp_path):
 
 async def test_timeline_profile_records_step_stages(checkpoints, tmp_path):
     """StartProfile(timeline=True): spans only (no cProfile, no torch.profiler), the
-    executor's step stages among them, readable by bench/step_timeline.py's parser."""
+    executor's step stages among them, readable by bench/step_timeline.py's parser. Synchronous
+    steps, as `trillium bench timeline` runs them: its report (and the nesting checked here) assumes
+    one step out at a time, which an unset --async-scheduling does not keep at small batches."""
     from trillium.benchmarks.timeline_report import load_spans
 
-    async with engine(checkpoints[0]) as e:
+    async with engine(checkpoints[0], async_scheduling=False) as e:
         started = await e.control(lc.StartProfile, profile_dir=str(tmp_path / "tl"), timeline=True)
         assert started.ok, started.message
         await e.generate(PROMPTS[:2])

@@ -92,11 +92,20 @@ async def _one_batch(base_url: str, admin_url: str, token: str, batch: int, args
     return stopped["files"], [t for t in chunks if begin <= t <= end]
 
 
+def _sync_steps(serve_args: list[str]) -> list[str]:
+    """The server's arguments, with synchronous steps unless they name --[no-]async-scheduling. WHY:
+    the report matches each step's spans on the assumption that one step is out at a time
+    (timeline_report.py), and unset, the flag plans ahead at small batches."""
+    if any(a in ("--async-scheduling", "--no-async-scheduling") for a in serve_args):
+        return list(serve_args)
+    return [*serve_args, "--no-async-scheduling"]
+
+
 def _server(args, model_dir: str, port: int, admin_port: int, profile_dir: str, token: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "trillium.cli", "serve", "--model", model_dir, "--port", str(port),
            "--served-model-name", _MODEL, "--admin-port", str(admin_port), "--profile-dir", profile_dir,
            "--max-num-seqs", str(max(args.batches)), "--kv-cache-memory", args.kv_cache_memory,
-           "--log-level", "warning", *args.serve_arg]
+           "--log-level", "warning", *_sync_steps(args.serve_arg)]
     # WHY the environment: a token on the command line is visible to every local user.
     return subprocess.Popen(cmd, env={**os.environ, "TRILLIUM_ADMIN_TOKEN": token})
 

@@ -167,6 +167,34 @@ def test_async_scheduling_plans_a_step_ahead_and_never_past_max_tokens():
     assert deltas[-1].deltas[0].new_token_ids == (11,) and deltas[-1].deltas[0].finish_reason == "length"
 
 
+def test_unset_async_scheduling_plans_ahead_only_while_few_requests_run():
+    """The unset flag's limit (config.py ASYNC_AUTO_MAX_RUNNING, here 1): with one request running
+    the next step goes out with the one in flight; with two, each step waits for the last result;
+    when one finishes, planning ahead resumes."""
+    from trillium.sampling_params import SamplingParams
+
+    loop = build_loop(async_scheduling=True, async_max_running=1)
+    loop.handle(add_request("a", params=SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)), 0.0)
+    first, second = (s.message for s in loop.before_wait(0.0))  # one running: planned ahead
+    loop.handle(add_request("b", params=SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)), 0.0)
+    loop.handle(_sampled(first, 9), 0.0)
+    sends = loop.before_wait(0.0)
+    third = [s.message for s in sends if isinstance(s.message, ExecuteBatch)]
+    assert len(third) == 1 and "b" in [n.request_id for n in third[0].new_requests]  # admitted: two run
+    loop.handle(_sampled(second, 10), 0.0)
+    assert (E, ExecuteBatch) not in shape(loop.before_wait(0.0)), "two running: no second step out"
+    steps = 0
+    while loop.step_in_flight and steps < 10:  # b finishes after its 2 tokens
+        batch = third[0]
+        loop.handle(_sampled(batch, 11), 0.0)
+        third = [s.message for s in loop.before_wait(0.0) if isinstance(s.message, ExecuteBatch)]
+        steps += 1
+        if len(third) == 2:  # b is done, a alone again: planned ahead once more
+            break
+        assert len(third) <= 1
+    assert len(third) == 2 and all(b.cached.request_ids == ("a",) for b in third)
+
+
 def test_async_scheduling_stops_planning_ahead_while_a_command_waits_for_the_executor():
     from trillium.sampling_params import SamplingParams
 

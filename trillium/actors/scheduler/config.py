@@ -39,6 +39,9 @@ class SchedulerConfig:
     # --async-scheduling (in_flight.py): up to two steps in flight, the second planned while the
     # first runs; False: each step is planned after the last one returned.
     async_scheduling: bool = False
+    # Plan ahead only while at most this many requests run (0: any number; the unset flag's limit,
+    # config.py ASYNC_AUTO_MAX_RUNNING); with more, each step waits for the last one's result.
+    async_max_running: int = 0
 
     def __attrs_post_init__(self) -> None:
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
@@ -66,6 +69,7 @@ class SchedulerConfig:
             max_queue_time_s=engine.max_queue_time_s,
             sliding_window=engine.kv_sliding_window,
             async_scheduling=bool(engine.async_scheduling),
+            async_max_running=engine.async_max_running,
         )
 
     @property

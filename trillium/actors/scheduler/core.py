@@ -376,8 +376,11 @@ class Scheduler:
 
     @property
     def may_schedule_ahead(self) -> bool:
-        """Another step may go out while one is in flight (--async-scheduling)."""
-        return len(self._in_flight) > 0 and not self._in_flight.is_full
+        """Another step may go out while one is in flight (--async-scheduling; unset: while at most
+        `async_max_running` requests run)."""
+        limit = self.config.async_max_running
+        return (len(self._in_flight) > 0 and not self._in_flight.is_full
+                and (not limit or len(self._running) <= limit))
 
     def has_work(self) -> bool:
         return bool(self._running) or len(self._policy) > 0 or self.kv_tiers.num_loading > 0

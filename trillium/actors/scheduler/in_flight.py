@@ -42,7 +42,12 @@ Exactness (what a request sees is what synchronous scheduling gives it):
   (control.py `may_step_ahead`), so the steps in flight drain first.
 
 Not supported yet (config.py `_resolve_async_scheduling` turns it off, with a
-warning): speculative decoding, the host / disk KV tiers, pooling models.
+warning when it was asked for): speculative decoding, the host / disk KV tiers,
+pooling models.
+
+Unset (the default), steps are planned ahead only while at most
+`config.ASYNC_AUTO_MAX_RUNNING` requests run (`Scheduler.may_schedule_ahead`);
+with more, each step waits for the last result, as synchronous scheduling does.
 
 NOTE (measured, README "Where a step's time goes"): on a 2-core CPU the
 executor's idle gap between steps goes (13 ms -> 0.15 ms median). Compiled
@@ -54,7 +59,7 @@ step is the same in both modes. What moves is wall time per step on a
 loaded machine, by several times between rounds of one mode, so the
 earlier 0.52x (3 rounds) is not reproducible; with 16 compiled, 16 streams
 came out 0.84x, 0.98x and 1.08x of sync in three runs (where it loses, the
-engine thread now runs beside the OpenMP threads), hence still off by default.
+engine thread now runs beside the OpenMP threads), hence the default's limit.
 """
 
 from __future__ import annotations
