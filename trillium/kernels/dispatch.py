@@ -121,19 +121,14 @@ _GRAPH_LIB.impl("rotary_embedding", lambda positions, q, k, table: tuple(
     t.contiguous() for t in _cpu_rotary_embedding(positions, q, k, table)), "CPU")
 
 
-@torch.library.register_fake("trillium::rms_norm")
-def _(x, weight, eps):
-    return x.new_empty(x.shape)
-
-
-@torch.library.register_fake("trillium::silu_and_mul")
-def _(x):
-    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
-
-
-@torch.library.register_fake("trillium::rotary_embedding")
-def _(positions, q, k, cos_sin_cache):
-    return q.new_empty(q.shape), k.new_empty(k.shape)
+# The fakes (shapes for tracing) of the three ops, in either namespace (native_ops.py registers them too)
+ROW_WISE_FAKES = {
+    "rms_norm": lambda x, weight, eps: x.new_empty(x.shape),
+    "silu_and_mul": lambda x: x.new_empty((*x.shape[:-1], x.shape[-1] // 2)),
+    "rotary_embedding": lambda positions, q, k, cos_sin_cache: (q.new_empty(q.shape), k.new_empty(k.shape)),
+}
+for _name, _fake in ROW_WISE_FAKES.items():
+    torch.library.register_fake(f"trillium::{_name}")(_fake)
 
 
 def _graph_op(name: str, *tensors: torch.Tensor):

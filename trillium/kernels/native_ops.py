@@ -46,6 +46,7 @@ import torch
 
 from trillium.kernels import dense_cpu, gguf_cpu, paged_attention_cpu, rowwise_cpu
 from trillium.kernels.c_library import CXX, CLibrary
+from trillium.kernels.dispatch import ROW_WISE_FAKES
 
 _SOURCE = Path(__file__).with_name("native_ops.cpp")
 _TORCH = Path(torch.__file__).parent
@@ -202,19 +203,8 @@ def _(q, k, v, context, step, layer, scale, sliding_window, softcap):
     return torch.empty_like(q)
 
 
-@torch.library.register_fake("trillium_native::rms_norm")
-def _(x, weight, eps):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-@torch.library.register_fake("trillium_native::silu_and_mul")
-def _(x):
-    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
-
-
-@torch.library.register_fake("trillium_native::rotary_embedding")
-def _(positions, q, k, cos_sin_cache):
-    return q.new_empty(q.shape), k.new_empty(k.shape)
+for _name, _fake in ROW_WISE_FAKES.items():
+    torch.library.register_fake(f"trillium_native::{_name}")(_fake)
 
 
 __all__ = ["Step", "load", "loaded", "set_live_rows", "unavailable_reason"]
