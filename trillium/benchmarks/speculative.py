@@ -24,7 +24,8 @@ own greedy answers to other prompts (benchmarks/speculative_eagle.py), or
 --eagle-head PATH, a head in vLLM's EAGLE format.
 
 --draft PATH adds an engine speculating with that draft model
-(`{"method": "draft_model", "model": PATH}`, same k), to every row: build one
+(`{"method": "draft_model", "model": PATH}`, same k), to every row (several
+paths, comma-separated: an engine each, draft1, draft2, ...): build one
 with bench/build_draft_model.py (distilled from the target on its own
 greedy outputs). Target (issue 19): >= 1.3x tok/s on free generation with a
 draft >= 10x smaller than the target.
@@ -36,6 +37,7 @@ import argparse
 import contextlib
 import statistics
 import time
+from pathlib import Path
 
 TEXTS = [
     "The committee met on Tuesday to review the budget for the new library. After a long discussion, "
@@ -99,6 +101,27 @@ def _run(llm, prompts: list[list[int]], batch: int, max_tokens: int) -> tuple[fl
     return tokens / wall, 1000 * statistics.mean(per_token_s), outputs
 
 
+def _num_parameters(path: str) -> int:
+    """Weights in a GGUF file or an HF directory's safetensors (tied heads count once), from the headers."""
+    import math
+
+    if path.endswith(".gguf"):
+        from gguf import GGUFReader
+
+        return sum(int(math.prod(t.shape)) for t in GGUFReader(path).tensors)
+    import json
+
+    from safetensors import safe_open
+
+    tied = json.loads((Path(path) / "config.json").read_text()).get("tie_word_embeddings", False)
+    total = 0
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(f), "np") as st:
+            total += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys()
+                         if not (tied and k == "lm_head.weight"))
+    return total
+
+
 def _acceptance(before, after) -> tuple[float, float]:
     drafts = after.spec_decode_num_drafts_total - before.spec_decode_num_drafts_total
     draft_tokens = after.spec_decode_num_draft_tokens_total - before.spec_decode_num_draft_tokens_total
@@ -123,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eagle-head", default=None, help="an EAGLE head checkpoint (default: train one first)")
     parser.add_argument("--eagle-steps", type=int, default=150, help="training steps of the bench's own head")
     parser.add_argument("--eagle-train-tokens", type=int, default=64, help="greedy tokens per training prompt")
-    parser.add_argument("--draft", default=None, metavar="PATH",
-                        help="also speculate with this draft model (bench/build_draft_model.py builds one)")
+    parser.add_argument("--draft", default=None, metavar="PATH[,PATH]",
+                        help="also speculate with this draft model (bench/build_draft_model.py builds one); "
+                             "several, comma-separated: an engine each (draft1, draft2, ...)")
     parser.add_argument("--workloads", default="repetition,free", help="comma-separated: repetition, free")
     parser.add_argument("--gguf-dequantize", action="store_true",
                         help="the target's GGUF weights as float (dense matmuls: a k+1-row verify costs ~1 row)")
@@ -169,9 +193,11 @@ def main(argv: list[str] | None = None) -> int:
                 notes.append(note)
                 print(f"  {note}", flush=True)
             specs["eagle"]["model"] = head
-        if args.draft:
-            specs["draft"] = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.k}
-            methods.append("draft")
+        drafts = [d for d in (args.draft or "").split(",") if d]
+        for i, path in enumerate(drafts):  # WHY several: e.g. a float32 draft beside its Q8_0 GGUF, one run
+            name = "draft" if len(drafts) == 1 else f"draft{i + 1}"
+            specs[name] = {"method": "draft_model", "model": path, "num_speculative_tokens": args.k}
+            methods.append(name)
         engines = [("none", plain)] + [(m, stack.enter_context(LLM(model, speculative_config=specs[m], **engine)))
                                        for m in methods]
         tokenizer = plain.get_tokenizer()
@@ -196,10 +222,15 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"{model} on {args.device}, torch {torch.__version__}, {args.threads or torch.get_num_threads()} executor threads; "
           f"{args.num_prompts} prompts x {args.max_tokens} tokens, greedy; k={args.k}, ngram lookup {lo}..{hi}"
-          + (f"; draft {args.draft}" if args.draft else "")
+          + "".join(f"; {n} {specs[n]['model']}" for n in methods if n.startswith("draft"))
           + ("; target dequantized" if args.gguf_dequantize else ""))
     for note in notes:
         print(note)
+    target_params = _num_parameters(model)
+    for name in (n for n in methods if n.startswith("draft")):
+        draft_params = _num_parameters(specs[name]["model"])
+        print(f"{name}: {draft_params / 1e6:.1f}M parameters, {target_params / draft_params:.1f}x fewer than the "
+              f"target's {target_params / 1e6:.1f}M")
     print(f"{'workload':<12}{'batch':>6}{'spec':>7}{'tok/s':>9}{'ITL ms':>9}{'speedup':>9}{'accept':>8}"
           f"{'mean len':>10}{'same out':>10}{'= batch 1':>10}")
     for workload, batch, name, tps, itl_ms, rate, length in rows:
