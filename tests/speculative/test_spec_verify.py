@@ -19,7 +19,7 @@ import torch
 from trillium.actors.executor.sampler import SamplingState, process_logits, target_probs
 from trillium.sampling_params import SamplingParams
 from trillium.speculative.config import parse_speculative_config
-from trillium.speculative.proposer import AdaptiveDepth, NgramProposer
+from trillium.speculative.proposer import AdaptiveDepth, DraftCosts, NgramProposer
 from trillium.speculative.scheduling import DraftBudget
 from trillium.speculative.verify import DraftRun, verify_drafts
 
@@ -97,16 +97,45 @@ def test_draft_budget_bounds_and_counters():
 
 def test_adaptive_depth_goes_down_when_drafts_fail_and_probes_back():
     depth = AdaptiveDepth(4)
-    assert depth.next_depth() == 4
+    assert depth.next_depth() == 4  # acceptance starts at 1
     for _ in range(3):
-        depth.observe(4, 0)
-    assert depth.next_depth() == 1  # ema 0.34: one draft a step
+        depth.observe(4, 0)  # one position tried a step, none passed
+    assert round(depth.ema, 3) == 0.343
+    assert depth.next_depth(0.1) == 1  # (1 + .343) / 1.1 beats none and (1 + .343 + .118) / 1.2
     for _ in range(3):
         depth.observe(1, 0)
-    assert [depth.next_depth() for _ in range(8)] == [0] * 7 + [1]  # stopped: a probe every 8th step
+    assert depth.ema < 0.15
+    assert [depth.next_depth(0.2) for _ in range(8)] == [0] * 7 + [1]  # stopped: a probe every 8th step
     for _ in range(10):
         depth.observe(1, 1)
-    assert depth.next_depth() == 4
+    assert depth.next_depth(0.2) == 4
+
+
+def test_adaptive_depth_counts_positions_tried_and_weighs_the_measured_cost():
+    depth = AdaptiveDepth(4)
+    depth.observe(4, 2)  # positions 1, 2 passed, 3 failed: 2 of 3 tried
+    assert depth.ema == 0.7 * 1.0 + 0.3 * (2 / 3)
+    depth.observe(2, 2)  # every draft passed: 2 of 2
+    assert depth.ema == 0.7 * (0.7 + 0.3 * 2 / 3) + 0.3
+    at_40 = AdaptiveDepth(4)
+    at_40.ema = 0.4
+    # cheap drafts (a float target: verify rows ride on the weights' reads) keep drafting deeper
+    # at 40 % than costly ones (packed weights on a CPU: every row costs arithmetic), which draft one
+    assert at_40.next_depth(0.03) == 3 and at_40.next_depth(0.1) == 2 and at_40.next_depth(0.45) == 1
+    at_10 = AdaptiveDepth(4)
+    at_10.ema = 0.1
+    assert at_10.next_depth(0.05) == 1 and at_10.next_depth(0.2) == 0  # below 0.15 only a paying depth drafts
+
+
+def test_draft_costs_measure_a_draft_against_a_plain_decode_step():
+    costs = DraftCosts()
+    assert costs.relative() == 0.1  # before any measurement
+    costs.observe_step(0.050, 0)  # a decode step without drafts: 50 ms
+    costs.observe_step(0.056, 3)  # 3 draft rows added 6 ms: 2 ms a row
+    costs.observe_proposal(0.004, 2)  # 2 positions drafted in 4 ms
+    assert abs(costs.relative() - (0.002 + 0.002) / 0.050) < 1e-12
+    costs.observe_step(0.060, 0)  # moving averages, weight 0.1
+    assert abs(costs.step_s - 0.051) < 1e-12
 
 
 def _state(seed=None, **params) -> SamplingState:

@@ -17,13 +17,21 @@ how fast: every draft is verified against the target (verify.py).
                     `BatchProposer`, proposing for every request of a step
                     in shared forwards, with a cache to free (`release`).
 
-`AdaptiveDepth` is the per-request k: an exponential moving average of the
-fraction of drafts accepted (starts at 1, weight 0.3 per verified step);
-the next proposal is k_eff = max(1, round(k * ema)) tokens, so a request
-whose drafts keep failing verifies one draft per step. Below an ema of 0.15
-it stops drafting and only probes with one draft every 8th step (so it can
-recover): where a verified token costs compute (CPUs), drafts that fail
-would otherwise slow it down.
+`AdaptiveDepth` is the per-request k, chosen for speed: it keeps an
+exponential moving average of the request's per-position acceptance (weight
+0.3 per verified step, starting at 1; a step that verified d drafts and
+accepted a of them tried a + 1 positions, or d when all passed, and passed
+a), and proposes the depth j <= k that maximises the expected tokens per
+unit of time, (1 + α + ... + α^j) / (1 + j·c), at least 1 while α >= 0.15,
+where c is what one more draft
+costs relative to a step without drafts. `DraftCosts` measures c on the
+executor: the time a verify row adds to a decode step plus the proposer's
+time per draft position, over the time of a decode step without drafts
+(0.1 until measured). So a cheap draft (a float target whose verify rows
+cost little) keeps drafting at an acceptance where an expensive one (a
+packed GGUF target whose rows cost arithmetic) drafts one. When no depth
+beats none and α < 0.15, the request stops drafting and probes with one
+draft every 8th step (so it can recover).
 """
 
 from __future__ import annotations
@@ -36,8 +44,9 @@ import numpy as np
 from trillium.speculative.config import SpeculativeConfig
 
 _EMA_WEIGHT = 0.3
-_STOP_BELOW = 0.15  # ema under which a request stops drafting ...
-_PROBE_EVERY = 8  # ... but for one draft every this many steps
+_PROBE_EVERY = 8  # a stopped request drafts once every this many steps
+_UNMEASURED_COST = 0.1  # c before DraftCosts has seen a step with drafts
+_STOP_BELOW = 0.15  # α under which a request may stop drafting (when no depth pays for itself)
 
 
 class Proposer(Protocol):
@@ -102,22 +111,74 @@ class AdaptiveDepth:
 
     def __init__(self, k: int) -> None:
         self.k = k
-        self.ema = 1.0
+        self.ema = 1.0  # per-position acceptance
         self._idle = 0  # steps without drafts since the last probe
 
     def observe(self, num_drafts: int, num_accepted: int) -> None:
         if num_drafts > 0:
-            self.ema = (1 - _EMA_WEIGHT) * self.ema + _EMA_WEIGHT * (num_accepted / num_drafts)
+            tried = num_accepted + (num_accepted < num_drafts)  # positions up to the first rejection
+            self.ema = (1 - _EMA_WEIGHT) * self.ema + _EMA_WEIGHT * (num_accepted / tried)
 
-    def next_depth(self) -> int:
-        """Drafts to propose for the next step (0: none this step)."""
-        if self.ema < _STOP_BELOW:
-            self._idle += 1
-            if self._idle < _PROBE_EVERY:
-                return 0
+    def next_depth(self, relative_cost: float = _UNMEASURED_COST) -> int:
+        """Drafts to propose for the next step (0: none this step); `relative_cost`: c, what one
+        more draft costs relative to a step without drafts (DraftCosts.relative)."""
+        best, best_rate = 0, 1.0
+        expected, p = 1.0, 1.0  # expected tokens of a step verifying j drafts: 1 + α + ... + α^j
+        for j in range(1, self.k + 1):
+            p *= self.ema
+            expected += p
+            rate = expected / (1.0 + j * relative_cost)
+            if rate > best_rate:
+                best, best_rate = j, rate
+        if best or self.ema >= _STOP_BELOW:  # WHY a floor: c is a moving measurement; α says the drafts are good
             self._idle = 0
-            return 1
-        return max(1, min(self.k, round(self.k * self.ema)))
+            return max(best, 1)
+        self._idle += 1
+        if self._idle < _PROBE_EVERY:
+            return 0
+        self._idle = 0
+        return 1
+
+
+class DraftCosts:
+    """What one more draft costs relative to a step without drafts, measured on the executor
+    (exponential moving averages, weight 0.1, over decode steps: every row a decode or verify row):
+
+        step_s      a decode step's time (forward, sampling, verification) with no draft rows
+        row_s       the time each draft row adds: (a drafting step's time - step_s) / its draft rows
+        position_s  the proposer's time per draft position (one proposer call drafts every
+                    request's j-th token at once: a draft model's forward, n-gram lookups)
+
+    relative() = (row_s + position_s) / step_s. WHY measured, not fixed: a verify row costs
+    almost nothing where the weights' reads bound a step (float weights, a GPU) and a good
+    fraction of one where arithmetic does (packed GGUF on a CPU), and a draft model's forward
+    costs what its size and the device make it."""
+
+    _WEIGHT = 0.1
+
+    def __init__(self) -> None:
+        self.step_s: float | None = None
+        self.row_s: float | None = None
+        self.position_s: float | None = None
+
+    def _ema(self, old: float | None, sample: float) -> float:
+        return sample if old is None else (1 - self._WEIGHT) * old + self._WEIGHT * sample
+
+    def observe_step(self, seconds: float, num_draft_rows: int) -> None:
+        """A decode step's time without its proposal, and how many draft rows it verified."""
+        if num_draft_rows == 0:
+            self.step_s = self._ema(self.step_s, seconds)
+        elif self.step_s is not None:
+            self.row_s = self._ema(self.row_s, max(0.0, seconds - self.step_s) / num_draft_rows)
+
+    def observe_proposal(self, seconds: float, num_positions: int) -> None:
+        if num_positions > 0:
+            self.position_s = self._ema(self.position_s, seconds / num_positions)
+
+    def relative(self) -> float:
+        if self.step_s is None or self.row_s is None or self.position_s is None or self.step_s <= 0:
+            return _UNMEASURED_COST
+        return (self.row_s + self.position_s) / self.step_s
 
 
 def drafts_left(max_tokens: int | None, num_tokens: int, num_prompt_tokens: int, max_model_len: int) -> int:

@@ -37,7 +37,7 @@ from trillium.actors.protocol.execute import (
 )
 from trillium.config import EngineConfig
 from trillium.kernels import AttentionMetadata
-from trillium.speculative.proposer import AdaptiveDepth, build_proposer, drafts_left
+from trillium.speculative.proposer import AdaptiveDepth, DraftCosts, build_proposer, drafts_left
 from trillium.speculative.verify import DraftRun, verify_drafts
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,7 @@ class ExecutorCore:
                                        device=self.device)
         # A model proposer (draft_model) keeps a cache per request, freed with the request's blocks.
         self._release_drafts = getattr(self.proposer, "release", None)
+        self.draft_costs = DraftCosts()  # what one more draft costs: sets each request's depth
         self.num_speculative_tokens = config.speculative_config.num_speculative_tokens
         # Structured outputs: compiles on its own threads (executor/grammar.py).
         self.grammars = GrammarCompiler(config.model, self.model_config.vocab_size)
@@ -287,6 +288,8 @@ class ExecutorCore:
                 self._sample(logits, sample_states, sample_index, sampled, logprobs)
         spec = self._verify(hidden, runs, sampled, logprobs) if runs else {}
         if self.proposer is not None and self.pooler is None:
+            if all(n - d == 1 for n, d in zip(counts, num_drafts)):  # a decode step: what drafts cost
+                self.draft_costs.observe_step(time.perf_counter() - start, sum(num_drafts))
             spec["proposed_drafts"] = self._propose([*sample_states, *(r[0] for r in runs)],
                                                     hidden, list(zip(states, first_rows, counts)),
                                                     batch.propose_drafts)
@@ -360,6 +363,7 @@ class ExecutorCore:
         draft forward; eagle still defers the step's rows into its cache, the draft model
         catches up on the tokens it missed at its next proposal (draft_model.py)."""
         depths = {}
+        cost = self.draft_costs.relative()
         for state in states:
             if not state.sampling.params.speculative:
                 continue  # the request opted out (SamplingParams.speculative)
@@ -370,7 +374,8 @@ class ExecutorCore:
                 continue
             left = drafts_left(state.sampling.params.max_tokens, len(state.token_ids), state.num_prompt_tokens,
                                self.config.max_model_len)
-            depths[state.request_id] = max(0, min(state.depth.next_depth(), left))
+            depths[state.request_id] = max(0, min(state.depth.next_depth(cost), left))
+        start = time.perf_counter()
         if getattr(self.proposer, "reads_hidden_states", False):
             rows = [(s, first, n, depths.get(s.request_id, 0)) for s, first, n in step_rows
                     if s.sampling.params.speculative]
@@ -382,6 +387,7 @@ class ExecutorCore:
         else:
             drafts = {s.request_id: self.proposer.propose(s.token_ids, depths[s.request_id])
                       for s in states if depths.get(s.request_id)}
+        self.draft_costs.observe_proposal(time.perf_counter() - start, max(depths.values(), default=0))
         counts = {}
         for state in states:
             if state.request_id in depths:
