@@ -28,7 +28,7 @@ import pytest
 import trio
 from safetensors.torch import load_file, save
 
-from support.gguf_writer import write_gguf
+from trillium.models.gguf_writer import write_gguf
 from trillium import LLM, SamplingParams
 from trillium.actors.client import EngineClient
 from trillium.actors.assembly import ActorConfig, Addresses, engine_specs

@@ -1,7 +1,7 @@
 """GGUF Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 weights kept packed give the dequantized model's results.
 
 Synthetic checkpoints written as llama.cpp would quantize them (gguf-py's
-quantizers through tests/support/gguf_writer.py), loaded twice: packed (the
+quantizers through trillium/models/gguf_writer.py), loaded twice: packed (the
 default on CPU float32) and with `gguf_dequantize=True` (the float path,
 which matches transformers: test_models_gguf_synthetic.py). vLLM treats a
 .gguf file as `--quantization gguf` (vllm-project/vllm
@@ -15,7 +15,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from support.gguf_writer import write_gguf
+from trillium.models.gguf_writer import write_gguf
 from support.paged_runner import max_abs_diff, random_sequences, run_schedule
 from trillium.actors.executor.weights import WeightValidator
 from trillium.actors.protocol.admin import ControlError

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from support.gguf_writer import write_gguf
+from trillium.models.gguf_writer import write_gguf
 from support.paged_runner import hf_logits, load_hf, max_abs_diff, random_sequences, run_schedule
 from trillium.models import ModelConfig, load_model
 

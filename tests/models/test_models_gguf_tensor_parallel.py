@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from support.gguf_writer import write_gguf
+from trillium.models.gguf_writer import write_gguf
 from support.paged_runner import random_sequences, run_schedule
 from support.tp_threads import run_ranks
 from test_models_gguf_packed import greedy, llama_cpp_mix, q4_k_m_mix

@@ -11,7 +11,6 @@ Scheduler and KV tiers (pure):
 Models and kernels:
     paged_runner       run a model through paged steps; HF logits to compare with
     paged_batches      random paged-KV batches and a dense attention oracle
-    gguf_writer        write a synthetic checkpoint as GGUF
     oracles            where the real models are; transformers as the oracle
     triton_backend     NVIDIA backend check; the environment of a child script run
 LoRA:

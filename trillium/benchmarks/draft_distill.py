@@ -275,65 +275,22 @@ def distil(out: Path, model: str, *, num_prompts: int, max_tokens: int, hidden: 
     return info
 
 
-_GGUF_BLOCK = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-               "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-               "mlp.down_proj": "ffn_down"}  # fmt: skip
-
-
 def write_gguf_q8_0(draft_dir: Path, out: Path) -> Path:
-    """The draft as a llama GGUF with its 2-D weights in Q8_0 (norms float32), as llama.cpp's
-    converter lays a Llama out (names, Q/K rows permuted per head; `output.weight` only when untied).
+    """The draft as a llama GGUF with its 2-D weights in Q8_0 (norms float32), through the
+    converter-layout writer the GGUF tests use (models/gguf_writer.py: llama.cpp's names, Q/K rows
+    permuted per head, `output.weight` only when the checkpoint has an untied head).
     WHY: a draft reads its weights once per drafted token, and Q8_0 is a quarter of float32's bytes."""
-    import numpy as np
-    from gguf import GGMLQuantizationType, GGUFWriter
-    from gguf import quants
-    from safetensors.numpy import load_file
+    from gguf import GGMLQuantizationType
 
     from trillium.models.config import ModelConfig
+    from trillium.models.gguf_writer import write_gguf
 
     config = ModelConfig.from_hf_dir(draft_dir)
     if config.model_type != "llama" or config.rope_scaling:
         raise ValueError(f"{draft_dir}: the Q8_0 export writes a plain Llama (model_type {config.model_type!r}, "
                          f"rope_scaling {config.rope_scaling!r})")
-    writer = GGUFWriter(str(out), "llama")
-    writer.add_name("trillium distilled draft")
-    for add, value in ((writer.add_context_length, config.max_position_embeddings),
-                       (writer.add_embedding_length, config.hidden_size), (writer.add_block_count, config.num_layers),
-                       (writer.add_feed_forward_length, config.intermediate_size),
-                       (writer.add_head_count, config.num_heads), (writer.add_head_count_kv, config.num_kv_heads),
-                       (writer.add_key_length, config.head_dim), (writer.add_value_length, config.head_dim),
-                       (writer.add_layer_norm_rms_eps, config.rms_norm_eps),
-                       (writer.add_rope_freq_base, config.rope_theta),
-                       (writer.add_vocab_size, config.vocab_size), (writer.add_bos_token_id, config.bos_token_id),
-                       (writer.add_eos_token_id, config.eos_token_ids[0])):
-        add(value)
-    for name, w in load_file(str(draft_dir / "model.safetensors")).items():
-        if name == "lm_head.weight" and config.tie_word_embeddings:
-            continue
-        w = w.astype(np.float32)
-        module, _, kind = name.rpartition(".")
-        if module == "lm_head":
-            gguf = f"output.{kind}"
-        elif module == "model.embed_tokens":
-            gguf = f"token_embd.{kind}"
-        elif module == "model.norm":
-            gguf = f"output_norm.{kind}"
-        else:
-            _, _, layer, rest = module.split(".", 3)
-            gguf = f"blk.{layer}.{_GGUF_BLOCK[rest]}.{kind}"
-            heads = {"self_attn.q_proj": config.num_heads, "self_attn.k_proj": config.num_kv_heads}.get(rest)
-            if heads:  # llama.cpp's rope layout (convert_hf_to_gguf.py LlamaModel.permute)
-                w = w.reshape(heads, 2, w.shape[0] // heads // 2, w.shape[1]).swapaxes(1, 2).reshape(w.shape)
-        if w.ndim == 2:
-            writer.add_tensor(gguf, quants.quantize(w, GGMLQuantizationType.Q8_0), raw_dtype=GGMLQuantizationType.Q8_0)
-        else:
-            writer.add_tensor(gguf, w)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
+    return write_gguf(draft_dir, out, quantize=lambda _name: GGMLQuantizationType.Q8_0,
+                      name="trillium distilled draft")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,7 +37,6 @@ import argparse
 import contextlib
 import statistics
 import time
-from pathlib import Path
 
 TEXTS = [
     "The committee met on Tuesday to review the budget for the new library. After a long discussion, "
@@ -99,27 +98,6 @@ def _run(llm, prompts: list[list[int]], batch: int, max_tokens: int) -> tuple[fl
             outputs.append(r.outputs[0].token_ids)
     wall = time.perf_counter() - start
     return tokens / wall, 1000 * statistics.mean(per_token_s), outputs
-
-
-def _num_parameters(path: str) -> int:
-    """Weights in a GGUF file or an HF directory's safetensors (tied heads count once), from the headers."""
-    import math
-
-    if path.endswith(".gguf"):
-        from gguf import GGUFReader
-
-        return sum(int(math.prod(t.shape)) for t in GGUFReader(path).tensors)
-    import json
-
-    from safetensors import safe_open
-
-    tied = json.loads((Path(path) / "config.json").read_text()).get("tie_word_embeddings", False)
-    total = 0
-    for f in sorted(Path(path).glob("*.safetensors")):
-        with safe_open(str(f), "np") as st:
-            total += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys()
-                         if not (tied and k == "lm_head.weight"))
-    return total
 
 
 def _acceptance(before, after) -> tuple[float, float]:
@@ -226,9 +204,11 @@ def main(argv: list[str] | None = None) -> int:
           + ("; target dequantized" if args.gguf_dequantize else ""))
     for note in notes:
         print(note)
-    target_params = _num_parameters(model)
+    from trillium.gpu_memory import checkpoint_numel
+
+    target_params = checkpoint_numel(model)
     for name in (n for n in methods if n.startswith("draft")):
-        draft_params = _num_parameters(specs[name]["model"])
+        draft_params = checkpoint_numel(specs[name]["model"])
         print(f"{name}: {draft_params / 1e6:.1f}M parameters, {target_params / draft_params:.1f}x fewer than the "
               f"target's {target_params / 1e6:.1f}M")
     print(f"{'workload':<12}{'batch':>6}{'spec':>7}{'tok/s':>9}{'ITL ms':>9}{'speedup':>9}{'accept':>8}"

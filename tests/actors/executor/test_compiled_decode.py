@@ -203,7 +203,7 @@ def test_packed_gguf_decode_compiles_with_eager_tokens(checkpoint, tmp_path):
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import quantize
 
-    from support.gguf_writer import write_gguf
+    from trillium.models.gguf_writer import write_gguf
     from trillium.kernels import gguf_cpu
     from trillium.models.packed_linear import GgufLinear
 

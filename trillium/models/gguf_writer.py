@@ -1,4 +1,5 @@
-"""Write a synthetic HF checkpoint as GGUF the way llama.cpp's converter does (test helper).
+"""Write an HF checkpoint as GGUF the way llama.cpp's converter does: the tests' synthetic
+checkpoints, and bench/build_draft_model.py's Q8_0 draft (benchmarks/draft_distill.py).
 
 Float32 tensors (exact), llama.cpp names, Q/K rows permuted for the llama
 architecture, and for llama3 rope scaling a `rope_freqs.weight` tensor
@@ -143,12 +144,14 @@ def _stack_experts(writer: GGUFWriter, config: ModelConfig, weights: dict[str, n
     return rest
 
 
-def write_gguf(hf_dir: Path, out: Path, quantize: Callable[[str], GGMLQuantizationType | None] | None = None) -> Path:
-    """`quantize(gguf name)`: the type to store a 2-D weight in (gguf.quants.quantize: Q8_0, Q4_0, Q4_1, ...)."""
+def write_gguf(hf_dir: Path, out: Path, quantize: Callable[[str], GGMLQuantizationType | None] | None = None,
+               name: str | None = None) -> Path:
+    """`quantize(gguf name)`: the type to store a 2-D weight in (gguf.quants.quantize: Q8_0, Q4_0, Q4_1, ...);
+    `name`: general.name (default "synthetic <model_type>")."""
     config = ModelConfig.from_hf_dir(hf_dir)
     arch = _ARCH[config.model_type]
     writer = GGUFWriter(str(out), arch)
-    writer.add_name(f"synthetic {config.model_type}")
+    writer.add_name(name or f"synthetic {config.model_type}")
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_layers)
