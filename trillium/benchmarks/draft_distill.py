@@ -27,7 +27,12 @@ target's greedy tokens on its training data, on the held-out prompts, and
 on the bench's free prompts (never trained on; their agreement is what
 the bench's acceptance follows).
 
-Run: .venv/bin/python bench/build_draft_model.py OUT [--model TARGET] [--steps 1500] [--samples 3]
+--token-map N also writes OUT/token_map.json: the N tokens the target
+emitted most in the training outputs, for --speculative-config's token_map
+(the draft's LM head cut to them; SGLang's FR-Spec token map), with the
+share of held-out and bench output tokens it covers.
+
+Run: .venv/bin/python bench/build_draft_model.py OUT [--model TARGET] [--steps 1500] [--samples 3] [--token-map N]
 """
 
 from __future__ import annotations
@@ -293,6 +298,32 @@ def write_gguf_q8_0(draft_dir: Path, out: Path) -> Path:
                       name="trillium distilled draft")
 
 
+def write_token_map(draft_dir: Path, size: int) -> dict:
+    """OUT/token_map.json for --speculative-config's token_map (speculative/config.py): the `size` token
+    ids the target emitted most often in the training outputs cached in OUT/target_outputs.json (ties
+    by id), and how many of the held-out prompts' and the bench's free prompts' greedy output tokens it
+    holds (a draft cut to the map never proposes the others)."""
+    import collections
+
+    cache = draft_dir / "target_outputs.json"
+    if not cache.exists():
+        raise SystemExit(f"{cache} not found: --token-map counts the target outputs a training run cached there")
+    cached = json.loads(cache.read_text())
+    data, bench = cached["data"], cached["bench"]
+    counts = collections.Counter(t for i, rows in enumerate(data) if i % 10 for _, out, _ in rows for t in out)
+    ids = sorted(sorted(counts), key=lambda t: -counts[t])[:size]
+    kept = set(ids)
+
+    def coverage(rows) -> float:
+        tokens = [t for _, out, _ in rows for t in out]
+        return round(sum(t in kept for t in tokens) / max(1, len(tokens)), 4)
+
+    path = draft_dir / "token_map.json"
+    path.write_text(json.dumps(ids) + "\n")
+    return dict(token_map=str(path), token_map_size=len(ids), distinct_train_tokens=len(counts),
+                held_out_coverage=coverage([rows[0] for rows in data[::10]]), bench_free_coverage=coverage(bench))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/build_draft_model.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -316,17 +347,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gguf-q8-0", default=None, metavar="FILE",
                         help="also write the draft as a Q8_0 GGUF (a quarter of the bytes a drafted token reads); "
                              "with --convert-only, convert OUT's checkpoint without training")
-    parser.add_argument("--convert-only", action="store_true", help="only --gguf-q8-0 from OUT's checkpoint")
+    parser.add_argument("--token-map", type=int, default=0, metavar="N",
+                        help="also write OUT/token_map.json, the N tokens the target emitted most in the training "
+                             "outputs (--speculative-config's token_map: the draft's LM head cut to them)")
+    parser.add_argument("--convert-only", action="store_true",
+                        help="only --gguf-q8-0 / --token-map from OUT's checkpoint and cached outputs, no training")
     parser.add_argument("--gguf-dequantize", action="store_true", help="generate with the target dequantized")
     args = parser.parse_args(argv)
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.token_map < 0:
+        raise SystemExit("--token-map must be a positive number of tokens")
     if args.convert_only:  # no target needed
-        if not args.gguf_q8_0:
-            raise SystemExit("--convert-only needs --gguf-q8-0 FILE")
-        print(write_gguf_q8_0(Path(args.out), Path(args.gguf_q8_0)))
+        if not args.gguf_q8_0 and not args.token_map:
+            raise SystemExit("--convert-only needs --gguf-q8-0 FILE or --token-map N")
+        if args.gguf_q8_0:
+            print(write_gguf_q8_0(Path(args.out), Path(args.gguf_q8_0)))
+        if args.token_map:
+            print(json.dumps(write_token_map(Path(args.out), args.token_map), indent=2))
         return 0
     model = args.model
     if model is None:
@@ -340,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
                   dequantize=args.gguf_dequantize, top=args.top, soft_weight=args.soft_weight,
                   batch=args.batch, lr=args.lr, samples=args.samples, temperature=args.temperature)
     print(json.dumps(info, indent=2))
+    if args.token_map:
+        print(json.dumps(write_token_map(Path(args.out), args.token_map), indent=2))
     if args.gguf_q8_0:
         print(write_gguf_q8_0(Path(args.out), Path(args.gguf_q8_0)))
     return 0

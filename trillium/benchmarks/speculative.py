@@ -28,7 +28,9 @@ own greedy answers to other prompts (benchmarks/speculative_eagle.py), or
 paths, comma-separated: an engine each, draft1, draft2, ...): build one
 with bench/build_draft_model.py (distilled from the target on its own
 greedy outputs). Target (issue 19): >= 1.3x tok/s on free generation with a
-draft >= 10x smaller than the target.
+draft >= 10x smaller than the target. --token-map MAP[,MAP] gives the drafts
+token_map files by position ('' for none: `--draft D,D --token-map ,D/token_map.json`
+compares one draft with and without its map in one run).
 """
 
 from __future__ import annotations
@@ -127,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft", default=None, metavar="PATH[,PATH]",
                         help="also speculate with this draft model (bench/build_draft_model.py builds one); "
                              "several, comma-separated: an engine each (draft1, draft2, ...)")
+    parser.add_argument("--token-map", default="", metavar="MAP[,MAP]",
+                        help="the --draft models' token_map files, by position ('' for none); "
+                             "bench/build_draft_model.py --token-map N writes one")
     parser.add_argument("--workloads", default="repetition,free", help="comma-separated: repetition, free")
     parser.add_argument("--gguf-dequantize", action="store_true",
                         help="the target's GGUF weights as float (dense matmuls: a k+1-row verify costs ~1 row)")
@@ -172,9 +177,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {note}", flush=True)
             specs["eagle"]["model"] = head
         drafts = [d for d in (args.draft or "").split(",") if d]
+        maps = args.token_map.split(",") if args.token_map else []
+        if len(maps) > len(drafts):
+            raise SystemExit(f"--token-map has {len(maps)} entries for {len(drafts)} --draft models")
         for i, path in enumerate(drafts):  # WHY several: e.g. a float32 draft beside its Q8_0 GGUF, one run
             name = "draft" if len(drafts) == 1 else f"draft{i + 1}"
             specs[name] = {"method": "draft_model", "model": path, "num_speculative_tokens": args.k}
+            if i < len(maps) and maps[i]:
+                specs[name]["token_map"] = maps[i]
             methods.append(name)
         engines = [("none", plain)] + [(m, stack.enter_context(LLM(model, speculative_config=specs[m], **engine)))
                                        for m in methods]
@@ -200,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"{model} on {args.device}, torch {torch.__version__}, {args.threads or torch.get_num_threads()} executor threads; "
           f"{args.num_prompts} prompts x {args.max_tokens} tokens, greedy; k={args.k}, ngram lookup {lo}..{hi}"
-          + "".join(f"; {n} {specs[n]['model']}" for n in methods if n.startswith("draft"))
+          + "".join(f"; {n} {specs[n]['model']}" + (f" (token_map {specs[n]['token_map']})" if "token_map" in specs[n]
+                                                          else "") for n in methods if n.startswith("draft"))
           + ("; target dequantized" if args.gguf_dequantize else ""))
     for note in notes:
         print(note)

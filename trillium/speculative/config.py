@@ -7,9 +7,19 @@ Frozen, part of `EngineConfig`, so every actor sees the same one.
 Keys per method (vllm/config/speculative.py SpeculativeConfig): ngram takes
 prompt_lookup_min/max; draft_model takes model (the draft's path; vLLM's
 default method when model is given without one), draft_tensor_parallel_size
-(1 only) and draft_sample_method ("greedy" only: drafts are point masses,
-speculative/draft_model.py). `num_draft_blocks` is resolved at start-up
+(1 only), draft_sample_method ("greedy" only: drafts are point masses,
+speculative/draft_model.py) and token_map. `num_draft_blocks` is resolved at start-up
 (EngineConfig.resolve -> draft_model.plan_draft_memory), never given.
+
+token_map (draft_model only; SGLang's --speculative-token-map, FR-Spec): a JSON
+file holding a list of token ids, the draft's "hot" vocabulary. The draft's LM
+head is cut to those rows, so each draft position reads a fraction of it, and
+drafts are the argmax among them. Verification is unchanged, so the output is
+exactly the target's whatever the map holds; a token outside it is never drafted
+(it costs acceptance, never correctness). No pickle: SGLang's .pt maps are not
+read. bench/build_draft_model.py --token-map N writes one from the target's own
+outputs. Read and checked here, at start-up (ids unique, at least one, at most
+MAX_TOKEN_MAP); against the draft's vocabulary in plan_draft_memory.
 
 Every method takes disable_by_batch_size (vLLM's; its v0 spec_decode_worker's rule):
 a step planned with more running requests than this verifies no drafts, and
@@ -27,12 +37,16 @@ import attrs
 METHODS = ("ngram", "eagle", "draft_model")
 _NOT_IMPLEMENTED = ("eagle3", "medusa", "mlp_speculator", "mtp", "suffix", "deepseek_mtp", "ngram_gpu")
 _KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model",
-         "draft_tensor_parallel_size", "draft_sample_method", "disable_by_batch_size")
+         "draft_tensor_parallel_size", "draft_sample_method", "disable_by_batch_size", "token_map")
 # Keys that only some methods read: given to another method, they are refused by name.
 _METHOD_KEYS = {"prompt_lookup_min": ("ngram",), "prompt_lookup_max": ("ngram",), "model": ("eagle", "draft_model"),
-                "draft_tensor_parallel_size": ("draft_model",), "draft_sample_method": ("draft_model",)}
+                "draft_tensor_parallel_size": ("draft_model",), "draft_sample_method": ("draft_model",),
+                "token_map": ("draft_model",)}
 # The deepest draft a step verifies (bounds the per-position loop of verify.py).
 MAX_SPECULATIVE_TOKENS = 16
+# The most ids a token_map may hold, and its file's size bound (read at start-up).
+MAX_TOKEN_MAP = 1 << 20
+_MAX_TOKEN_MAP_BYTES = 16 << 20
 
 
 @attrs.frozen
@@ -44,6 +58,8 @@ class SpeculativeConfig:
     model: str = ""  # eagle: the EAGLE head's directory (eagle_checkpoint.py); draft_model: the draft checkpoint
     num_draft_blocks: int = 0  # draft_model, resolved: blocks of the draft's own paged KV cache
     disable_by_batch_size: int = 0  # >= 2: no drafts in a step with more running requests; 0: never off
+    token_map: str = ""  # draft_model: the hot-vocabulary file given, "" for the whole vocabulary
+    token_map_ids: tuple[int, ...] = attrs.field(default=(), repr=False)  # its ids, read at start-up
 
     @property
     def enabled(self) -> bool:
@@ -142,7 +158,38 @@ def _draft_model(value: dict, k: int) -> SpeculativeConfig:
     if value.get("draft_sample_method", "greedy") != "greedy":
         raise ValueError(f"--speculative-config draft_sample_method {value['draft_sample_method']!r} is not "
                          "implemented; Trillium drafts greedily ('greedy')")
-    return SpeculativeConfig(method="draft_model", num_speculative_tokens=k, model=model)
+    token_map = value.get("token_map")
+    if token_map is None:
+        return SpeculativeConfig(method="draft_model", num_speculative_tokens=k, model=model)
+    return SpeculativeConfig(method="draft_model", num_speculative_tokens=k, model=model, token_map=token_map,
+                             token_map_ids=read_token_map(token_map))
+
+
+def read_token_map(path) -> tuple[int, ...]:
+    """The ids of a token_map file: a JSON list of distinct non-negative ints. ValueError names the problem."""
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"--speculative-config token_map must be a file path, got {path!r}")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(_MAX_TOKEN_MAP_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"--speculative-config token_map {path!r}: {exc.strerror or exc}") from None
+    if len(raw) > _MAX_TOKEN_MAP_BYTES:
+        raise ValueError(f"--speculative-config token_map {path!r} is larger than {_MAX_TOKEN_MAP_BYTES} bytes")
+    try:
+        ids = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--speculative-config token_map {path!r} is not JSON: {exc}") from None
+    if not isinstance(ids, list) or not ids:
+        raise ValueError(f"--speculative-config token_map {path!r} must hold a non-empty JSON list of token ids")
+    if len(ids) > MAX_TOKEN_MAP:
+        raise ValueError(f"--speculative-config token_map {path!r} holds {len(ids)} ids, more than {MAX_TOKEN_MAP}")
+    bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int) or t < 0), None)
+    if bad is not None:
+        raise ValueError(f"--speculative-config token_map {path!r}: {bad!r} is not a token id (a non-negative int)")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"--speculative-config token_map {path!r} lists a token id more than once")
+    return tuple(ids)
 
 
 def _disable_by_batch_size(value: dict) -> int:

@@ -72,6 +72,9 @@ def plan_draft_memory(engine_config, target_config, budget_bytes: int, target_bl
         raise ValueError(f"--speculative-config model {spec.model!r} has vocab size {draft_config.vocab_size}, "
                          f"the target {engine_config.model!r} has {target_config.vocab_size}: a draft model "
                          "must share the target's tokenizer and vocabulary")
+    if spec.token_map_ids and max(spec.token_map_ids) >= draft_config.vocab_size:
+        raise ValueError(f"--speculative-config token_map {spec.token_map!r} holds token id "
+                         f"{max(spec.token_map_ids)}, past the draft's vocabulary of {draft_config.vocab_size}")
     block_size = engine_config.block_size
     kv_dtype = engine_config.kv_cache_dtype
     draft_block_bytes = kv_cache_block_bytes(draft_config, block_size, kv_dtype)
@@ -129,8 +132,16 @@ class DraftModelProposer:
                                             engine_config.kv_cache_dtype, device)
         self._free: list[int] = list(range(spec.num_draft_blocks - 1, -1, -1))
         self.seqs: dict[str, _DraftSeq] = {}
-        log.info("draft model %s loaded (%d parameters), %d KV blocks", spec.model,
-                 sum(p.numel() for p in self.model.parameters()), spec.num_draft_blocks)
+        # token_map (config.py): the hot ids; the LM head cut to their rows is built at first use and
+        # dropped whenever the draft's weights may have changed (weights_changed, sleep)
+        self.token_map = (torch.tensor(spec.token_map_ids, dtype=torch.int64, device=device)
+                          if spec.token_map_ids else None)
+        self._hot_head = None
+        if self.token_map is not None:
+            hot_head(self.model, self.token_map[:1])  # a head it cannot cut: refused at start-up
+        log.info("draft model %s loaded (%d parameters), %d KV blocks%s", spec.model,
+                 sum(p.numel() for p in self.model.parameters()), spec.num_draft_blocks,
+                 f", LM head cut to the {len(spec.token_map_ids)} ids of {spec.token_map}" if spec.token_map_ids else "")
 
     @property
     def num_free_blocks(self) -> int:
@@ -145,11 +156,16 @@ class DraftModelProposer:
 
     # -- sleep / wake (executor/memory.py) -------------------------------
 
+    def weights_changed(self) -> None:
+        """The draft's weights were updated (draft_weights.flush_draft_state): the cut LM head is stale."""
+        self._hot_head = None
+
     def sleep(self) -> int:
         """Free the draft's KV cache (every request's draft state with it) and, on CUDA, move its
         weights to host memory; kept there at level 2 too (nothing reloads a draft). Freed KV bytes."""
         freed = sum(t.numel() * t.element_size() for cache in self.kv_caches for t in cache)
         self.release(list(self.seqs))
+        self._hot_head = None
         self.kv_caches = []
         if self.device.type != "cpu":
             self.model.to("cpu")
@@ -220,7 +236,7 @@ class DraftModelProposer:
         # WHY verify_rows: after a verify, a feed is the accepted drafts and the bonus token (2 to k + 1
         # rows), which as verify rows (each a decode row of its own) runs in the compiled graph rather
         # than eager; a longer feed (a prompt) still takes the prefill path (paged_attention_cpu.py).
-        # Q8_0 draft, 1 thread: that step's forward 2.5 -> ~1 ms.
+        # Q8_0 draft, 1 thread: that step's forward 2.2 -> 1.5 ms.
         meta = AttentionMetadata.build(counts, [s + n for s, n in zip(starts, counts)],
                                        [seq.block_ids for seq in seqs], self.block_size, self.device,
                                        verify_rows=True)
@@ -231,7 +247,30 @@ class DraftModelProposer:
         if len(feeds) != hidden.shape[0]:
             last = torch.tensor(list(_cumsum(counts)), dtype=torch.int64, device=self.device) - 1
             hidden = hidden.index_select(0, last)
-        return self.model.compute_logits(hidden).argmax(dim=-1).tolist()
+        if self.token_map is None:
+            return self.model.compute_logits(hidden).argmax(dim=-1).tolist()
+        if self._hot_head is None:
+            self._hot_head = hot_head(self.model, self.token_map)
+        return self.token_map[self._hot_head(hidden).argmax(dim=-1)].tolist()
+
+
+def hot_head(model, ids: torch.Tensor):
+    """hidden [N, H] -> logits [N, len(ids)] of the tokens `ids` only: the model's LM head cut to their
+    rows (a copy: packed GGUF blocks, or float rows). ValueError for a head it cannot cut."""
+    from trillium.models.llama import Linear, linear
+    from trillium.models.packed_linear import GgufLinear
+
+    head = model.lm_head
+    if isinstance(head, GgufLinear):  # its own, or the packed copy of a tied embedding
+        bias = None if head.bias is None else head.bias.index_select(0, ids)
+        cut = GgufLinear(head.blocks.index_select(0, ids), head.ggml_type, head.in_features, bias, head.activations)
+        return lambda hidden: cut(hidden).float()
+    if head is None or type(head) in (Linear, torch.nn.Linear):  # the tied embedding's rows, or the head's
+        weight = model.lm_head_weight.index_select(0, ids)
+        bias = None if head is None or head.bias is None else head.bias.index_select(0, ids)
+        return lambda hidden: linear(hidden, weight, bias).float()
+    raise ValueError(f"--speculative-config token_map: the draft's LM head ({type(head).__name__}) cannot be cut "
+                     "to a token map; use a float or GGUF draft")
 
 
 def _cumsum(values: list[int]):

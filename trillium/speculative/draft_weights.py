@@ -62,6 +62,8 @@ def flush_draft_state(core) -> dict:
         if state.depth is not None:  # WHY a fresh one, not None: drafts already proposed are verified next
             state.depth = AdaptiveDepth(state.depth.k)
     num_draft_caches = 0
+    if hasattr(core.proposer, "weights_changed"):  # what the proposer derived from its weights (draft_model.py)
+        core.proposer.weights_changed()
     seqs = getattr(core.proposer, "seqs", None)
     if seqs:  # the draft model's per-request caches
         num_draft_caches = len(seqs)
