@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -22,4 +23,20 @@ def draft_pair(checkpoint, tmp_path_factory):
     weights = load_file(target / "model.safetensors")
     save_file({k: v + 0.05 * torch.randn(v.shape, generator=gen) if "layers" in k else v
                for k, v in weights.items()}, draft / "model.safetensors")
+    return str(target), str(draft)
+
+
+@pytest.fixture(scope="session")
+def first_layer_draft(checkpoint, tmp_path_factory):
+    """(target dir, draft dir): the draft is the target's first layer, embedding, norm and head."""
+    target = checkpoint("llama")
+    draft = tmp_path_factory.mktemp("draft-model")
+    for f in target.iterdir():
+        if f.name not in ("model.safetensors", "config.json"):
+            shutil.copy(f, draft / f.name)
+    config = json.loads((target / "config.json").read_text())
+    weights = load_file(target / "model.safetensors")
+    keep = {k: v for k, v in weights.items() if not k.startswith("model.layers.") or k.startswith("model.layers.0.")}
+    save_file(keep, draft / "model.safetensors")
+    (draft / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
     return str(target), str(draft)

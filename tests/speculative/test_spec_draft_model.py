@@ -16,12 +16,10 @@ rejected.
 from __future__ import annotations
 
 import json
-import shutil
 
 import attrs
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from trillium import LLM, SamplingParams
 from trillium.config import EngineConfig
@@ -29,22 +27,6 @@ from trillium.speculative.config import parse_speculative_config
 
 K = 3
 ENGINE = dict(num_blocks=20, max_num_batched_tokens=96, max_num_seqs=16)
-
-
-@pytest.fixture(scope="module")
-def models(checkpoint, tmp_path_factory):
-    """(target dir, draft dir): the draft is the target's first layer, embedding, norm and head."""
-    target = checkpoint("llama")
-    draft = tmp_path_factory.mktemp("draft-model")
-    for f in target.iterdir():
-        if f.name not in ("model.safetensors", "config.json"):
-            shutil.copy(f, draft / f.name)
-    config = json.loads((target / "config.json").read_text())
-    weights = load_file(target / "model.safetensors")
-    keep = {k: v for k, v in weights.items() if not k.startswith("model.layers.") or k.startswith("model.layers.0.")}
-    save_file(keep, draft / "model.safetensors")
-    (draft / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
-    return str(target), str(draft)
 
 
 def _spec(draft: str, **extra) -> dict:
@@ -69,8 +51,8 @@ def test_config_keys_as_vllm_takes_them():
             parse_speculative_config(value)
 
 
-def test_vocab_mismatch_is_a_start_up_error(models, checkpoint):
-    target, _ = models
+def test_vocab_mismatch_is_a_start_up_error(first_layer_draft, checkpoint):
+    target, _ = first_layer_draft
     other = str(checkpoint("llama", vocab_size=384))
     config = EngineConfig.build(model=target, num_blocks=20, speculative_config=_spec(other))
     with pytest.raises(ValueError, match="vocab size 384.*has 512"):
@@ -79,8 +61,8 @@ def test_vocab_mismatch_is_a_start_up_error(models, checkpoint):
         EngineConfig.build(model=target, speculative_config=_spec("/nowhere")).resolve()
 
 
-def test_both_kv_caches_share_one_budget(models):
-    target, draft = models
+def test_both_kv_caches_share_one_budget(first_layer_draft):
+    target, draft = first_layer_draft
     plain = EngineConfig.build(model=target, kv_cache_memory="4MiB").resolve()
     both = EngineConfig.build(model=target, kv_cache_memory="4MiB", speculative_config=_spec(draft)).resolve()
     spec = both.speculative_config
@@ -97,10 +79,10 @@ class _Req:
     token_ids: list[int]
 
 
-def test_proposer_rolls_back_to_the_kept_tokens_and_frees_on_release(models):
+def test_proposer_rolls_back_to_the_kept_tokens_and_frees_on_release(first_layer_draft):
     from trillium.speculative.draft_model import DraftModelProposer
 
-    target, draft = models
+    target, draft = first_layer_draft
     # A pool of 4 blocks of 16 tokens (2 for the first request, 2 tail blocks).
     config = EngineConfig.build(model=target, num_blocks=2, max_num_seqs=1, max_model_len=64,
                                 speculative_config=_spec(draft)).resolve()
@@ -134,8 +116,8 @@ def _prompts() -> list[dict]:
             {"prompt_token_ids": [7, 8, 9] * 6 + [40, 41]}, {"prompt_token_ids": [200, 201, 202]}]
 
 
-def test_greedy_identity_under_preemption(models):
-    target, draft = models
+def test_greedy_identity_under_preemption(first_layer_draft):
+    target, draft = first_layer_draft
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True, logprobs=1) for m in (32, 25, 17, 1)]
     params[2] = SamplingParams(n=2, temperature=0, max_tokens=24, ignore_eos=True)
     # Beside them, requests enough to overflow the 20-block cache: preempted and recomputed.
@@ -155,10 +137,10 @@ def test_greedy_identity_under_preemption(models):
     assert 0 < stats.spec_decode_num_accepted_tokens_total < stats.spec_decode_num_draft_tokens_total
 
 
-def test_greedy_identity_when_disable_by_batch_size_skips_proposals(models):
+def test_greedy_identity_when_disable_by_batch_size_skips_proposals(first_layer_draft):
     """Steps with more running requests than disable_by_batch_size propose nothing: the draft's
     cache misses those tokens and catches up at the next proposal, output unchanged."""
-    target, draft = models
+    target, draft = first_layer_draft
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (6, 30, 6, 30)]
     with LLM(target, **ENGINE) as base, LLM(target, speculative_config=_spec(draft, disable_by_batch_size=2),
                                             **ENGINE) as spec:

@@ -14,13 +14,11 @@ through `LLM` is token for token the non-speculative one.
 from __future__ import annotations
 
 import json
-import shutil
 import types
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from trillium import LLM, SamplingParams
 from trillium.config import EngineConfig
@@ -28,22 +26,6 @@ from trillium.speculative.config import parse_speculative_config
 
 K = 3
 VOCAB = 512
-
-
-@pytest.fixture(scope="module")
-def models(checkpoint, tmp_path_factory):
-    """(target dir, draft dir): the draft is the target's first layer, embedding, norm and head."""
-    target = checkpoint("llama")
-    draft = tmp_path_factory.mktemp("draft-model")
-    for f in target.iterdir():
-        if f.name not in ("model.safetensors", "config.json"):
-            shutil.copy(f, draft / f.name)
-    config = json.loads((target / "config.json").read_text())
-    weights = load_file(target / "model.safetensors")
-    keep = {k: v for k, v in weights.items() if not k.startswith("model.layers.") or k.startswith("model.layers.0.")}
-    save_file(keep, draft / "model.safetensors")
-    (draft / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
-    return str(target), str(draft)
 
 
 def _map(tmp_path, ids, name="map.json") -> str:
@@ -56,7 +38,7 @@ def _spec(draft: str, **extra) -> dict:
     return {"method": "draft_model", "model": draft, "num_speculative_tokens": K, **extra}
 
 
-def test_the_file_is_checked_at_start_up(tmp_path, models):
+def test_the_file_is_checked_at_start_up(tmp_path, first_layer_draft):
     spec = parse_speculative_config(_spec("/d", token_map=_map(tmp_path, [5, 3, 9])))
     assert spec.token_map_ids == (5, 3, 9) and spec.token_map.endswith("map.json")
     (tmp_path / "bad.json").write_text("[1, 2")
@@ -76,7 +58,7 @@ def test_the_file_is_checked_at_start_up(tmp_path, models):
             parse_speculative_config(_spec("/d", token_map=value))
     with pytest.raises(ValueError, match="token_map not supported with method 'ngram'"):
         parse_speculative_config({"method": "ngram", "num_speculative_tokens": 2, "token_map": "x.json"})
-    target, draft = models
+    target, draft = first_layer_draft
     past = EngineConfig.build(model=target, num_blocks=20,
                               speculative_config=_spec(draft, token_map=_map(tmp_path, [1, VOCAB], "past.json")))
     with pytest.raises(ValueError, match=f"token id {VOCAB}, past the draft's vocabulary of {VOCAB}"):
@@ -138,11 +120,11 @@ def _proposer(target: str, draft: str, **extra):
     return DraftModelProposer(config, torch.device("cpu"))
 
 
-def test_drafts_are_the_argmax_over_the_map_and_follow_weight_updates(tmp_path, models):
+def test_drafts_are_the_argmax_over_the_map_and_follow_weight_updates(tmp_path, first_layer_draft):
     from trillium.actors.executor import weights
     from trillium.speculative.draft_weights import flush_draft_state
 
-    target, draft = models
+    target, draft = first_layer_draft
     prompt = list(range(40, 60))
     whole = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(3)).tolist()
     plain = _proposer(target, draft)
@@ -177,8 +159,8 @@ def test_drafts_are_the_argmax_over_the_map_and_follow_weight_updates(tmp_path, 
     assert permuted.propose_batch([_Req("d", list(prompt))], [K])[0] == after
 
 
-def test_greedy_identity_with_a_token_map(tmp_path, models):
-    target, draft = models
+def test_greedy_identity_with_a_token_map(tmp_path, first_layer_draft):
+    target, draft = first_layer_draft
     ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(5))[: VOCAB // 2].tolist()
     prompts = [{"prompt_token_ids": [11, 12, 13, 14, 15] * 4}, {"prompt_token_ids": list(range(20, 60))}]
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (24, 17)]
