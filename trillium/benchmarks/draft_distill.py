@@ -311,7 +311,7 @@ def write_token_map(draft_dir: Path, size: int) -> dict:
     cached = json.loads(cache.read_text())
     data, bench = cached["data"], cached["bench"]
     counts = collections.Counter(t for i, rows in enumerate(data) if i % 10 for _, out, _ in rows for t in out)
-    ids = sorted(sorted(counts), key=lambda t: -counts[t])[:size]
+    ids = sorted(counts, key=lambda t: (-counts[t], t))[:size]
     kept = set(ids)
 
     def coverage(rows) -> float:

@@ -132,13 +132,12 @@ class DraftModelProposer:
                                             engine_config.kv_cache_dtype, device)
         self._free: list[int] = list(range(spec.num_draft_blocks - 1, -1, -1))
         self.seqs: dict[str, _DraftSeq] = {}
-        # token_map (config.py): the hot ids; the LM head cut to their rows is built at first use and
-        # dropped whenever the draft's weights may have changed (weights_changed, sleep)
+        # token_map (config.py): the hot ids and the LM head cut to their rows, built now (a head it
+        # cannot cut is refused at start-up), dropped whenever the draft's weights may have changed
+        # (weights_changed, sleep) and rebuilt at the next use
         self.token_map = (torch.tensor(spec.token_map_ids, dtype=torch.int64, device=device)
                           if spec.token_map_ids else None)
-        self._hot_head = None
-        if self.token_map is not None:
-            hot_head(self.model, self.token_map[:1])  # a head it cannot cut: refused at start-up
+        self._hot_head = None if self.token_map is None else hot_head(self.model, self.token_map)
         log.info("draft model %s loaded (%d parameters), %d KV blocks%s", spec.model,
                  sum(p.numel() for p in self.model.parameters()), spec.num_draft_blocks,
                  f", LM head cut to the {len(spec.token_map_ids)} ids of {spec.token_map}" if spec.token_map_ids else "")
