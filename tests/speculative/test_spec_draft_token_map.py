@@ -1,9 +1,10 @@
 """The draft_model proposer's token_map (speculative/config.py, speculative/draft_model.py `hot_head`).
 
-SGLang's --speculative-token-map (FR-Spec: the draft's LM head cut to the
-frequent tokens; python/sglang/srt/speculative/eagle_worker.py loads the ids
-and slices the head's rows) for Trillium's draft_model, read from JSON, never
-pickle. Checked here: the file's checks at start-up (and an id past the draft's
+The idea of SGLang's --speculative-token-map (FR-Spec, "lower lm_head
+overhead" for its EAGLE drafts: docs/advanced_features/speculative_decoding.md)
+for Trillium's draft_model: the draft's LM head cut to the frequent tokens, the
+ids read from JSON, never pickle (SGLang's .pt files are not read, so this is
+not a compatibility claim). Checked here: the file's checks at start-up (and an id past the draft's
 vocabulary at resolve); the cut head's logits are the full head's at the map's
 rows, for float heads (own and tied) and a packed Q8_0 one; drafts are the
 argmax over the map (a permutation of the whole vocabulary drafts exactly
