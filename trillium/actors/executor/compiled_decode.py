@@ -31,8 +31,7 @@ inputs (Dynamo lifts parameters; a weight update or a sleep that swaps
 (set per call: wake re-allocates them).
 
 Per-step overhead: the graphs call the C++ ops of kernels/native_ops.py (the
-packed and float linears, the attention) where that library builds, Inductor
-writes the graph's wrapper in C++ too (one call, no GIL for the forward), and each
+packed and float linears, the attention) where that library builds, and each
 bucket's Dynamo bytecode is called directly, without evaluating its guards
 (direct_dispatch.py; a structural change of the model switches that off).
 
@@ -172,20 +171,7 @@ class CompiledDecode(EagerForward):
         # count) per code object, so a second engine in this process (tests, benchmarks) would
         # otherwise share, and exhaust, the first one's.
         decode_graph.__code__ = decode_graph.__code__.replace()
-        # WHY Inductor's C++ wrapper: the graph then runs as one C++ call that releases the GIL for the
-        # whole forward (`py::gil_scoped_release` in the generated entry), where the Python wrapper
-        # called its ops one by one from Python (~100 a bench-model step, ~150 opaque ones SmolLM2's),
-        # taking the GIL back between any two. The forward shares its process with the executor's trio thread (its
-        # messages' decoding, signing and ZeroMQ calls: ~0.8 ms of CPU a token under `trillium serve`),
-        # and CPython hands a thread waiting for the GIL no turn while the holder keeps dropping and
-        # retaking it around its own system calls, so any of those returns could wait out the loop's
-        # burst. Served one stream, two servers up at once, requests alternating: SmolLM2 Q4_1 (the
-        # default model) ahead in 10 of 10 rounds, median 1.12x decode tok/s; the bench model 1.03x and
-        # 1.08x (12 and 10 rounds). WHY the wrapper built apart from the kernels: that compiles it at
-        # -O1 (it is glue); at -O3 with them a cold start of the default model compiled for 274 s, apart
-        # 132 s (the Python wrapper: 63 s). A warm cache skips both.
-        self._graph = torch.compile(decode_graph, dynamic=False,
-                                    options={"cpp_wrapper": True, "cpp_wrapper_build_separate": True})
+        self._graph = torch.compile(decode_graph, dynamic=False)
         # Each bucket's Dynamo bytecode, called without guard evaluation (direct_dispatch.py).
         self.direct = DirectDispatch(decode_graph, model)
         device = model.device
