@@ -300,3 +300,25 @@ def test_async_scheduling_flag_reaches_the_engine_and_falls_back_where_not_exact
     assert "--async-scheduling is off" not in caplog.text  # unset: off without a warning
     assert resolved("--async-scheduling", "--speculative-config", spec).async_scheduling is False
     assert "--async-scheduling is off" in caplog.text and "--speculative-config" in caplog.text
+
+
+def test_num_scheduler_steps_flag_reaches_the_scheduler(checkpoint):
+    """vLLM's --num-scheduler-steps (vllm/engine/arg_utils.py EngineArgs.num_scheduler_steps, an int,
+    default 1: its v0 multi-step scheduling); out of range or beside speculative decoding, an error."""
+    from trillium.actors.scheduler.config import SchedulerConfig
+    from trillium.cli import _engine_kwargs
+
+    model = str(checkpoint("llama"))
+
+    def resolved(*argv: str) -> EngineConfig:
+        return EngineConfig.build(model=model, **_engine_kwargs(parse(model, *argv))).resolve()
+
+    assert resolved().num_scheduler_steps == 1
+    four = resolved("--num-scheduler-steps", "4")
+    assert (four.num_scheduler_steps, four.async_scheduling) == (4, False)
+    assert SchedulerConfig.from_engine(four).num_scheduler_steps == 4
+    assert EngineConfig.from_bytes(four.to_bytes()) == four
+    with pytest.raises(ValueError, match="--num-scheduler-steps must be in 1..16"):
+        resolved("--num-scheduler-steps", "0")
+    with pytest.raises(ValueError, match="with --speculative-config"):
+        resolved("--num-scheduler-steps", "2", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}')

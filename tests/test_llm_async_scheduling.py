@@ -14,43 +14,9 @@ vllm/engine/arg_utils.py EngineArgs.async_scheduling).
 
 from __future__ import annotations
 
-from support.llm_parity import MAX_NEW, mixed_prompts
+from support.llm_parity import MAX_NEW, mixed_batch, mixed_prompts, view
 from support.oracles import hf_greedy, transformers_model
 from trillium import LLM, SamplingParams
-
-
-def _mixed_batch(llm: LLM):
-    """Prompts and params covering every stop rule and the executor's per-request state."""
-    from trillium.structured_outputs import StructuredOutputsParams
-
-    free = llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0]
-    tokens, text = list(free.outputs[0].token_ids), free.outputs[0].text
-    stop_id = tokens[4]
-    prompts, params = [], []
-
-    def add(prompt, p):
-        prompts.append(prompt)
-        params.append(p)
-
-    for max_tokens in (1, 2, 3, 7, 16):  # max_tokens known ahead: never planned past it
-        add({"prompt_token_ids": list(range(10, 10 + 3 * max_tokens))},
-            SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
-    add("Once upon a time", SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop_token_ids=[stop_id]))
-    add("Once upon a time", SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop_token_ids=[stop_id],
-                                           min_tokens=tokens.index(stop_id) + 2))
-    add("Once upon a time", SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[text[5:8]]))
-    add({"prompt_token_ids": list(range(40, 90))},  # n > 1, seeded, with every penalty
-        SamplingParams(n=3, temperature=1.0, top_p=0.9, seed=7, max_tokens=10, ignore_eos=True,
-                       presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2))
-    add({"prompt_token_ids": [5, 6, 7, 8]}, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=3))
-    add("Pick one:", SamplingParams(temperature=1.0, seed=3, max_tokens=8,
-                                    structured_outputs=StructuredOutputsParams(choice=("left", "right", "up"))))
-    return prompts, params, stop_id
-
-
-def _view(outputs):
-    return [[(tuple(c.token_ids), c.text, c.finish_reason, c.stop_reason,
-              [sorted(lp) for lp in (c.logprobs or [])]) for c in out.outputs] for out in outputs]
 
 
 def test_async_scheduling_matches_sync_and_transformers_under_preemption(checkpoint):
@@ -65,8 +31,8 @@ def test_async_scheduling_matches_sync_and_transformers_under_preemption(checkpo
                  async_scheduling=mode) as llm:
             assert llm.config.async_scheduling is mode
             parity = llm.generate(prompts, greedy)
-            mixed, params, stop_id = _mixed_batch(llm)
-            runs[mode] = (parity, _view(llm.generate(mixed, params)), llm.get_stats())
+            mixed, params, stop_id = mixed_batch(llm)
+            runs[mode] = (parity, view(llm.generate(mixed, params)), llm.get_stats())
     (sync, sync_mixed, _), (parity, mixed, stats) = runs[False], runs[True]
     assert stats.num_preempted_total > 0, "the tiny KV cache should force preemption"
     for a, b in zip(parity, sync):

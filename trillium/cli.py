@@ -206,6 +206,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         enforce_eager=True if getattr(args, "enforce_eager", False) else None,
         compile_batch_sizes=args.compile_batch_sizes,
         async_scheduling=getattr(args, "async_scheduling", None),
+        num_scheduler_steps=getattr(args, "num_scheduler_steps", 1),
         speculative_config=args.speculative_config,
         **node_engine_kwargs(args),
     )

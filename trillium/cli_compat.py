@@ -183,6 +183,14 @@ def add_serve_args(serve) -> None:
                              "above; --async-scheduling: at any batch; --no-async-scheduling: never. "
                              "Synchronous steps under --speculative-config, the host / disk KV tiers "
                              "and pooling models (a warning when it was asked for)")
+    compat.add_argument("--num-scheduler-steps", type=int, default=1, metavar="K",
+                        help="multi-step decode (vLLM v0's flag): while no request waits and every running "
+                             "request decodes, a step runs up to K forwards on the executor, each feeding the "
+                             "token just sampled, and returns their tokens together, so the per-step hops "
+                             "(scheduler, detokenizer, api) are paid once per K tokens. Output is unchanged; "
+                             "tokens stream in chunks of up to K, and an abort or stop string takes effect "
+                             "after the step. 1 (the default): one forward per step. Turns "
+                             "--async-scheduling off; not with --speculative-config")
     compat.add_argument("--disable-log-requests", action="store_true",
                         help="accepted: Trillium does not log request contents")
     compat.add_argument("--enable-log-requests", action="store_true",

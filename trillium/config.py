@@ -206,6 +206,10 @@ class EngineConfig:
     async_scheduling: bool | None = None
     # Resolved: the most running requests a step is planned ahead for (0: no limit).
     async_max_running: int = 0
+    # vLLM's --num-scheduler-steps (its v0 multi-step scheduling): a decode step runs up to this many
+    # forwards on the executor, each feeding the token just sampled, before its result returns
+    # (actors/scheduler/multi_step.py). 1: one forward per step.
+    num_scheduler_steps: int = 1
 
     def __attrs_post_init__(self) -> None:
         if self.enable_lora and (self.max_loras < 1 or self.max_lora_rank < 1 or self.max_cpu_loras < 0):
@@ -219,6 +223,7 @@ class EngineConfig:
                              "(the ranks would have to share each step's drafts and accepted tokens)")
         _check_host_tier(self)
         _check_preemption(self)
+        _check_multi_step(self)
         if not 0.0 <= self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.gpu_memory_utilization and not self.device.startswith("cuda"):
@@ -308,6 +313,8 @@ class EngineConfig:
         runner, pooler, prefix_caching = _resolve_runner(self, model_config)
         if runner == "pooling" and self.speculative_config.enabled:
             raise ValueError("--speculative-config: pooling models do not generate; drop it")
+        if runner == "pooling" and self.num_scheduler_steps > 1:
+            raise ValueError("--num-scheduler-steps: pooling models do not generate; drop it")
 
         def fingerprint() -> str:
             from trillium.actors.kv_tiers.disk import model_fingerprint
@@ -369,6 +376,7 @@ def _resolve_async_scheduling(config: EngineConfig, runner: str) -> bool:
     if config.async_scheduling is False:
         return False
     reasons = [why for why, on in (("--speculative-config", config.speculative_config.enabled),
+                                   ("--num-scheduler-steps above 1", config.num_scheduler_steps > 1),
                                    ("the host / disk KV tiers", config.kv_tiers.has_host),
                                    ("a pooling model", runner == "pooling")) if on]
     if reasons:
@@ -407,6 +415,25 @@ def _check_host_tier(config: EngineConfig) -> None:
     if config.sleep_keep_prefix_cache and not config.kv_tiers.has_host:
         raise ValueError("--sleep-keep-prefix-cache keeps the prefix cache in the host KV tier: "
                          "it needs --kv-host-bytes")
+
+
+# The most forwards one multi-step decode step runs (bounds the executor's loop and the KV a step
+# reserves ahead of what a request has produced).
+MAX_SCHEDULER_STEPS = 16
+
+
+def _check_multi_step(config: EngineConfig) -> None:
+    steps = config.num_scheduler_steps
+    if not 1 <= steps <= MAX_SCHEDULER_STEPS:
+        raise ValueError(f"--num-scheduler-steps must be in 1..{MAX_SCHEDULER_STEPS}, got {steps}")
+    if steps == 1:
+        return
+    if config.speculative_config.enabled:
+        raise ValueError("--num-scheduler-steps above 1 with --speculative-config is not supported: both "
+                         "emit several tokens per step through the same draft positions; pick one")
+    if config.tensor_parallel_size > 1:
+        raise ValueError("--num-scheduler-steps above 1 with --tensor-parallel-size above 1 is not supported "
+                         "yet (the ranks would have to share each inner step's tokens)")
 
 
 def _check_preemption(config: EngineConfig) -> None:

@@ -63,3 +63,23 @@ def test_derived_data_is_per_instance_and_not_printed() -> None:
     a.derived["plan"] = object()
     assert b.derived == {}
     assert "derived" not in repr(a)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_decode_steps_equal_one_build_per_step(seed: int) -> None:
+    """Multi-step decode's metadata built at once (executor core `_run_ahead`) is each step's own build."""
+    rng = random.Random(seed)
+    block_size, num_steps = rng.choice([4, 16]), rng.randint(1, 9)
+    seq_lens = [rng.randint(1, 40) for _ in range(rng.randint(1, 6))]
+    tables = [rng.sample(range(100), -(-(n + num_steps - 1) // block_size)) for n in seq_lens]
+    steps = AttentionMetadata.decode_steps(seq_lens, tables, block_size, num_steps)
+    assert len(steps) == num_steps
+    for j, got in enumerate(steps):
+        want = AttentionMetadata.build([1] * len(seq_lens), [n + j for n in seq_lens], tables, block_size)
+        for field in ("query_start_loc", "seq_lens", "block_tables", "slot_mapping"):
+            a, b = getattr(got, field), getattr(want, field)
+            assert a.dtype == b.dtype and torch.equal(a, b), (j, field)
+        assert (got.max_query_len, got.max_seq_len, got.query_lens_list, got.seq_lens_list) == \
+            (want.max_query_len, want.max_seq_len, want.query_lens_list, want.seq_lens_list)
+    with pytest.raises(IndexError):  # the last step's block missing from the first table
+        AttentionMetadata.decode_steps(seq_lens, [tables[0][:-1], *tables[1:]], block_size, num_steps)

@@ -3,6 +3,9 @@
 `assert_parity` generates greedily with top-5 logprobs and compares every
 token and logprob with `support.oracles.hf_greedy`. Used by the synthetic
 checkpoint tests (test_llm.py) and the real-model ones (test_llm_real_models.py).
+`mixed_batch` / `view`: a batch touching every stop rule and per-request sampling state,
+and what two engine configurations must both produce for it (test_llm_async_scheduling.py,
+test_llm_multi_step.py).
 """
 
 from __future__ import annotations
@@ -41,3 +44,40 @@ def assert_parity(llm: LLM, hf_model, prompts: list[list[int]], max_new: int = M
             for token_id, value in zip(ids, values):
                 assert token_id in got, f"step {step}: top-5 token {token_id} missing"
                 assert abs(got[token_id].logprob - value) < 1e-3, (step, token_id)
+
+
+def mixed_batch(llm: LLM):
+    """Prompts and params covering every stop rule and the executor's per-request state: max_tokens
+    1..16, a stop token id (with and without min_tokens), a stop string, n = 3 seeded with every
+    penalty, logprobs, a structured-output choice. Returns (prompts, params, the stop token id)."""
+    from trillium.structured_outputs import StructuredOutputsParams
+
+    free = llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0]
+    tokens, text = list(free.outputs[0].token_ids), free.outputs[0].text
+    stop_id = tokens[4]
+    prompts, params = [], []
+
+    def add(prompt, p):
+        prompts.append(prompt)
+        params.append(p)
+
+    for max_tokens in (1, 2, 3, 7, 16):  # max_tokens known ahead: never planned past it
+        add({"prompt_token_ids": list(range(10, 10 + 3 * max_tokens))},
+            SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    add("Once upon a time", SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop_token_ids=[stop_id]))
+    add("Once upon a time", SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop_token_ids=[stop_id],
+                                           min_tokens=tokens.index(stop_id) + 2))
+    add("Once upon a time", SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[text[5:8]]))
+    add({"prompt_token_ids": list(range(40, 90))},  # n > 1, seeded, with every penalty
+        SamplingParams(n=3, temperature=1.0, top_p=0.9, seed=7, max_tokens=10, ignore_eos=True,
+                       presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2))
+    add({"prompt_token_ids": [5, 6, 7, 8]}, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=3))
+    add("Pick one:", SamplingParams(temperature=1.0, seed=3, max_tokens=8,
+                                    structured_outputs=StructuredOutputsParams(choice=("left", "right", "up"))))
+    return prompts, params, stop_id
+
+
+def view(outputs):
+    """What a run must reproduce: per choice its tokens, text, finish and stop reasons, logprobs."""
+    return [[(tuple(c.token_ids), c.text, c.finish_reason, c.stop_reason,
+              [sorted(lp) for lp in (c.logprobs or [])]) for c in out.outputs] for out in outputs]

@@ -79,11 +79,7 @@ class AttentionMetadata:
         slens = np.asarray(seq_lens, dtype=np.int64).reshape(num_seqs)
         starts = np.zeros(num_seqs + 1, dtype=np.int64)
         np.cumsum(qlens, out=starts[1:])
-        row_blocks = np.fromiter(map(len, block_tables), dtype=np.int64, count=num_seqs)
-        max_blocks = int(row_blocks.max(initial=0)) or 1
-        table = np.zeros((num_seqs, max_blocks), dtype=np.int32)
-        flat = np.fromiter(itertools.chain.from_iterable(block_tables), dtype=np.int32, count=int(row_blocks.sum()))
-        table[np.arange(max_blocks) < row_blocks[:, None]] = flat  # row-major: row by row
+        table, row_blocks = _block_table(block_tables)
         # Token t of sequence b sits at position context_len[b] + (t - starts[b]).
         token_seq = np.repeat(np.arange(num_seqs), qlens)
         positions = np.arange(int(starts[-1])) + np.repeat(slens - qlens - starts[:-1], qlens)
@@ -102,3 +98,51 @@ class AttentionMetadata:
             seq_lens_list=tuple(int(n) for n in seq_lens),
             verify_rows=verify_rows,
         )
+
+    @staticmethod
+    def decode_steps(
+        seq_lens: Sequence[int],
+        block_tables: Sequence[Sequence[int]],
+        block_size: int,
+        num_steps: int,
+        device: torch.device | str = "cpu",
+    ) -> list["AttentionMetadata"]:
+        """Metadata of `num_steps` consecutive decode steps of the same sequences (multi-step
+        decode, scheduler/multi_step.py): step j feeds each sequence one token at position
+        seq_lens[b] - 1 + j. The same as `build([1] * B, [n + j for n in seq_lens], ...)` per
+        step, built at once: the block tables (which already hold every step's slots) and the
+        query starts are shared, the slots computed together. WHY: a step's own build is
+        ~0.1-0.3 ms of Python beside a ~6 ms one-sequence forward whose weight reads have just
+        evicted the interpreter's caches.
+
+        Raises IndexError when a block table is too short for the last step."""
+        num_seqs = len(seq_lens)
+        table, row_blocks = _block_table(block_tables)
+        lens = np.asarray(seq_lens, dtype=np.int64).reshape(1, num_seqs) + np.arange(num_steps)[:, None]  # [K, B]
+        positions = lens - 1
+        block_index = positions // block_size
+        if (block_index >= row_blocks[None, :]).any():
+            raise IndexError("a block table is too short for its sequence's tokens")
+        slots = table[np.arange(num_seqs)[None, :], block_index].astype(np.int64) * block_size + positions % block_size
+        starts = torch.arange(num_seqs + 1, dtype=torch.int32).to(device)
+        tables = torch.from_numpy(table).to(device)
+        lens_t = torch.from_numpy(lens.astype(np.int32)).to(device)
+        slots_t = torch.from_numpy(slots).to(device)
+        ones = (1,) * num_seqs
+        return [
+            AttentionMetadata(query_start_loc=starts, seq_lens=lens_t[j], block_tables=tables, slot_mapping=slots_t[j],
+                              max_query_len=1, max_seq_len=int(lens[j].max(initial=0)), query_lens_list=ones,
+                              seq_lens_list=tuple(lens[j].tolist()))
+            for j in range(num_steps)
+        ]
+
+
+def _block_table(block_tables: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """The block tables as one int32 [B, max blocks] array (padded with 0), and each row's length."""
+    num_seqs = len(block_tables)
+    row_blocks = np.fromiter(map(len, block_tables), dtype=np.int64, count=num_seqs)
+    max_blocks = int(row_blocks.max(initial=0)) or 1
+    table = np.zeros((num_seqs, max_blocks), dtype=np.int32)
+    flat = np.fromiter(itertools.chain.from_iterable(block_tables), dtype=np.int32, count=int(row_blocks.sum()))
+    table[np.arange(max_blocks) < row_blocks[:, None]] = flat  # row-major: row by row
+    return table, row_blocks

@@ -123,6 +123,8 @@ class ExecutorCore:
         self._release_drafts = getattr(self.proposer, "release", None)
         self.draft_costs = DraftCosts()  # what one more draft costs: sets each request's depth
         self.num_speculative_tokens = config.speculative_config.num_speculative_tokens
+        # Multi-step decode (scheduler/multi_step.py): a request's draft positions are forwards to run.
+        self.multi_step = config.num_scheduler_steps > 1
         # Structured outputs: compiles on its own threads (executor/grammar.py).
         self.grammars = GrammarCompiler(config.model, self.model_config.vocab_size)
         self.lora = None
@@ -235,6 +237,13 @@ class ExecutorCore:
         prompt_lp: list[tuple[RequestState, int, int]] = []  # state, first row, num rows
         row = 0
         first_rows: list[int] = []  # each state's first row of `hidden` (a hidden-state proposer reads them)
+        ahead: list[tuple[RequestState, int, int]] = []  # multi-step decode: (state, index, forwards after this one)
+        if self.multi_step and any(num_drafts):
+            for index, d in enumerate(num_drafts):
+                if d:  # the first forward computes its known token; _run_ahead the rest
+                    ahead.append((states[index], index, d))
+                    counts[index] -= d
+                    num_drafts[index] = 0
         for index, (state, n, d) in enumerate(zip(states, counts, num_drafts)):
             first_rows.append(row)
             begin = state.num_computed_tokens
@@ -287,6 +296,8 @@ class ExecutorCore:
             else:
                 self._sample(logits, sample_states, sample_index, sampled, logprobs)
         spec = self._verify(hidden, runs, sampled, logprobs) if runs else {}
+        if ahead:
+            spec = self._run_ahead(ahead, logprobs)
         if self.proposer is not None and self.pooler is None:
             if all(n - d == 1 for n, d in zip(counts, num_drafts)):  # a decode step: what drafts cost
                 self.draft_costs.observe_step(time.perf_counter() - start, sum(num_drafts))
@@ -352,6 +363,51 @@ class ExecutorCore:
             keep = -(-(len(state.token_ids) - 1) // self.config.block_size)
             del state.block_ids[keep:]
         return {"more_token_ids": more, "more_logprobs": more_lp, "num_accepted_drafts": accepted}
+
+    def _run_ahead(self, ahead: list[tuple[RequestState, int, int]], logprobs: dict) -> dict:
+        """Multi-step decode (scheduler/multi_step.py): after the step's forward sampled each of
+        these requests, run up to d more decode forwards for it, each feeding the token the one
+        before it sampled, sampled as a decode step is; a request's run ends after an EOS or stop
+        token id. The BatchResult fields: the tokens after the first, their logprobs."""
+        more: dict[str, list[int]] = {s.request_id: [] for s, _, _ in ahead}
+        more_lp: dict[str, list[TokenLogprobs]] = {}
+        alive = [(state, d) for state, _, d in ahead]
+        # Every request runs at least `shared` more forwards unless it stops: their metadata at once.
+        shared = min(d for _, d in alive)
+        first_lens = [len(s.token_ids) for s, _ in alive]
+        metas = AttentionMetadata.decode_steps(first_lens, [s.block_ids for s, _ in alive], self.config.block_size,
+                                               shared, self.device)
+        for j in range(1, max(d for _, d in alive) + 1):
+            before = len(alive)
+            alive = [(s, d) for s, d in alive if d >= j and s.token_ids[-1] not in s.stop_ids]
+            if not alive:
+                break
+            states = [s for s, _ in alive]
+            seq_lens = [len(s.token_ids) for s in states]  # the last token is this forward's input
+            if j <= shared and len(alive) == before == len(ahead):  # nobody stopped: the metadata built ahead
+                meta = metas[j - 1]
+            else:
+                meta = AttentionMetadata.build([1] * len(states), seq_lens, [s.block_ids for s in states],
+                                               self.config.block_size, self.device)
+            ids_t = torch.tensor([s.token_ids[-1] for s in states], dtype=torch.int64, device=self.device)
+            pos_t = torch.tensor([n - 1 for n in seq_lens], dtype=torch.int64, device=self.device)
+            lora = self.lora.batch([s.lora_id for s in states], [1] * len(states)) if self.lora is not None else None
+            hidden = self.forward(ids_t, pos_t, self.kv_caches, meta, lora=lora)
+            out = sample(self.model.compute_logits(hidden), [s.sampling for s in states])
+            rows_lp = out.logprobs.to_token_logprobs() if out.logprobs is not None else None
+            for k, (state, token) in enumerate(zip(states, out.token_ids.tolist())):
+                state.token_ids.append(token)
+                state.sampling.append(token)
+                more[state.request_id].append(token)
+                if rows_lp is not None and rows_lp[k] is not None:
+                    more_lp.setdefault(state.request_id, []).append(rows_lp[k])
+        for state, _, _ in ahead:
+            # As after a verification: KV is valid for every token but the last; the scheduler
+            # frees the same blocks (Scheduler._take_tokens, BlockPool.trim).
+            keep = -(-(len(state.token_ids) - 1) // self.config.block_size)
+            del state.block_ids[keep:]
+        return {"more_token_ids": {rid: tuple(tokens) for rid, tokens in more.items()},
+                "more_logprobs": {rid: tuple(entries) for rid, entries in more_lp.items()}}
 
     def _propose(self, states: list[RequestState], hidden, step_rows: list, wanted_next: bool) -> dict[str, int]:
         """Drafts for each request just sampled, kept for its next step; their counts.

@@ -111,6 +111,9 @@ class ExecuteBatch:
     # last num_draft_tokens[i] are the first drafts the executor proposed for it (the
     # executor holds them). Empty: no drafts in this step. Request i is sampled (verified)
     # iff num_computed_tokens + num_scheduled_tokens - num_draft_tokens == its known tokens.
+    # Multi-step decode (--num-scheduler-steps, scheduler/multi_step.py) uses the same field with no
+    # proposer: request i's last num_draft_tokens[i] positions are forwards the executor runs one
+    # after another, each feeding the token the one before it sampled (more_token_ids).
     num_draft_tokens: np.ndarray = attrs.field(factory=_int32s)
     # False: propose no drafts after this step (the next one verifies none: more requests
     # run than disable_by_batch_size, speculative/scheduling.py). A proposer that keeps its

@@ -42,6 +42,8 @@ class SchedulerConfig:
     # Plan ahead only while at most this many requests run (0: any number; the unset flag's limit,
     # config.py ASYNC_AUTO_MAX_RUNNING); with more, each step waits for the last one's result.
     async_max_running: int = 0
+    # --num-scheduler-steps (multi_step.py): forwards a decode step may run on the executor; 1: one.
+    num_scheduler_steps: int = attrs.field(default=1, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
@@ -70,6 +72,7 @@ class SchedulerConfig:
             sliding_window=engine.kv_sliding_window,
             async_scheduling=bool(engine.async_scheduling),
             async_max_running=engine.async_max_running,
+            num_scheduler_steps=engine.num_scheduler_steps,
         )
 
     @property

@@ -30,8 +30,10 @@ The KV tiers under the pool (host memory, disk) are one component,
 `KvTierManager` (kv_tiers/manager.py; NO_KV_TIERS when off): its queued
 copies travel in each step's batch, and it holds requests in LOADING while
 their prefix is read from disk. Admission of waiting requests is
-admission.py. The executor's side of a batch is documented on
-protocol/execute.py `ExecuteBatch`.
+admission.py. With --num-scheduler-steps K a decoding request may be
+scheduled K forwards in one step while nothing waits (multi_step.py: they
+ride the speculative draft positions). The executor's side of a batch is
+documented on protocol/execute.py `ExecuteBatch`.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from trillium.actors.scheduler.policy import SiblingGate, make_policy
 from trillium.actors.scheduler.preemption import make_preemption
 from trillium.actors.scheduler.queue_timeout import NO_QUEUE_TIMEOUT, QueueTimeout
 from trillium.actors.scheduler.request import Request, RequestStatus
+from trillium.actors.scheduler.multi_step import extra_forwards, steps_ahead
 from trillium.actors.scheduler.step_plan import StepPlan
 from trillium.speculative.scheduling import NO_DRAFTS, DraftBudget, build_draft_budget
 
@@ -221,6 +224,8 @@ class Scheduler:
         return batch
 
     def _schedule_running(self, plan: StepPlan) -> None:
+        # Multi-step decode (multi_step.py): forwards beyond the first for each decoding request.
+        ahead = steps_ahead(self.config.num_scheduler_steps, self._running, len(self._policy))
         for request in list(self._running):
             if plan.token_budget <= 0:
                 break
@@ -237,6 +242,9 @@ class Scheduler:
                 drafts = self.drafts.num_to_verify(request.num_proposed_drafts, plan.token_budget,
                                                    request.num_output_tokens, request.max_tokens,
                                                    request.num_tokens, self.config.max_model_len)
+            elif ahead and num == request.num_tokens - request.num_computed_tokens == 1:
+                drafts = extra_forwards(ahead, plan.token_budget, request.num_output_tokens, request.max_tokens,
+                                        request.num_tokens, self.config.max_model_len)
             new_blocks = self._allocate_or_preempt(request, num + drafts, plan)
             if new_blocks is not None:
                 plan.add(request, num + drafts, new_blocks, is_new=False, num_drafts=drafts)
@@ -329,7 +337,8 @@ class Scheduler:
         self.pool.update_block_hashes(request)
         drafts, request.num_scheduled_drafts = request.num_scheduled_drafts, 0
         if drafts:
-            self.drafts.verified(drafts, result.num_accepted_drafts.get(rid, 0))
+            if self.drafts.k:  # not multi-step decode's forwards (multi_step.py)
+                self.drafts.verified(drafts, result.num_accepted_drafts.get(rid, 0))
             # WHY before caching blocks: KV is valid for every token but the last
             # emitted one; rejected drafts' positions must never be registered.
             request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens - 1)

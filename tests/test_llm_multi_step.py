@@ -1,0 +1,119 @@
+"""--num-scheduler-steps (multi-step decode) end to end: the real actors in-process,
+transformers and the one-forward-per-step engine as oracles (scheduler/multi_step.py).
+
+A decode step running K forwards on the executor must change nothing a client
+sees but how tokens are grouped: greedy tokens and top-5 logprobs identical to
+transformers, also when a tiny KV pool makes requests evict each other; for
+a mixed batch (every max_tokens from 1, stop token ids with and without
+min_tokens, a stop string, n = 3 seeded with every penalty, logprobs, a
+structured-output choice) the same tokens, text, finish reasons and counts
+as with one forward per step. And it must really run: far fewer steps than
+tokens while one request decodes alone, none of it while a request waits.
+vLLM's flag: vllm/engine/arg_utils.py EngineArgs.num_scheduler_steps (its v0
+multi-step scheduling, vllm/engine/output_processor/multi_step.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from support.llm_parity import MAX_NEW, mixed_batch, mixed_prompts, view
+from support.oracles import hf_greedy, transformers_model
+from trillium import LLM, SamplingParams
+from trillium.actors.scheduler.multi_step import extra_forwards, steps_ahead
+from trillium.config import EngineConfig
+
+
+def test_multi_step_matches_one_step_and_transformers(checkpoint):
+    path = checkpoint("llama")
+    hf_model = transformers_model(path)
+    prompts = [{"prompt_token_ids": p} for p in mixed_prompts(hf_model.config.vocab_size, seed=2)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, min_tokens=MAX_NEW, logprobs=5)
+    runs = {}
+    for steps in (1, 4):
+        # 20 blocks of 16 tokens: the largest request needs 12, so requests evict each other.
+        with LLM(str(path), num_blocks=20, max_num_batched_tokens=64, max_num_seqs=16,
+                 num_scheduler_steps=steps) as llm:
+            assert not llm.config.async_scheduling or steps == 1  # multi-step plans each step after the last
+            parity = llm.generate(prompts, greedy)
+            preempted = llm.get_stats().num_preempted_total
+        with LLM(str(path), num_scheduler_steps=steps) as llm:  # room for all: steps of K forwards
+            mixed, params, stop_id = mixed_batch(llm)
+            runs[steps] = (parity, preempted, view(llm.generate(mixed, params)))
+    (one, _, one_mixed), (parity, preempted, mixed) = runs[1], runs[4]
+    assert preempted > 0, "the tiny KV cache should force preemption"
+    for a, b in zip(parity, one):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for got, want in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            assert got.keys() == want.keys()
+            assert all(abs(got[t].logprob - want[t].logprob) < 1e-3 for t in got)
+    for prompt, out in list(zip(prompts, parity))[-4:]:  # WHY four: transformers is the slow part
+        assert list(out.outputs[0].token_ids) == hf_greedy(hf_model, prompt["prompt_token_ids"], MAX_NEW)[0]
+    assert mixed == one_mixed
+    assert [len(choices[0][0]) for choices in mixed[:5]] == [1, 2, 3, 7, 16]  # none lost or duplicated
+    stopped = mixed[5][0]
+    assert stopped[2] == "stop" and stopped[3] == stop_id and stopped[0].count(stop_id) == 1
+    assert mixed[7][0][2] == "stop"  # the stop string
+    assert len({c[0] for c in mixed[8]}) > 1 and all(len(c[0]) == 10 for c in mixed[8])
+    assert mixed[10][0][1] in ("left", "right", "up")
+
+
+def test_multi_step_runs_k_forwards_per_step_only_while_nothing_waits(checkpoint):
+    """Step counts from the engine's own stats: one request of 33 tokens takes its prefill step
+    and 8 steps of 4 forwards; with a request waiting behind max_num_seqs = 1, one per token."""
+    path = checkpoint("llama")
+    params = SamplingParams(temperature=0.0, max_tokens=33, ignore_eos=True)
+    with LLM(str(path), num_scheduler_steps=4, max_num_seqs=1) as llm:
+        llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(temperature=0.0, max_tokens=2))
+        before = llm.get_stats().step_id
+        out = llm.generate([{"prompt_token_ids": list(range(20, 40))}], params)
+        alone = llm.get_stats().step_id - before
+        assert len(out[0].outputs[0].token_ids) == 33
+        before = llm.get_stats().step_id
+        two = llm.generate([{"prompt_token_ids": list(range(20, 40))}, {"prompt_token_ids": list(range(50, 70))}],
+                           params)
+        queued = llm.get_stats().step_id - before
+    assert alone == 1 + 8
+    assert [len(o.outputs[0].token_ids) for o in two] == [33, 33]
+    # The first request decodes one token a step while the second waits; the second runs alone.
+    assert queued == 33 + 1 + 8
+
+
+class _Running:
+    def __init__(self, num_tokens: int, num_computed_tokens: int) -> None:
+        self.num_tokens = num_tokens
+        self.num_computed_tokens = num_computed_tokens
+
+
+def test_steps_ahead_and_caps():
+    decoding = [_Running(10, 9), _Running(30, 29)]
+    assert steps_ahead(1, decoding, 0) == 0  # off
+    assert steps_ahead(8, decoding, 0) == 7
+    assert steps_ahead(8, decoding, 1) == 0  # a request waits
+    assert steps_ahead(8, [*decoding, _Running(40, 16)], 0) == 0  # a prompt is mid-prefill
+    # ahead, budget left, outputs so far, max_tokens, tokens, max_model_len
+    assert extra_forwards(7, 100, 0, 100, 10, 1000) == 7
+    assert extra_forwards(7, 3, 0, 100, 10, 1000) == 2  # the step's token budget
+    assert extra_forwards(7, 100, 5, 8, 10, 1000) == 2  # max_tokens: 3 left, the first forward's included
+    assert extra_forwards(7, 100, 0, 100, 997, 1000) == 2  # max_model_len
+    assert extra_forwards(7, 100, 7, 8, 10, 1000) == 0
+
+
+@pytest.mark.parametrize("extra, message", [
+    (dict(num_scheduler_steps=0), "must be in 1..16"),
+    (dict(num_scheduler_steps=17), "must be in 1..16"),
+    (dict(num_scheduler_steps=4, speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
+     "with --speculative-config"),
+    (dict(num_scheduler_steps=4, tensor_parallel_size=2), "with --tensor-parallel-size"),
+])
+def test_multi_step_refused_where_not_supported(extra, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig.build(model="unused", **extra)
+
+
+def test_multi_step_turns_async_scheduling_off(checkpoint, caplog):
+    path = checkpoint("llama")
+    asked = EngineConfig.build(model=str(path), num_scheduler_steps=4, async_scheduling=True).resolve()
+    assert asked.async_scheduling is False
+    assert "--num-scheduler-steps above 1" in caplog.text
+    assert EngineConfig.build(model=str(path), num_scheduler_steps=4).resolve().async_scheduling is False

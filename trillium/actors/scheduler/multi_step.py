@@ -1,0 +1,52 @@
+"""Multi-step decode: vLLM's --num-scheduler-steps (its v0 multi-step scheduling).
+
+A decode step of a request may run up to `num_scheduler_steps` forwards on the
+executor before its result comes back: the first feeds the request's last
+known token, as any decode step; each later one feeds the token the one
+before it sampled. The scheduler reserves the KV of every forward up front
+and gets all the tokens in one `BatchResult`. WHY: on a small CPU the hops
+around a step (the scheduler, the detokenizer, the api, four ZeroMQ messages)
+cost a one-stream token ~3.6 ms of CPU beside a ~5 ms forward (README, issue
+18); running K forwards per round trip pays them once per K tokens.
+
+It rides the speculative-decoding positions (trillium/speculative/): a
+request running k more forwards is scheduled 1 + k tokens with
+`num_draft_tokens` k, and its result carries `sampled_token_ids` (the first
+forward's token) and `more_token_ids` (the others'), so the scheduler's
+bookkeeping (append up to the first token that finishes the request,
+num_computed_tokens = num_tokens - 1, trim the blocks past it) is the one
+speculative decoding uses. The two cannot both be on (config.py). The
+executor (ExecutorCore._run_ahead) samples each forward exactly as a decode
+step would: the same sampler, penalties, seeded generators, grammar matcher
+and logprobs, each seeing the tokens before it; a run ends early after an
+EOS or stop token id, as the scheduler would end the request there.
+
+When: only while no request waits and every running request decodes.
+WHY: a waiting request's prefill, or a running one's next prompt chunk,
+would wait the K forwards of the decoding ones; vLLM's v0 multi-step did the
+same (it ran prefills in single steps). The tokens of a step reach the
+client together (one streamed chunk of up to K tokens), and an abort or a
+stop string takes effect after the step's K forwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def steps_ahead(num_scheduler_steps: int, running: Sequence, num_waiting: int) -> int:
+    """Forwards beyond the first that a decoding request may run this step (0: one forward):
+    num_scheduler_steps - 1 while nothing waits and every running request decodes."""
+    if num_scheduler_steps <= 1 or num_waiting:
+        return 0
+    if any(r.num_tokens - r.num_computed_tokens > 1 for r in running):  # a prompt still being prefilled
+        return 0
+    return num_scheduler_steps - 1
+
+
+def extra_forwards(ahead: int, budget_left: int, num_output_tokens: int, max_tokens: int, num_tokens: int,
+                   max_model_len: int) -> int:
+    """Forwards beside a decoding request's first: at most `ahead`, and never more than the
+    step's token budget leaves after its own token, than max_tokens leaves (each forward
+    emits one of them) or than max_model_len leaves."""
+    return max(0, min(ahead, budget_left - 1, max_tokens - num_output_tokens - 1, max_model_len - num_tokens - 1))
