@@ -57,6 +57,24 @@ def test_mixed_adapters_with_fewer_slots_than_adapters_match_peft(base, adapters
             assert expected != peft_greedy(base, None, chosen, MAX_TOKENS), name
 
 
+def test_multi_step_decode_with_adapters_matches_peft(base, adapters):
+    """--num-scheduler-steps 4: each request's extra forwards run its own adapter (the executor's
+    `_run_ahead` batches them per step as the first forward does)."""
+    names = [None, "attn", "mlp", "attn"]
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 500) for _ in range(rng.randrange(4, 30))] for _ in names]
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS + 5, min_tokens=MAX_TOKENS + 5)
+    loras = [None if n is None else LoRARequest(n, str(adapters[n])) for n in names]
+    with LLM(str(base), enable_lora=True, max_loras=2, max_lora_rank=16, num_scheduler_steps=4) as llm:
+        got = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                                            lora=loras)]
+    for name in (None, "attn", "mlp"):
+        indices = [i for i, n in enumerate(names) if n == name]
+        expected = peft_greedy(base, None if name is None else adapters[name], [prompts[i] for i in indices],
+                               MAX_TOKENS + 5)
+        assert [got[i] for i in indices] == expected, name
+
+
 def test_bad_adapters_and_lora_without_enable_lora_are_value_errors(base, adapters, tmp_path):
     params = SamplingParams(temperature=0, max_tokens=2)
     with LLM(str(base), enable_lora=True, max_loras=1, max_lora_rank=8, kv_cache_memory="2MiB") as llm:
