@@ -46,3 +46,20 @@ def test_targets_ratio_met_and_missing_peer():
     assert "n/a (skipped: no --vllm-python PATH)" in targets
     table = report.format_results(results, skipped)
     assert "skipped: no --vllm-python PATH" in table and "60.0" in table and "ok 128/128" in table
+
+
+def test_baseline_rows_and_ratio_only_where_both_ran():
+    """--baseline: Trillium with its default flags beside Trillium with --trillium-arg, same run."""
+    results = {
+        report.TRILLIUM: {"single": _entry(_round(150.0)), "mixed16": _entry(_round(450.0))},
+        report.BASELINE: {"single": _entry(_round(100.0))},
+        report.LLAMA_CPP: {"single": _entry(_round(140.0))},
+    }
+    table = report.format_results(results, {})
+    single_rows = [line for line in table.splitlines() if line.startswith("bench: one stream")]
+    assert [line.split()[3] for line in single_rows] == ["trillium", "llama.cpp", "vllm", "baseline"]
+    assert not any("baseline" in line for line in table.splitlines() if line.startswith("bench: mixed"))
+    lines = report.format_baseline(results).splitlines()
+    assert len(lines) == 2 and lines[1].startswith("bench: one stream") and lines[1].endswith("1.50x")
+    assert report.format_baseline({report.TRILLIUM: results[report.TRILLIUM]}) == ""
+    assert {r["workload"]: r["ratio"] for r in report.target_rows(results)}["single"] == 150.0 / 140.0

@@ -9,7 +9,8 @@ time, waits for its /health, runs its workloads with the same client
 (trillium/benchmarks/openai_client.py, as `trillium bench serving --base-url`)
 and stops it:
 
-  trillium   `trillium serve` with its default flags (bench model, then SmolLM2)
+  trillium   `trillium serve` with its default flags (bench model, then SmolLM2),
+             or with --trillium-arg's; --baseline runs it with its defaults too
   llama.cpp  `llama-server -np 16 -fa on` (bench, then SmolLM2), and `-np 64`
              for the all-at-once row; `-c` gives every slot 1024 tokens
   vllm       `python -m vllm.entrypoints.openai.api_server` with its CPU
@@ -52,7 +53,7 @@ SLOT_CTX = 1024  # llama-server context per slot: the longest mixed request is 5
 
 @attrs.define
 class ServerSpec:
-    label: str  # one of report.SERVERS
+    label: str  # one of report.SERVERS, or report.BASELINE
     name: str  # what the log and progress lines call it
     cmd: list[str]
     port: int
@@ -88,6 +89,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--trillium-arg", action="append", default=[], metavar="ARG",
                    help="an extra `trillium serve` argument, e.g. --trillium-arg=--enforce-eager (repeatable; "
                         "default: none, its default flags)")
+    p.add_argument("--baseline", action="store_true",
+                   help="also run `trillium serve` with its default flags (no --trillium-arg) on Trillium's "
+                        "workloads, as rows labelled baseline, and print Trillium's ratio over it: a flag's "
+                        "effect beside the peers in one run")
     p.add_argument("--llama-arg", action="append", default=[], metavar="ARG",
                    help="an extra llama-server argument (repeatable), e.g. --llama-arg=--no-repack: where the CPU "
                         "reports AMX but the kernel traps it (SIGILL loading a Q4_1 GGUF), no repacking keeps "
@@ -205,10 +210,12 @@ def _specs(args: argparse.Namespace, models: dict, llama: str | None, vllm: str 
     t = str(args.threads)
     cli = [sys.executable, "-m", "trillium.cli", "serve", "--executor-threads", t, "--log-level", "warning"]
 
-    def trillium(model: Path, name: str, workloads: tuple[str, ...]) -> ServerSpec:
+    def trillium(model: Path, name: str, workloads: tuple[str, ...], label: str = report.TRILLIUM) -> ServerSpec:
         port = _free_port()
-        return ServerSpec(report.TRILLIUM, f"trillium ({name})", cli + ["--model", str(model), "--port", str(port),
-                          "--served-model-name", name, *args.trillium_arg], port, name, workloads)
+        extra = args.trillium_arg if label == report.TRILLIUM else []  # the baseline: default flags
+        return ServerSpec(label, f"{label} ({name})" if label != report.TRILLIUM else f"trillium ({name})",
+                          cli + ["--model", str(model), "--port", str(port), "--served-model-name", name, *extra],
+                          port, name, workloads)
 
     def llama_cpp(model: Path, name: str, slots: int, workloads: tuple[str, ...]) -> ServerSpec:
         port = _free_port()
@@ -219,6 +226,9 @@ def _specs(args: argparse.Namespace, models: dict, llama: str | None, vllm: str 
 
     ours = report.TRILLIUM in args.servers
     specs = [trillium(models["bench"], "bench", ("single", "mixed16", "all64"))] if ours else []
+    baseline = ours and args.baseline
+    if baseline:
+        specs.append(trillium(models["bench"], "bench", ("single", "mixed16", "all64"), report.BASELINE))
     if llama:
         specs.append(llama_cpp(models["bench_gguf"], "bench", args.llama_slots, ("single", "mixed16")))
         specs.append(llama_cpp(models["bench_gguf"], "bench", args.llama_slots_all, ("all64",)))
@@ -236,6 +246,8 @@ def _specs(args: argparse.Namespace, models: dict, llama: str | None, vllm: str 
     if models["smollm2"] is not None:
         if ours:
             specs.append(trillium(models["smollm2"], "smollm2", ("smol_single",)))
+        if baseline:
+            specs.append(trillium(models["smollm2"], "smollm2", ("smol_single",), report.BASELINE))
         if llama:
             specs.append(llama_cpp(models["smollm2"], "smollm2", args.llama_slots, ("smol_single",)))
     return specs
@@ -356,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     print(report.format_results(results, skipped))
     print()
     print(report.format_targets(results, skipped))
+    if report.BASELINE in results:
+        print()
+        print(report.format_baseline(results))
     short = [f"{label}/{w}" for label, rows in results.items() for w, e in rows.items()
              if not report.tokens_check(e["rounds"]).startswith("ok")]
     print("\nevery server returned every token asked (ignore_eos honoured)" if not short

@@ -14,6 +14,9 @@ import attrs
 
 TRILLIUM, LLAMA_CPP, VLLM = "trillium", "llama.cpp", "vllm"
 SERVERS = (TRILLIUM, LLAMA_CPP, VLLM)
+# cpu_peers.py --baseline: `trillium serve` again with its default flags (without --trillium-arg),
+# so a flag's effect is printed beside it in the same run.
+BASELINE = "baseline"
 
 
 @attrs.frozen
@@ -85,7 +88,8 @@ def format_results(results: dict, skipped: dict[str, str]) -> str:
     """One row per workload and server: median round's tok/s (range over rounds), ITL mean/p50, tokens."""
     lines = [f"{'workload':<40}{'server':<11}{'tok/s':>8}{'range':>13}{'ITL mean':>10}{'ITL p50':>9}  tokens"]
     for w in WORKLOADS:
-        for server in w.servers:
+        extra = (BASELINE,) if TRILLIUM in w.servers and w.key in results.get(BASELINE, {}) else ()
+        for server in (*w.servers, *extra):
             entry = results.get(server, {}).get(w.key)
             if entry is None:
                 why = skipped.get(server) or "not run on this workload"
@@ -118,4 +122,17 @@ def format_targets(results: dict, skipped: dict[str, str]) -> str:
             continue
         lines.append(f"{titles[row['workload']]:<40}{row['peer']:<11}{row['ratio']:>6.2f}x{row['at_least']:>8.2f}x"
                      f"  {'yes' if row['met'] else 'NO'}")
+    return "\n".join(lines)
+
+
+def format_baseline(results: dict) -> str:
+    """Trillium (with --trillium-arg) over its baseline (default flags) per workload; "" without a baseline."""
+    rows = [(w.title, results[TRILLIUM][w.key]["median"]["tok_s"] / results[BASELINE][w.key]["median"]["tok_s"])
+            for w in WORKLOADS
+            if w.key in results.get(TRILLIUM, {}) and w.key in results.get(BASELINE, {})
+            and results[BASELINE][w.key]["median"]["tok_s"]]
+    if not rows:
+        return ""
+    lines = [f"{'trillium over its baseline (default flags)':<51}{'ratio':>7}"]
+    lines += [f"{title:<51}{value:>6.2f}x" for title, value in rows]
     return "\n".join(lines)
