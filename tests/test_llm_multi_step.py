@@ -87,10 +87,12 @@ class _Running:
 
 def test_steps_ahead_and_caps():
     decoding = [_Running(10, 9), _Running(30, 29)]
-    assert steps_ahead(1, decoding, 0) == 0  # off
-    assert steps_ahead(8, decoding, 0) == 7
-    assert steps_ahead(8, decoding, 1) == 0  # a request waits
-    assert steps_ahead(8, [*decoding, _Running(40, 16)], 0) == 0  # a prompt is mid-prefill
+    assert steps_ahead(1, decoding, 0, 100, 16) == 0  # off
+    assert steps_ahead(8, decoding, 0, 100, 16) == 7
+    assert steps_ahead(8, decoding, 1, 100, 16) == 0  # a request waits
+    assert steps_ahead(8, [*decoding, _Running(40, 16)], 0, 100, 16) == 0  # a prompt is mid-prefill
+    assert steps_ahead(8, decoding, 0, 4, 16) == 7  # 2 blocks each: room for both
+    assert steps_ahead(8, decoding, 0, 3, 16) == 0  # not: one forward, never a preemption for them
     # ahead, budget left, outputs so far, max_tokens, tokens, max_model_len
     assert extra_forwards(7, 100, 0, 100, 10, 1000) == 7
     assert extra_forwards(7, 3, 0, 100, 10, 1000) == 2  # the step's token budget

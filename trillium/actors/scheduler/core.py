@@ -53,11 +53,11 @@ from trillium.actors.scheduler.grammar_gate import GrammarGate, grammar_key
 from trillium.actors.scheduler.in_flight import StepInFlight, StepsInFlight
 from trillium.actors.scheduler.request_check import check_add_request
 from trillium.actors.scheduler.metrics import StepEvents
+from trillium.actors.scheduler.multi_step import extra_forwards, steps_ahead
 from trillium.actors.scheduler.policy import SiblingGate, make_policy
 from trillium.actors.scheduler.preemption import make_preemption
 from trillium.actors.scheduler.queue_timeout import NO_QUEUE_TIMEOUT, QueueTimeout
 from trillium.actors.scheduler.request import Request, RequestStatus
-from trillium.actors.scheduler.multi_step import extra_forwards, steps_ahead
 from trillium.actors.scheduler.step_plan import StepPlan
 from trillium.speculative.scheduling import NO_DRAFTS, DraftBudget, build_draft_budget
 
@@ -225,7 +225,8 @@ class Scheduler:
 
     def _schedule_running(self, plan: StepPlan) -> None:
         # Multi-step decode (multi_step.py): forwards beyond the first for each decoding request.
-        ahead = steps_ahead(self.config.num_scheduler_steps, self._running, len(self._policy))
+        ahead = steps_ahead(self.config.num_scheduler_steps, self._running, len(self._policy),
+                            self.pool.num_free_blocks, self.config.block_size)
         for request in list(self._running):
             if plan.token_budget <= 0:
                 break
@@ -245,6 +246,13 @@ class Scheduler:
             elif ahead and num == request.num_tokens - request.num_computed_tokens == 1:
                 drafts = extra_forwards(ahead, plan.token_budget, request.num_output_tokens, request.max_tokens,
                                         request.num_tokens, self.config.max_model_len)
+                # WHY no preemption for them: extra forwards only save hops; a request that must be
+                # recomputed for their blocks would cost far more. Without room, one forward.
+                new_blocks = self.pool.allocate_slots(request, num + drafts) if drafts else None
+                if new_blocks is not None:
+                    plan.add(request, num + drafts, new_blocks, is_new=False, num_drafts=drafts)
+                    continue
+                drafts = 0
             new_blocks = self._allocate_or_preempt(request, num + drafts, plan)
             if new_blocks is not None:
                 plan.add(request, num + drafts, new_blocks, is_new=False, num_drafts=drafts)

@@ -21,7 +21,8 @@ step would: the same sampler, penalties, seeded generators, grammar matcher
 and logprobs, each seeing the tokens before it; a run ends early after an
 EOS or stop token id, as the scheduler would end the request there.
 
-When: only while no request waits and every running request decodes.
+When: only while no request waits, every running request decodes and the
+free KV blocks hold all their K tokens (extra forwards never preempt).
 WHY: a waiting request's prefill, or a running one's next prompt chunk,
 would wait the K forwards of the decoding ones; vLLM's v0 multi-step did the
 same (it ran prefills in single steps). The tokens of a step reach the
@@ -34,12 +35,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def steps_ahead(num_scheduler_steps: int, running: Sequence, num_waiting: int) -> int:
+def steps_ahead(num_scheduler_steps: int, running: Sequence, num_waiting: int, num_free_blocks: int,
+                block_size: int) -> int:
     """Forwards beyond the first that a decoding request may run this step (0: one forward):
-    num_scheduler_steps - 1 while nothing waits and every running request decodes."""
+    num_scheduler_steps - 1 while nothing waits, every running request decodes and the free
+    blocks hold every running request's K tokens. WHY the last: the first requests' extra blocks
+    must not leave a later one without room for its own token (it would preempt one)."""
     if num_scheduler_steps <= 1 or num_waiting:
         return 0
     if any(r.num_tokens - r.num_computed_tokens > 1 for r in running):  # a prompt still being prefilled
+        return 0
+    if num_free_blocks < len(running) * (-(-num_scheduler_steps // block_size) + 1):
         return 0
     return num_scheduler_steps - 1
 
