@@ -213,9 +213,8 @@ def _specs(args: argparse.Namespace, models: dict, llama: str | None, vllm: str 
     def trillium(model: Path, name: str, workloads: tuple[str, ...], label: str = report.TRILLIUM) -> ServerSpec:
         port = _free_port()
         extra = args.trillium_arg if label == report.TRILLIUM else []  # the baseline: default flags
-        return ServerSpec(label, f"{label} ({name})" if label != report.TRILLIUM else f"trillium ({name})",
-                          cli + ["--model", str(model), "--port", str(port), "--served-model-name", name, *extra],
-                          port, name, workloads)
+        return ServerSpec(label, f"{label} ({name})", cli + ["--model", str(model), "--port", str(port),
+                          "--served-model-name", name, *extra], port, name, workloads)
 
     def llama_cpp(model: Path, name: str, slots: int, workloads: tuple[str, ...]) -> ServerSpec:
         port = _free_port()
