@@ -27,14 +27,7 @@ def _abort_count(metrics_text: str) -> float:
 async def _assert_engine_idle_soon(dp_server, http: httpx.AsyncClient, start_step: int) -> None:
     """Probe with 1-token requests (each makes the engine step and report stats)
     until nothing runs; the abort must have landed well before the long request's end."""
-    await dp_server.wait_until(lambda: dp_server.num_in_flight() == 0, "no request in flight")
-    with trio.fail_after(30):
-        while True:
-            response = await http.post("/v1/completions", json={"prompt": [5], "max_tokens": 1})
-            assert response.status_code == 200
-            stats = dp_server.last_stats
-            if stats.num_running == 0 and stats.num_waiting == 0:
-                break
+    stats = await dp_server.probe_until_idle(http)
     assert stats.step_id - start_step < MAX_STEPS_AFTER_DISCONNECT
 
 

@@ -140,6 +140,19 @@ class ServerHarness:
         """
         await wait_until_async(condition, timeout_s=timeout_s, interval_s=0.005, what=what)
 
+    async def probe_until_idle(self, http, timeout_s: float = 30.0):
+        """Once no HTTP request is in the engine, send 1-token completions (each makes the engine
+        step and report stats) until nothing runs or waits; the last SchedulerStats. WHY probes:
+        stats come with steps, so an idle engine reports nothing new by itself."""
+        await self.wait_until(lambda: self.num_in_flight() == 0, "no request in flight")
+        with trio.fail_after(timeout_s):
+            while True:
+                probe = await http.post("/v1/completions", json={"prompt": [5], "max_tokens": 1})
+                assert probe.status_code == 200
+                stats = self.last_stats
+                if stats.num_running == 0 and stats.num_waiting == 0:
+                    return stats
+
     async def call(self, afn, *args):
         """Run `afn(*args)` on the engine's trio loop from a test's loop."""
         run = functools.partial(trio.from_thread.run, afn, *args, trio_token=self._token)
