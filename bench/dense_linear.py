@@ -9,7 +9,10 @@ multiplies M activation rows through all 33, as a decode step of M sequences
 does. Per M: ms per step of trillium/kernels/dense_cpu.c (what `llama.linear`
 runs up to dense_cpu.MAX_ROWS rows) and of oneDNN's `_linear_pointwise` (what
 it runs above), alternated --rounds times (a shared machine drifts), medians,
-and the weight bytes per second each reads. Nothing is asserted.
+and the weight bytes per second each reads. Where dense_cpu.c builds its 512-bit
+tiles (`dense_cpu.WIDE`: an Intel CPU with AVX-512) the same source built with
+the 256-bit tiles (the baseline: what ran before, and what runs elsewhere) is a
+third column. Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 import torch
 
 from trillium.kernels import dense_cpu
+from trillium.kernels.c_library import FLAGS, CLibrary
 
 SHAPES = ((1024, 512), (512, 512), (2752, 512), (512, 1376))  # one layer's (N, K)
 
@@ -44,9 +48,13 @@ def main() -> None:
         "dense_cpu.c": lambda x, w: dense_cpu.linear(x, w),
         "oneDNN": lambda x, w: onednn(x, w, None, "none", [], ""),
     }
+    narrow = _narrow_tiles() if dense_cpu.WIDE else None
+    if narrow is not None:
+        kernels["256-bit tiles"] = narrow
     print(f"{len(weights)} float32 weights, {nbytes / 1e6:.0f} MB per step, {args.threads} threads, "
-          f"dense_cpu.MAX_ROWS = {dense_cpu.MAX_ROWS}")
-    print(f"{'rows':>5} {'dense_cpu.c ms':>15} {'GB/s':>6} {'oneDNN ms':>10} {'GB/s':>6} {'speedup':>8}")
+          f"dense_cpu.MAX_ROWS = {dense_cpu.MAX_ROWS}, {dense_cpu.vector_bits()}-bit tiles")
+    print(f"{'rows':>5} {'dense_cpu.c ms':>15} {'GB/s':>6} {'oneDNN ms':>10} {'GB/s':>6} {'speedup':>8}"
+          + (f" {'256-bit tiles ms':>17} {'speedup':>8}" if narrow else ""))
     for m in (int(r) for r in args.rows.split(",")):
         xs = {k: torch.randn(m, k, generator=gen) for k in {w.shape[1] for w in weights}}
         if m <= dense_cpu.MAX_ROWS:
@@ -65,9 +73,26 @@ def main() -> None:
                         for w in weights:
                             fn(xs[w.shape[1]], w)
                     times[name].append((time.perf_counter() - start) / args.repeats)
-        dense, dnn = (statistics.median(times[name]) for name in kernels)
+        dense, dnn, *rest = (statistics.median(times[name]) for name in kernels)
         print(f"{m:>5} {dense * 1e3:>15.2f} {nbytes / dense / 1e9:>6.1f} {dnn * 1e3:>10.2f} "
-              f"{nbytes / dnn / 1e9:>6.1f} {dnn / dense:>7.2f}x")
+              f"{nbytes / dnn / 1e9:>6.1f} {dnn / dense:>7.2f}x"
+              + "".join(f" {t * 1e3:>17.2f} {t / dense:>7.2f}x" for t in rest))
+
+
+def _narrow_tiles():
+    """dense_cpu.c built without TRILLIUM_DENSE_512 (its 256-bit tiles), as a linear(x, w) function."""
+    lib = CLibrary(dense_cpu._SOURCE, "the 256-bit tiles", dense_cpu._declare, flags=FLAGS).get()
+    if lib is None:
+        return None
+
+    def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(x.shape[0], w.shape[0])
+        rc = lib.trillium_f32_linear(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), w.data_ptr(), w.shape[0],
+                                     None, out.data_ptr(), torch.get_num_threads())
+        assert rc == 0 and lib.trillium_f32_linear_vector_bits() != 512
+        return out
+
+    return linear
 
 
 if __name__ == "__main__":

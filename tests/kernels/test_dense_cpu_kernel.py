@@ -3,10 +3,16 @@
 Rows 1..MAX_ROWS (a function per row count up to a tile, more rows in
 several tiles, a partial tile included), K with and without a tail after the
 vector loop, rows of x further apart than K (a view into a wider buffer), bias or none, and N both below
-the kernel's one-thread floor and above it (two threads split the outputs).
+the kernel's one-thread floor and above it (two threads split the outputs). With the 512-bit tiles
+(an Intel CPU with AVX-512) tiles are also 1-3 weight rows wide: N = 7 and 299 end in a 1-wide tile,
+300 in a 2-wide one; elsewhere the same tests run the 256-bit tiles.
 """
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -18,7 +24,10 @@ from trillium.models import llama
 pytestmark = pytest.mark.skipif(not dense_cpu.available(), reason=f"no C kernel: {dense_cpu.unavailable_reason()}")
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, dense_cpu.MAX_ROWS])
+_ROWS = {r for r in (1, 2, 3, 4, 5, 8, 9, 17) if r <= dense_cpu.MAX_ROWS} | {dense_cpu.MAX_ROWS - 1, dense_cpu.MAX_ROWS}
+
+
+@pytest.mark.parametrize("rows", sorted(_ROWS))
 @pytest.mark.parametrize("k, n", [(512, 1024), (80, 96), (13, 7), (1376, 300)])
 def test_matches_f_linear(rows: int, k: int, n: int) -> None:
     gen = torch.Generator().manual_seed(rows * 1000 + k)
@@ -37,15 +46,15 @@ def test_matches_f_linear(rows: int, k: int, n: int) -> None:
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("k", [512, 13, 1376 + 5])
-def test_every_row_count_equals_its_rows_one_at_a_time(k: int) -> None:
+@pytest.mark.parametrize("k, n", [(512, 300), (13, 300), (1376 + 5, 300), (512, 299), (80, 7)])
+def test_every_row_count_equals_its_rows_one_at_a_time(k: int, n: int) -> None:
     """Each row count has its own function and tiles of them cover more rows, but a row's arithmetic
     must not depend on how many rows share the call or where it sits: a speculative verify row then
     equals its decode step bit for bit, and a sequence's tokens do not depend on its batch."""
     gen = torch.Generator().manual_seed(k)
     x = torch.randn(dense_cpu.MAX_ROWS, k, generator=gen)
-    w = torch.randn(300, k, generator=gen) * 0.1
-    b = torch.randn(300, generator=gen)
+    w = torch.randn(n, k, generator=gen) * 0.1
+    b = torch.randn(n, generator=gen)
     alone = torch.cat([dense_cpu.linear(x[r : r + 1], w, b) for r in range(dense_cpu.MAX_ROWS)])
     threads = torch.get_num_threads()
     try:
@@ -55,6 +64,23 @@ def test_every_row_count_equals_its_rows_one_at_a_time(k: int) -> None:
                 assert torch.equal(dense_cpu.linear(x[:rows], w, b), alone[:rows]), f"{rows} rows, {t} threads"
     finally:
         torch.set_num_threads(threads)
+
+
+def test_tile_width_follows_the_cpu() -> None:
+    """The 512-bit tiles (and 64 rows) where dense_cpu.py asks for them, the 256-bit ones (16 rows)
+    elsewhere or under TRILLIUM_DENSE_TILES=256; the build reports which it compiled."""
+    from trillium.kernels.c_library import cpu_flags, cpu_vendor
+
+    intel_avx512 = "avx512f" in cpu_flags().split() and cpu_vendor() == "GenuineIntel"
+    forced = os.environ.get("TRILLIUM_DENSE_TILES") == "256"
+    assert dense_cpu.WIDE == (intel_avx512 and not forced)
+    assert dense_cpu.MAX_ROWS == (64 if dense_cpu.WIDE else 16)
+    assert (dense_cpu.vector_bits() == 512) == dense_cpu.WIDE
+    if dense_cpu.WIDE:  # the other build, in a fresh interpreter
+        code = "from trillium.kernels import dense_cpu as d; print(d.WIDE, d.MAX_ROWS, d.vector_bits())"
+        env = dict(os.environ, TRILLIUM_DENSE_TILES="256")
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.split() == ["False", "16", "256"]
 
 
 def test_takes_only_what_it_computes() -> None:

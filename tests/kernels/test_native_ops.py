@@ -83,8 +83,8 @@ def test_linears_refuse_what_they_do_not_take() -> None:
         torch.ops.trillium_native.gguf_linear(x.double(), blocks, int(Q.Q4_0), k, None, "float32")
     with pytest.raises(RuntimeError, match="up to 64 live rows"):
         torch.ops.trillium_native.gguf_linear(torch.randn(65, k), blocks, int(Q.Q4_0), k, None, "int8")
-    with pytest.raises(RuntimeError, match="up to 16 live rows"):
-        torch.ops.trillium_native.cpu_linear(torch.randn(17, k), torch.randn(n, k), None)
+    with pytest.raises(RuntimeError, match="up to 64 live rows"):
+        torch.ops.trillium_native.cpu_linear(torch.randn(65, k), torch.randn(n, k), None)
     with pytest.raises(RuntimeError, match="weight must be contiguous"):
         torch.ops.trillium_native.cpu_linear(x, torch.randn(k, n).t(), None)
 

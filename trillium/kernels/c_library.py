@@ -34,7 +34,8 @@ CC = ("cc", "gcc", "clang")  # the C compilers tried, in order
 CXX = ("c++", "g++", "clang++")
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
+    """/proc/cpuinfo's flags line (part of a built library's cache key)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features")):
@@ -42,6 +43,17 @@ def _cpu_flags() -> str:
     except OSError:
         pass
     return platform.processor()
+
+
+def cpu_vendor() -> str:
+    """/proc/cpuinfo's vendor_id ("GenuineIntel", "AuthenticAMD"), or "" where there is none."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 class CLibrary:
@@ -79,7 +91,7 @@ class CLibrary:
         from trillium.local_cache import cache_dir
 
         key = hashlib.sha256()
-        for part in (self.source.read_bytes(), " ".join(self.flags).encode(), compiler.encode(), _cpu_flags().encode()):
+        for part in (self.source.read_bytes(), " ".join(self.flags).encode(), compiler.encode(), cpu_flags().encode()):
             key.update(part)
         return cache_dir() / "kernels" / f"{self.source.stem}-{key.hexdigest()[:16]}.so"
 
@@ -107,4 +119,4 @@ class CLibrary:
         return lib
 
 
-__all__ = ["CC", "CXX", "FLAGS", "CLibrary"]
+__all__ = ["CC", "CXX", "FLAGS", "CLibrary", "cpu_flags", "cpu_vendor"]

@@ -24,6 +24,12 @@
  *
  * Layout: x [M, K] rows x_stride floats apart (stride 1 within a row), w [N, K] contiguous, bias [N]
  * or NULL, y [M, N] contiguous. The result equals x @ w.T up to float32 summation order.
+ *
+ * Two builds of the tiles. The 256-bit one below is tuned on a Zen 4 (512-bit ops in two halves).
+ * With TRILLIUM_DENSE_512 (dense_cpu.py passes it on an Intel CPU with AVX-512, where 512-bit FMAs
+ * run at full width) the tiles are 512-bit and two-dimensional (see WIDE_ROWS), and dense_cpu.py
+ * sends it up to 64 rows instead of 16. Either build keeps the rule above: a row's result does not
+ * depend on the rows or weight rows beside it, nor on the threads.
  */
 #include <stddef.h>
 #include <omp.h>
@@ -31,6 +37,83 @@
 #include <immintrin.h>
 #endif
 
+#if defined(TRILLIUM_DENSE_512) && defined(__AVX512F__)
+#define DENSE_VECTOR_BITS 512
+/* WHY two-dimensional tiles of single accumulators: a tile is WIDE_ROWS activation rows by WIDE_COLS
+ * weight rows, one 512-bit accumulator per output (24 of the 32 registers), so each weight vector
+ * loaded feeds 8 FMAs and each activation vector 3. With more than 8 rows a chunk's weight rows
+ * are read again from L2 for each tile of rows. One accumulator per output (not two as in the
+ * 256-bit tiles): with 24 outputs in flight the FMAs' latency is hidden, and a weight row alone
+ * (J = 1 at a chunk's end) is no slower than the stream. Each output is the sum of its products in
+ * K order, then _mm512_reduce_add_ps, whatever the tile's shape: the bits do not depend on the tile.
+ * bench/dense_linear.py on the 2-core Intel Xeon (AVX-512) we benchmark on, ms per step of the
+ * bench model's 33 linears at 2 threads, 256-bit 4-row tiles -> these (oneDNN in brackets):
+ * 1 row 3.9 -> 3.2-3.4 (5.0), 8 rows 6.3 -> 4.6 (8.4), 16 rows 10.1 -> 6.8-7.1 (10.1); and past
+ * the 256-bit tiles' 16 rows: 32 rows 10.8-11.0 (11.9-13.3), 48 rows 14.4-15.4 (15.7-15.9),
+ * 64 rows 17.6-18.5 (18.5-19.0). Tiles of 6x4, 5x4 and 4x4 were slower at every row count. */
+#define WIDE_ROWS 8
+#define WIDE_COLS 3
+/* Weight rows a thread takes at a time: 128 (256 KB at K = 512) stays in L2 while every tile of rows
+ * reads it; 32 and 64 were a little slower (1 row: 3.4-3.8 against 3.2 ms). */
+#define WIDE_CHUNK 128
+#define WIDE_PREFETCH_FLOATS 2048
+static inline __attribute__((always_inline)) void wide_tile(const float *restrict w, long j, long k,
+                                                            const float *restrict x, long xs, const float *bias,
+                                                            float *restrict y, long n, const int R, const int J) {
+    __m512 acc[WIDE_ROWS][WIDE_COLS];
+    for (int r = 0; r < R; r++)
+        for (int q = 0; q < J; q++) acc[r][q] = _mm512_setzero_ps();
+    const float *restrict wr = w + j * k;
+    long i = 0;
+    for (; i + 16 <= k; i += 16) {
+        __m512 wv[WIDE_COLS];
+        for (int q = 0; q < J; q++) {
+            _mm_prefetch((const char *)(wr + q * k + i + WIDE_PREFETCH_FLOATS), _MM_HINT_T1);
+            wv[q] = _mm512_loadu_ps(wr + q * k + i);
+        }
+        for (int r = 0; r < R; r++) {
+            const __m512 xv = _mm512_loadu_ps(x + r * xs + i);
+            for (int q = 0; q < J; q++) acc[r][q] = _mm512_fmadd_ps(wv[q], xv, acc[r][q]);
+        }
+    }
+    if (i < k) { /* the tail through masked loads: the lanes past K are zeros and add nothing */
+        const __mmask16 live = (__mmask16)((1u << (k - i)) - 1u);
+        __m512 wv[WIDE_COLS];
+        for (int q = 0; q < J; q++) wv[q] = _mm512_maskz_loadu_ps(live, wr + q * k + i);
+        for (int r = 0; r < R; r++) {
+            const __m512 xv = _mm512_maskz_loadu_ps(live, x + r * xs + i);
+            for (int q = 0; q < J; q++) acc[r][q] = _mm512_fmadd_ps(wv[q], xv, acc[r][q]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int q = 0; q < J; q++) y[r * n + j + q] = _mm512_reduce_add_ps(acc[r][q]) + (bias ? bias[j + q] : 0.0f);
+}
+
+typedef void (*wide_fn)(const float *, long, long, const float *, long, const float *, float *, long);
+#define WIDE_FN(R, J)                                                                                          \
+    static __attribute__((noinline)) void wide_##R##_##J(const float *w, long j, long k, const float *x, long xs, \
+                                                         const float *bias, float *y, long n) {                  \
+        wide_tile(w, j, k, x, xs, bias, y, n, R, J);                                                            \
+    }
+#define WIDE_FNS(R) WIDE_FN(R, 1) WIDE_FN(R, 2) WIDE_FN(R, 3)
+WIDE_FNS(1) WIDE_FNS(2) WIDE_FNS(3) WIDE_FNS(4) WIDE_FNS(5) WIDE_FNS(6) WIDE_FNS(7) WIDE_FNS(8)
+#define WIDE_ROW(R) {NULL, wide_##R##_1, wide_##R##_2, wide_##R##_3}
+static const wide_fn WIDE[WIDE_ROWS + 1][WIDE_COLS + 1] = {
+    {NULL}, WIDE_ROW(1), WIDE_ROW(2), WIDE_ROW(3), WIDE_ROW(4), WIDE_ROW(5), WIDE_ROW(6), WIDE_ROW(7), WIDE_ROW(8)};
+#define CHUNK_ROWS WIDE_CHUNK
+
+/* Weight rows j0 .. j1-1 against all m activation rows: a tile of rows at a time. */
+static void chunk(const float *x, long m, long k, long xs, const float *w, long j0, long j1, const float *bias,
+                  float *y, long n) {
+    for (long r = 0; r < m; r += WIDE_ROWS) {
+        const int rows = m - r < WIDE_ROWS ? (int)(m - r) : WIDE_ROWS;
+        for (long j = j0; j < j1; j += WIDE_COLS) {
+            const int cols = j1 - j < WIDE_COLS ? (int)(j1 - j) : WIDE_COLS;
+            WIDE[rows][cols](w, j, k, x + r * xs, xs, bias, y + r * n, n);
+        }
+    }
+}
+#else
 /* Weight rows a thread takes at a time (64 x 2 KB at K = 512: a long sequential stream). WHY
  * dynamic: on a small machine the other processes of the server (scheduler, detokenizer, api) take
  * a core now and then; with a static split the thread whose core was taken holds up the whole
@@ -130,6 +213,23 @@ TILE_FN(3)
 TILE_FN(4)
 static const tile_fn TILES[TILE_M + 1] = {NULL, tile_1, tile_2, tile_3, tile_4};
 
+static void chunk(const float *x, long m, long k, long xs, const float *w, long j0, long j1, const float *bias,
+                  float *y, long n) {
+    for (long r = 0; r < m; r += TILE_M) {
+        const long rows = m - r < TILE_M ? m - r : TILE_M;
+        TILES[rows](w, j0, j1, k, x + r * xs, xs, bias, y + r * n, n);
+    }
+}
+#if defined(__AVX2__) && defined(__FMA__)
+#define DENSE_VECTOR_BITS 256
+#else
+#define DENSE_VECTOR_BITS 0
+#endif
+#endif /* TRILLIUM_DENSE_512 */
+
+/* The tiles' vector width in bits: 512, 256, or 0 for plain loops (dense_cpu.py reports it). */
+int trillium_f32_linear_vector_bits(void) { return DENSE_VECTOR_BITS; }
+
 /* Returns 0, or -1 for a shape it does not take. */
 int trillium_f32_linear(const float *x, long m, long k, long x_stride, const float *w, long n,
                         const float *bias, float *y, int num_threads) {
@@ -139,10 +239,7 @@ int trillium_f32_linear(const float *x, long m, long k, long x_stride, const flo
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (long c = 0; c < (n + CHUNK_ROWS - 1) / CHUNK_ROWS; c++) {
         const long j0 = c * CHUNK_ROWS, j1 = j0 + CHUNK_ROWS < n ? j0 + CHUNK_ROWS : n;
-        for (long r = 0; r < m; r += TILE_M) {
-            const long rows = m - r < TILE_M ? m - r : TILE_M;
-            TILES[rows](w, j0, j1, k, x + r * x_stride, x_stride, bias, y + r * n, n);
-        }
+        chunk(x, m, k, x_stride, w, j0, j1, bias, y, n);
     }
     return 0;
 }

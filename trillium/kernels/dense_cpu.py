@@ -3,6 +3,7 @@
     linear(x [M, K] float32, weight [N, K] float32, bias [N] | None) -> [M, N] float32   (M <= MAX_ROWS)
     takes(x, weight, bias) -> bool        (this kernel runs the call; else the caller's matmul)
     available() -> bool                   (a C compiler built the kernel here)
+    WIDE, vector_bits() -> int            (512-bit tiles asked for / the width the build has)
 
 Decode steps of 1..MAX_ROWS tokens are matrix-vector products bound by reading
 the weights from memory; the C file's header says why its chunked sequential
@@ -11,7 +12,9 @@ up to float32 summation order. Built like gguf_cpu.py (same flags, cached under
 `local_cache.cache_dir()`/kernels keyed by source, flags, compiler and CPU
 flags; nothing downloaded); where no compiler is found, `available()` is False
 and `models/llama.py` keeps oneDNN for every call. TRILLIUM_KERNELS=reference
-turns it off (read once, at import).
+turns it off (read once, at import). On an Intel CPU with AVX-512 it is built
+with 512-bit tiles and takes up to 64 rows (`WIDE`); TRILLIUM_DENSE_TILES=256
+keeps the 256-bit tiles and 16 rows.
 """
 
 from __future__ import annotations
@@ -22,12 +25,25 @@ from pathlib import Path
 
 import torch
 
-from trillium.kernels.c_library import CLibrary
+from trillium.kernels.c_library import FLAGS, CLibrary, cpu_flags, cpu_vendor
 
+
+def _wide_tiles() -> bool:
+    """The 512-bit tiles (dense_cpu.c, TRILLIUM_DENSE_512): an Intel CPU with AVX-512. WHY not every
+    AVX-512 CPU: Zen 4 splits 512-bit ops in two, and there the 256-bit tiles ran faster (the C file's
+    notes). TRILLIUM_DENSE_TILES=256 keeps the 256-bit tiles anywhere (for a side-by-side run)."""
+    if os.environ.get("TRILLIUM_DENSE_TILES", "") == "256":
+        return False
+    flags = cpu_flags().split()
+    return "avx512f" in flags and cpu_vendor() == "GenuineIntel"
+
+
+WIDE = _wide_tiles()
 # Rows (tokens) up to which a float32 CPU linear runs here: decode batches and verify steps.
 # Measured against oneDNN on the bench model's shapes (bench/dense_linear.py); above this many rows
-# the weights are reused enough that oneDNN's blocked kernel wins.
-MAX_ROWS = 16
+# the weights are reused enough that oneDNN's blocked kernel wins: 16 with the 256-bit tiles, 64
+# with the 512-bit ones (the C file has the figures).
+MAX_ROWS = 64 if WIDE else 16
 _SOURCE = Path(__file__).with_name("dense_cpu.c")
 
 
@@ -36,9 +52,12 @@ def _declare(lib: ctypes.CDLL) -> None:
                                         ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
                                         ctypes.c_int]
     lib.trillium_f32_linear.restype = ctypes.c_int
+    lib.trillium_f32_linear_vector_bits.argtypes = []
+    lib.trillium_f32_linear_vector_bits.restype = ctypes.c_int
 
 
-_LIBRARY = CLibrary(_SOURCE, "the float32 small-batch linear kernel", _declare)
+_LIBRARY = CLibrary(_SOURCE, "the float32 small-batch linear kernel", _declare,
+                    flags=FLAGS + (("-DTRILLIUM_DENSE_512",) if WIDE else ()))
 available = _LIBRARY.available
 unavailable_reason = _LIBRARY.unavailable_reason
 _ENABLED = os.environ.get("TRILLIUM_KERNELS", "") != "reference"
@@ -77,4 +96,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out
 
 
-__all__ = ["MAX_ROWS", "available", "fits", "linear", "takes", "unavailable_reason"]
+def vector_bits() -> int:
+    """The built kernel's vector width: 512 (WIDE), 256, or 0 (plain loops; no library: 0)."""
+    lib = _LIBRARY.get()
+    return 0 if lib is None else lib.trillium_f32_linear_vector_bits()
+
+
+__all__ = ["MAX_ROWS", "WIDE", "available", "fits", "linear", "takes", "unavailable_reason", "vector_bits"]

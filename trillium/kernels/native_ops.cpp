@@ -69,7 +69,7 @@ rope_fn g_rope = nullptr;
 thread_local long t_live_rows = -1;  // < 0: no hint (every row is live)
 
 /* What trillium::gguf_linear's packed path and trillium::cpu_linear's kernel path take. */
-constexpr long kGgufRowsFloat32 = 32, kGgufRowsInt8 = 64, kDenseRows = 16;
+constexpr long kGgufRowsFloat32 = 32, kGgufRowsInt8 = 64, kDenseRows = 64;
 
 struct Layer {
     float *k = nullptr, *v = nullptr;
