@@ -68,7 +68,8 @@ def test_every_row_count_equals_its_rows_one_at_a_time(k: int, n: int) -> None:
 
 def test_tile_width_follows_the_cpu() -> None:
     """The 512-bit tiles (and 64 rows) where dense_cpu.py asks for them, the 256-bit ones (16 rows)
-    elsewhere or under TRILLIUM_DENSE_TILES=256; the build reports which it compiled."""
+    elsewhere or under TRILLIUM_DENSE_TILES=256; the build reports which it compiled; another value
+    of the variable is an error, not ignored."""
     from trillium.kernels.c_library import cpu_flags, cpu_vendor
 
     intel_avx512 = "avx512f" in cpu_flags().split() and cpu_vendor() == "GenuineIntel"
@@ -81,6 +82,9 @@ def test_tile_width_follows_the_cpu() -> None:
         env = dict(os.environ, TRILLIUM_DENSE_TILES="256")
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         assert out.stdout.split() == ["False", "16", "256"]
+    bad = subprocess.run([sys.executable, "-c", "import trillium.kernels.dense_cpu"], capture_output=True, text=True,
+                         env=dict(os.environ, TRILLIUM_DENSE_TILES="512"))
+    assert bad.returncode != 0 and "TRILLIUM_DENSE_TILES='512': expected 256" in bad.stderr
 
 
 def test_takes_only_what_it_computes() -> None:

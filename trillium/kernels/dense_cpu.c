@@ -48,9 +48,10 @@
  * K order, then _mm512_reduce_add_ps, whatever the tile's shape: the bits do not depend on the tile.
  * bench/dense_linear.py on the 2-core Intel Xeon (AVX-512) we benchmark on, ms per step of the
  * bench model's 33 linears at 2 threads, 256-bit 4-row tiles -> these (oneDNN in brackets):
- * 1 row 3.9 -> 3.2-3.4 (5.0), 8 rows 6.3 -> 4.6 (8.4), 16 rows 10.1 -> 6.8-7.1 (10.1); and past
- * the 256-bit tiles' 16 rows: 32 rows 10.8-11.0 (11.9-13.3), 48 rows 14.4-15.4 (15.7-15.9),
- * 64 rows 17.6-18.5 (18.5-19.0). Tiles of 6x4, 5x4 and 4x4 were slower at every row count. */
+ * 1 row 3.7-4.0 -> 2.9-3.6 (4.9-5.3; noisy, bound by memory), 8 rows 6.3-6.7 -> 4.6-4.9 (8.4),
+ * 16 rows 10.1 -> 6.8-7.1 (10.1); and past the 256-bit tiles' 16 rows: 32 rows 10.7-11.1
+ * (11.9-13.3), 48 rows 14.4-15.4 (15.7-16.0), 64 rows 17.6-18.5 (18.5-19.3); 96 rows 24.9 (22.9:
+ * oneDNN's). Tiles of 6x4, 5x4 and 4x4 were slower at every row count. */
 #define WIDE_ROWS 8
 #define WIDE_COLS 3
 /* Weight rows a thread takes at a time: 128 (256 KB at K = 512) stays in L2 while every tile of rows

@@ -31,8 +31,12 @@ from trillium.kernels.c_library import FLAGS, CLibrary, cpu_flags, cpu_vendor
 def _wide_tiles() -> bool:
     """The 512-bit tiles (dense_cpu.c, TRILLIUM_DENSE_512): an Intel CPU with AVX-512. WHY not every
     AVX-512 CPU: Zen 4 splits 512-bit ops in two, and there the 256-bit tiles ran faster (the C file's
-    notes). TRILLIUM_DENSE_TILES=256 keeps the 256-bit tiles anywhere (for a side-by-side run)."""
-    if os.environ.get("TRILLIUM_DENSE_TILES", "") == "256":
+    notes). TRILLIUM_DENSE_TILES=256 keeps the 256-bit tiles anywhere (for a side-by-side run);
+    any other value than 256 or auto is refused, not ignored."""
+    asked = os.environ.get("TRILLIUM_DENSE_TILES", "auto")
+    if asked not in ("auto", "256"):
+        raise ValueError(f"TRILLIUM_DENSE_TILES={asked!r}: expected 256 (the 256-bit tiles) or auto (unset)")
+    if asked == "256":
         return False
     flags = cpu_flags().split()
     return "avx512f" in flags and cpu_vendor() == "GenuineIntel"
