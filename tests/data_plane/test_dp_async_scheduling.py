@@ -15,7 +15,7 @@ import json
 import httpx
 import pytest
 
-from support.data_plane_server import ServerHarness
+from support.data_plane_server import ServerHarness, abort_count, stream_then_leave
 
 
 @pytest.fixture(scope="module")
@@ -26,30 +26,17 @@ def async_server(checkpoint):
     harness.stop()
 
 
-def _aborts(metrics_text: str) -> float:
-    for line in metrics_text.splitlines():
-        if line.startswith('trillium:request_success_total{finished_reason="abort"'):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 async def test_async_scheduling_aborts_a_client_gone_mid_stream_and_keeps_its_tokens_exact(async_server):
     body = {"prompt": [5, 6, 7], "max_tokens": 2000, "ignore_eos": True, "stream": True, "temperature": 0}
     async with httpx.AsyncClient(base_url=async_server.url(), timeout=60) as http:
-        aborts_before = _aborts((await http.get("/metrics")).text)
-        streamed: list[str] = []
+        aborts_before = abort_count((await http.get("/metrics")).text)
         async with httpx.AsyncClient(base_url=async_server.url(), timeout=60) as doomed:
-            async with doomed.stream("POST", "/v1/completions", json=body) as response:
-                assert response.status_code == 200
-                async for line in response.aiter_lines():
-                    if line.startswith("data: {"):
-                        streamed.append(json.loads(line[6:])["choices"][0]["text"])
-                    if len(streamed) >= 4:
-                        break
+            lines = await stream_then_leave(doomed, "/v1/completions", body, events=4)
+            streamed = [json.loads(line[6:])["choices"][0]["text"] for line in lines]
             start_step = async_server.last_stats.step_id
         stats = await async_server.probe_until_idle(http)
         assert stats.step_id - start_step < 1000, "aborted, not run to its end"
-        assert _aborts((await http.get("/metrics")).text) == aborts_before + 1
+        assert abort_count((await http.get("/metrics")).text) == aborts_before + 1
         again = await http.post("/v1/completions", json={**body, "stream": False, "max_tokens": 24})
         choice = again.json()["choices"][0]
     assert choice["finish_reason"] == "length" and again.json()["usage"]["completion_tokens"] == 24

@@ -13,15 +13,10 @@ import httpx
 import pytest
 import trio
 
+from support.data_plane_server import abort_count, stream_then_leave
+
 LONG_TOKENS = 2000
 MAX_STEPS_AFTER_DISCONNECT = 1000
-
-
-def _abort_count(metrics_text: str) -> float:
-    for line in metrics_text.splitlines():
-        if line.startswith('trillium:request_success_total{finished_reason="abort"'):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 async def _assert_engine_idle_soon(dp_server, http: httpx.AsyncClient, start_step: int) -> None:
@@ -41,19 +36,13 @@ async def _assert_engine_idle_soon(dp_server, http: httpx.AsyncClient, start_ste
 async def test_disconnect_mid_stream_aborts(dp_server, path, body):
     body = {**body, "max_tokens": LONG_TOKENS, "ignore_eos": True, "stream": True}
     async with httpx.AsyncClient(base_url=dp_server.url(), timeout=60) as http:
-        aborts_before = _abort_count((await http.get("/metrics")).text)
+        aborts_before = abort_count((await http.get("/metrics")).text)
         async with httpx.AsyncClient(base_url=dp_server.url(), timeout=60) as doomed:
-            async with doomed.stream("POST", path, json=body) as response:
-                assert response.status_code == 200
-                num_events = 0
-                async for line in response.aiter_lines():
-                    num_events += line.startswith("data: ")
-                    if num_events >= 3:
-                        break
+            await stream_then_leave(doomed, path, body, events=3)
             start_step = dp_server.last_stats.step_id
         # leaving the client closed the connection mid-stream
         await _assert_engine_idle_soon(dp_server, http, start_step)
-        assert _abort_count((await http.get("/metrics")).text) == aborts_before + 1
+        assert abort_count((await http.get("/metrics")).text) == aborts_before + 1
 
 
 async def test_disconnect_mid_non_stream_request_aborts(dp_server):
@@ -83,15 +72,10 @@ async def test_disconnect_mid_anthropic_stream_aborts(dp_server):
     body = {"model": "tiny-llama", "max_tokens": LONG_TOKENS, "stream": True,
             "messages": [{"role": "user", "content": "hi"}], "output_config": {"format": {"type": "json_schema", "schema": schema}}}
     async with httpx.AsyncClient(base_url=dp_server.url(), timeout=60) as http:
-        aborts_before = _abort_count((await http.get("/metrics")).text)
+        aborts_before = abort_count((await http.get("/metrics")).text)
         async with httpx.AsyncClient(base_url=dp_server.url(), timeout=60) as doomed:
-            async with doomed.stream("POST", "/v1/messages", json=body) as response:
-                assert response.status_code == 200
-                num_deltas = 0
-                async for line in response.aiter_lines():
-                    num_deltas += line == "event: content_block_delta"
-                    if num_deltas >= 3:
-                        break
+            await stream_then_leave(doomed, "/v1/messages", body, events=3,
+                                    is_event=lambda line: line == "event: content_block_delta")
             start_step = dp_server.last_stats.step_id
         await _assert_engine_idle_soon(dp_server, http, start_step)
-        assert _abort_count((await http.get("/metrics")).text) == aborts_before + 1
+        assert abort_count((await http.get("/metrics")).text) == aborts_before + 1

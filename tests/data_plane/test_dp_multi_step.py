@@ -14,7 +14,7 @@ import json
 import httpx
 import pytest
 
-from support.data_plane_server import ServerHarness
+from support.data_plane_server import ServerHarness, stream_then_leave
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +49,7 @@ async def test_streamed_chunks_carry_a_steps_tokens_and_the_same_text(multi_step
 async def test_a_client_gone_mid_stream_is_aborted(multi_step_server):
     body = {"prompt": [5, 6, 7], "max_tokens": 2000, "ignore_eos": True, "stream": True, "temperature": 0}
     async with httpx.AsyncClient(base_url=multi_step_server.url(), timeout=60) as http:
-        async with http.stream("POST", "/v1/completions", json=body) as response:
-            assert response.status_code == 200
-            chunks = 0
-            async for line in response.aiter_lines():
-                chunks += line.startswith("data: {")
-                if chunks >= 3:
-                    break
+        await stream_then_leave(http, "/v1/completions", body, events=3)
         start_step = multi_step_server.last_stats.step_id
         stats = await multi_step_server.probe_until_idle(http)
     assert stats.step_id - start_step < 400, "aborted, not run to its end (500 steps of 4)"

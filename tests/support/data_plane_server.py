@@ -8,6 +8,8 @@ per-app metric registries and admission counts are exercised side by side.
 Tests talk HTTP to `harness.url(name)`; `harness.call(afn)` runs a coroutine
 on the engine's loop (direct EngineClient runs to compare against);
 `harness.wait_until(condition, what)` polls the engine's state from a test.
+`stream_then_leave` / `abort_count`: the client-gone-mid-stream tests' shared steps
+(test_dp_disconnect.py, test_dp_async_scheduling.py, test_dp_multi_step.py).
 """
 
 from __future__ import annotations
@@ -51,6 +53,33 @@ MESSAGES_TEMPLATE = (
 )
 TOOLS_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
                   "{% if tools %}<|system|>{{ tools | tojson }}<|end|>{% endif %}<|assistant|>")
+
+
+def data_event(line: str) -> bool:
+    """An SSE data line carrying a JSON object (a chunk, not `[DONE]`)."""
+    return line.startswith("data: {")
+
+
+async def stream_then_leave(client, path: str, body: dict, events: int, is_event=data_event) -> list[str]:
+    """POST `body` to `path` as a stream, read lines until `events` of them satisfy `is_event`, then
+    leave: the response closes mid-stream, as a client that goes away. Those lines."""
+    seen: list[str] = []
+    async with client.stream("POST", path, json=body) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if is_event(line):
+                seen.append(line)
+                if len(seen) >= events:
+                    break
+    return seen
+
+
+def abort_count(metrics_text: str) -> float:
+    """trillium:request_success_total{finished_reason="abort"} in a /metrics page (0 before the first)."""
+    for line in metrics_text.splitlines():
+        if line.startswith('trillium:request_success_total{finished_reason="abort"'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 class ServerHarness:
