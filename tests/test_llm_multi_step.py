@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from support.llm_parity import MAX_NEW, mixed_batch, mixed_prompts, view
-from support.oracles import hf_greedy, transformers_model
+from support.llm_parity import assert_runs_agree, mixed_batch, preemption_inputs, view
 from trillium import LLM, SamplingParams
 from trillium.actors.scheduler.multi_step import extra_forwards, steps_ahead
 from trillium.config import EngineConfig
@@ -26,9 +25,7 @@ from trillium.config import EngineConfig
 
 def test_multi_step_matches_one_step_and_transformers(checkpoint):
     path = checkpoint("llama")
-    hf_model = transformers_model(path)
-    prompts = [{"prompt_token_ids": p} for p in mixed_prompts(hf_model.config.vocab_size, seed=2)]
-    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, min_tokens=MAX_NEW, logprobs=5)
+    hf_model, prompts, greedy = preemption_inputs(path, seed=2)
     runs = {}
     for steps in (1, 4):
         # 20 blocks of 16 tokens: the largest request needs 12, so requests evict each other.
@@ -42,20 +39,7 @@ def test_multi_step_matches_one_step_and_transformers(checkpoint):
             runs[steps] = (parity, preempted, view(llm.generate(mixed, params)))
     (one, _, one_mixed), (parity, preempted, mixed) = runs[1], runs[4]
     assert preempted > 0, "the tiny KV cache should force preemption"
-    for a, b in zip(parity, one):
-        assert a.outputs[0].token_ids == b.outputs[0].token_ids
-        for got, want in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
-            assert got.keys() == want.keys()
-            assert all(abs(got[t].logprob - want[t].logprob) < 1e-3 for t in got)
-    for prompt, out in list(zip(prompts, parity))[-4:]:  # WHY four: transformers is the slow part
-        assert list(out.outputs[0].token_ids) == hf_greedy(hf_model, prompt["prompt_token_ids"], MAX_NEW)[0]
-    assert mixed == one_mixed
-    assert [len(choices[0][0]) for choices in mixed[:5]] == [1, 2, 3, 7, 16]  # none lost or duplicated
-    stopped = mixed[5][0]
-    assert stopped[2] == "stop" and stopped[3] == stop_id and stopped[0].count(stop_id) == 1
-    assert mixed[7][0][2] == "stop"  # the stop string
-    assert len({c[0] for c in mixed[8]}) > 1 and all(len(c[0]) == 10 for c in mixed[8])
-    assert mixed[10][0][1] in ("left", "right", "up")
+    assert_runs_agree(hf_model, prompts, parity, one, mixed, one_mixed, stop_id)
 
 
 def test_multi_step_runs_k_forwards_per_step_only_while_nothing_waits(checkpoint):

@@ -4,15 +4,16 @@
 token and logprob with `support.oracles.hf_greedy`. Used by the synthetic
 checkpoint tests (test_llm.py) and the real-model ones (test_llm_real_models.py).
 `mixed_batch` / `view`: a batch touching every stop rule and per-request sampling state,
-and what two engine configurations must both produce for it (test_llm_async_scheduling.py,
-test_llm_multi_step.py).
+and what two engine configurations must both produce for it; `preemption_inputs` /
+`assert_runs_agree`: the rest of a test holding a configuration to the default one
+(test_llm_async_scheduling.py, test_llm_multi_step.py).
 """
 
 from __future__ import annotations
 
 import random
 
-from support.oracles import hf_greedy
+from support.oracles import hf_greedy, transformers_model
 from trillium import LLM, SamplingParams
 
 MAX_NEW = 12
@@ -81,3 +82,32 @@ def view(outputs):
     """What a run must reproduce: per choice its tokens, text, finish and stop reasons, logprobs."""
     return [[(tuple(c.token_ids), c.text, c.finish_reason, c.stop_reason,
               [sorted(lp) for lp in (c.logprobs or [])]) for c in out.outputs] for out in outputs]
+
+
+def preemption_inputs(path, seed: int):
+    """(transformers model, mixed prompts as requests, greedy top-5-logprob params) for a parity run."""
+    hf_model = transformers_model(path)
+    prompts = [{"prompt_token_ids": p} for p in mixed_prompts(hf_model.config.vocab_size, seed=seed)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, min_tokens=MAX_NEW, logprobs=5)
+    return hf_model, prompts, greedy
+
+
+def assert_runs_agree(hf_model, prompts, parity, reference, mixed, reference_mixed, stop_id: int) -> None:
+    """A configuration's run against the default one's: greedy tokens equal and logprobs within 1e-3
+    of the reference run, the last four equal to transformers, and the mixed batch (`view`) identical,
+    each of its stop rules and states as `mixed_batch` set them."""
+    for a, b in zip(parity, reference):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for got, want in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            assert got.keys() == want.keys()
+            assert all(abs(got[t].logprob - want[t].logprob) < 1e-3 for t in got)
+    # WHY four: transformers is the slow part; test_llm.py holds the default engine to it on all of them.
+    for prompt, out in list(zip(prompts, parity))[-4:]:
+        assert list(out.outputs[0].token_ids) == hf_greedy(hf_model, prompt["prompt_token_ids"], MAX_NEW)[0]
+    assert mixed == reference_mixed
+    assert [len(choices[0][0]) for choices in mixed[:5]] == [1, 2, 3, 7, 16]  # no token lost or duplicated
+    stopped = mixed[5][0]
+    assert stopped[2] == "stop" and stopped[3] == stop_id and stopped[0].count(stop_id) == 1
+    assert mixed[7][0][2] == "stop"  # the stop string
+    assert len({c[0] for c in mixed[8]}) > 1 and all(len(c[0]) == 10 for c in mixed[8])
+    assert mixed[10][0][1] in ("left", "right", "up")
