@@ -358,11 +358,15 @@ class ExecutorCore:
                 logprobs[rid] = run.logprobs[0]
                 more_lp[rid] = tuple(run.logprobs[1:])
             state.depth.observe(len(run.drafts), run.num_accepted)
-            # Rollback: KV is valid for every token but the last; the scheduler frees the
-            # same blocks (Scheduler._take_tokens, BlockPool.trim).
-            keep = -(-(len(state.token_ids) - 1) // self.config.block_size)
-            del state.block_ids[keep:]
+            self._trim_past_valid_kv(state)  # rollback
         return {"more_token_ids": more, "more_logprobs": more_lp, "num_accepted_drafts": accepted}
+
+    def _trim_past_valid_kv(self, state: RequestState) -> None:
+        """After a step that emitted several tokens (verified drafts, multi-step forwards): KV is
+        valid for every token but the last, so drop the blocks past it; the scheduler frees the
+        same blocks (Scheduler._take_tokens, BlockPool.trim)."""
+        keep = -(-(len(state.token_ids) - 1) // self.config.block_size)
+        del state.block_ids[keep:]
 
     def _run_ahead(self, ahead: list[tuple[RequestState, int, int]], logprobs: dict) -> dict:
         """Multi-step decode (scheduler/multi_step.py): after the step's forward sampled each of
@@ -393,19 +397,14 @@ class ExecutorCore:
             pos_t = torch.tensor([n - 1 for n in seq_lens], dtype=torch.int64, device=self.device)
             lora = self.lora.batch([s.lora_id for s in states], [1] * len(states)) if self.lora is not None else None
             hidden = self.forward(ids_t, pos_t, self.kv_caches, meta, lora=lora)
-            out = sample(self.model.compute_logits(hidden), [s.sampling for s in states])
-            rows_lp = out.logprobs.to_token_logprobs() if out.logprobs is not None else None
-            for k, (state, token) in enumerate(zip(states, out.token_ids.tolist())):
-                state.token_ids.append(token)
-                state.sampling.append(token)
+            tokens, rows_lp = np.full(len(states), -1, dtype=np.int32), {}
+            self._sample(self.model.compute_logits(hidden), states, list(range(len(states))), tokens, rows_lp)
+            for state, token in zip(states, tokens.tolist()):
                 more[state.request_id].append(token)
-                if rows_lp is not None and rows_lp[k] is not None:
-                    more_lp.setdefault(state.request_id, []).append(rows_lp[k])
+                if state.request_id in rows_lp:
+                    more_lp.setdefault(state.request_id, []).append(rows_lp[state.request_id])
         for state, _, _ in ahead:
-            # As after a verification: KV is valid for every token but the last; the scheduler
-            # frees the same blocks (Scheduler._take_tokens, BlockPool.trim).
-            keep = -(-(len(state.token_ids) - 1) // self.config.block_size)
-            del state.block_ids[keep:]
+            self._trim_past_valid_kv(state)  # as after a verification
         return {"more_token_ids": {rid: tuple(tokens) for rid, tokens in more.items()},
                 "more_logprobs": {rid: tuple(entries) for rid, entries in more_lp.items()}}
 
