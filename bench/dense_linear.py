@@ -12,7 +12,9 @@ it runs above), alternated --rounds times (a shared machine drifts), medians,
 and the weight bytes per second each reads. Where dense_cpu.c builds its 512-bit
 tiles (`dense_cpu.WIDE`: an Intel CPU with AVX-512) the same source built with
 the 256-bit tiles (the baseline: what ran before, and what runs elsewhere) is a
-third column. Nothing is asserted.
+third column. `--against REV` adds the same file at git revision REV as a column (a kernel change
+old against new in one run; trillium/benchmarks/revisions.py) and checks the two give the same bits.
+Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ def main() -> None:
     p.add_argument("--rows", default="1,2,4,8,16,24,32", help="activation rows M per step, comma-separated")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--repeats", type=int, default=30, help="steps timed per measurement")
-    p.add_argument("--rounds", type=int, default=3, help="alternations of the two kernels; medians reported")
+    p.add_argument("--rounds", type=int, default=3, help="alternations of the kernels; medians reported")
+    p.add_argument("--against", default=None, metavar="REV",
+                   help="also time dense_cpu.c as it was at git revision REV (e.g. HEAD~1)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     if not dense_cpu.available():
@@ -51,10 +55,13 @@ def main() -> None:
     narrow = _narrow_tiles() if dense_cpu.WIDE else None
     if narrow is not None:
         kernels["256-bit tiles"] = narrow
+    if args.against:
+        kernels[args.against] = _at_revision(args.against)
     print(f"{len(weights)} float32 weights, {nbytes / 1e6:.0f} MB per step, {args.threads} threads, "
           f"dense_cpu.MAX_ROWS = {dense_cpu.MAX_ROWS}, {dense_cpu.vector_bits()}-bit tiles")
     print(f"{'rows':>5} {'dense_cpu.c ms':>15} {'GB/s':>6} {'oneDNN ms':>10} {'GB/s':>6} {'speedup':>8}"
-          + (f" {'256-bit tiles ms':>17} {'speedup':>8}" if narrow else ""))
+          + (f" {'256-bit tiles ms':>17} {'speedup':>8}" if narrow else "")
+          + (f" {args.against[:12] + ' ms':>17} {'speedup':>8} same bits" if args.against else ""))
     for m in (int(r) for r in args.rows.split(",")):
         xs = {k: torch.randn(m, k, generator=gen) for k in {w.shape[1] for w in weights}}
         if m <= dense_cpu.MAX_ROWS:
@@ -74,9 +81,28 @@ def main() -> None:
                             fn(xs[w.shape[1]], w)
                     times[name].append((time.perf_counter() - start) / args.repeats)
         dense, dnn, *rest = (statistics.median(times[name]) for name in kernels)
+        same = ""
+        if args.against and m <= dense_cpu.MAX_ROWS:
+            x, w = xs[512], weights[0]
+            same = f" {torch.equal(dense_cpu.linear(x, w), kernels[args.against](x, w))}"
         print(f"{m:>5} {dense * 1e3:>15.2f} {nbytes / dense / 1e9:>6.1f} {dnn * 1e3:>10.2f} "
               f"{nbytes / dnn / 1e9:>6.1f} {dnn / dense:>7.2f}x"
-              + "".join(f" {t * 1e3:>17.2f} {t / dense:>7.2f}x" for t in rest))
+              + "".join(f" {t * 1e3:>17.2f} {t / dense:>7.2f}x" for t in rest) + same)
+
+
+def _at_revision(rev: str):
+    """dense_cpu.linear running dense_cpu.c as it was at git revision `rev`."""
+    from trillium.benchmarks.revisions import library_at, using
+
+    old = library_at(dense_cpu, rev)
+    if not old.available():
+        raise SystemExit(f"--against {rev}: that revision's kernel did not build: {old.unavailable_reason()}")
+
+    def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        with using(dense_cpu, old):
+            return dense_cpu.linear(x, w)
+
+    return linear
 
 
 def _narrow_tiles():

@@ -45,7 +45,8 @@
  * are read again from L2 for each tile of rows. One accumulator per output (not two as in the
  * 256-bit tiles): with 24 outputs in flight the FMAs' latency is hidden, and a weight row alone
  * (J = 1 at a chunk's end) is no slower than the stream. Each output is the sum of its products in
- * K order, then _mm512_reduce_add_ps, whatever the tile's shape: the bits do not depend on the tile.
+ * K order, then its 16 lanes summed in _mm512_reduce_add_ps's tree (reduce_8: a weight row's 8
+ * outputs at once), whatever the tile's shape: the bits do not depend on the tile.
  * bench/dense_linear.py on the 2-core Intel Xeon (AVX-512) we benchmark on, ms per step of the
  * bench model's 33 linears at 2 threads, 256-bit 4-row tiles -> these (oneDNN in brackets):
  * 1 row 3.7-4.0 -> 2.9-3.6 (4.9-5.3; noisy, bound by memory), 8 rows 6.3-6.7 -> 4.6-4.9 (8.4),
@@ -58,6 +59,31 @@
  * reads it; 32 and 64 were a little slower (1 row: 3.4-3.8 against 3.2 ms). */
 #define WIDE_CHUNK 128
 #define WIDE_PREFETCH_FLOATS 2048
+/* The sums of 8 vectors, each by _mm512_reduce_add_ps's tree (lanes i + i+8, then i + i+4, then
+ * (0 + 2) + (1 + 3)), so the bits are the ones that intrinsic gives (a float add commutes), but 8 at
+ * once: 16 shuffles and 8 adds for 8 sums where the intrinsic takes ~8 ops each. WHY: at K = 512 the
+ * per-output sums were a fifth of a tile's vector ops; the bench model's 33 linears at 16-64 rows
+ * ran 1.03-1.04x (12.61 against 13.06 ms at 64 rows, old and new builds alternated). */
+static inline __attribute__((always_inline)) void reduce_8(const __m512 v[WIDE_ROWS], float out[WIDE_ROWS]) {
+    __m512 h[4];
+    for (int p = 0; p < 4; p++) /* [v.lo256 + v.hi256 of v[2p], of v[2p+1]] */
+        h[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0xEE));
+    /* 128-bit lane L of q0: the 4 partial sums of v[L] (v[4 + L] in q1) */
+    const __m512 q0 = _mm512_add_ps(_mm512_shuffle_f32x4(h[0], h[1], 0x88), _mm512_shuffle_f32x4(h[0], h[1], 0xDD));
+    const __m512 q1 = _mm512_add_ps(_mm512_shuffle_f32x4(h[2], h[3], 0x88), _mm512_shuffle_f32x4(h[2], h[3], 0xDD));
+    /* lane L: [v[L] (0 + 2), v[L] (1 + 3), v[4 + L] (0 + 2), v[4 + L] (1 + 3)] */
+    const __m512 c = _mm512_add_ps(_mm512_shuffle_ps(q0, q1, 0x44), _mm512_shuffle_ps(q0, q1, 0xEE));
+    /* lane L: [v[L], v[4 + L], v[L], v[4 + L]] */
+    const __m512 d = _mm512_add_ps(_mm512_shuffle_ps(c, c, 0x88), _mm512_shuffle_ps(c, c, 0xDD));
+    float lanes[16];
+    _mm512_storeu_ps(lanes, d);
+    for (int r = 0; r < 4; r++) {
+        out[r] = lanes[4 * r];
+        out[4 + r] = lanes[4 * r + 1];
+    }
+}
+
 static inline __attribute__((always_inline)) void wide_tile(const float *restrict w, long j, long k,
                                                             const float *restrict x, long xs, const float *bias,
                                                             float *restrict y, long n, const int R, const int J) {
@@ -86,8 +112,20 @@ static inline __attribute__((always_inline)) void wide_tile(const float *restric
             for (int q = 0; q < J; q++) acc[r][q] = _mm512_fmadd_ps(wv[q], xv, acc[r][q]);
         }
     }
-    for (int r = 0; r < R; r++)
-        for (int q = 0; q < J; q++) y[r * n + j + q] = _mm512_reduce_add_ps(acc[r][q]) + (bias ? bias[j + q] : 0.0f);
+    if (R < 4) { /* few rows: the intrinsic per output (the same tree, so the same bits) */
+        for (int r = 0; r < R; r++)
+            for (int q = 0; q < J; q++)
+                y[r * n + j + q] = _mm512_reduce_add_ps(acc[r][q]) + (bias ? bias[j + q] : 0.0f);
+        return;
+    }
+    for (int q = 0; q < J; q++) {
+        __m512 v[WIDE_ROWS];
+        for (int r = 0; r < WIDE_ROWS; r++) v[r] = r < R ? acc[r][q] : _mm512_setzero_ps();
+        float sums[WIDE_ROWS];
+        reduce_8(v, sums);
+        const float b = bias ? bias[j + q] : 0.0f;
+        for (int r = 0; r < R; r++) y[r * n + j + q] = sums[r] + b;
+    }
 }
 
 typedef void (*wide_fn)(const float *, long, long, const float *, long, const float *, float *, long);
