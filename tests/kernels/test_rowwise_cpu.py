@@ -85,6 +85,33 @@ def test_a_rows_bits_depend_on_that_row_alone() -> None:
         assert torch.equal(rowwise_cpu.silu_and_mul(gate_up[row : row + 1].contiguous()), full_silu[row : row + 1])
 
 
+def test_threaded_calls_give_each_row_its_bits_alone() -> None:
+    """A prefill-sized call (past THREADED_ELEMENTS: rows split across threads) gives every row the
+    bits it gets alone at one thread, for each op."""
+    gen = torch.Generator().manual_seed(12)
+    batch = torch.randn(300, 2 * 579 + 5, generator=gen)
+    x, weight, gate_up = batch[:, 5 : 5 + 579], torch.randn(579, generator=gen), batch[:, 5:]
+    qkv = torch.randn(300, 6 * 34, generator=gen)
+    q, k = qkv[:, : 4 * 34].view(300, 4, 34), qkv[:, 4 * 34 :].view(300, 2, 34)
+    angles = torch.rand(400, 17, generator=gen) * 50
+    table, positions = torch.cat([angles.cos(), angles.sin()], dim=-1), torch.randint(0, 400, (300,), generator=gen)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))
+    try:
+        norm, silu = rowwise_cpu.rms_norm(x, weight, 1e-5), rowwise_cpu.silu_and_mul(gate_up)
+        rq, rk = rowwise_cpu.rotary_embedding(positions, q, k, table)
+        torch.set_num_threads(1)
+        for row in (0, 149, 299):
+            one = slice(row, row + 1)
+            assert torch.equal(rowwise_cpu.rms_norm(x[one].contiguous(), weight, 1e-5), norm[one])
+            assert torch.equal(rowwise_cpu.silu_and_mul(gate_up[one].contiguous()), silu[one])
+            got_q, got_k = rowwise_cpu.rotary_embedding(positions[one], q[one], k[one], table)
+            assert torch.equal(got_q, rq[one]) and torch.equal(got_k, rk[one])
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(rq, reference.rotary_embedding(positions, q, k, table)[0])
+
+
 def test_what_it_does_not_take_is_none() -> None:
     x, weight = torch.randn(3, 8), torch.randn(8)
     assert rowwise_cpu.rms_norm(x.double(), weight.double(), 1e-6) is None

@@ -52,9 +52,10 @@ typedef int (*decode_attention_fn)(const float *, long, long, long, long, long, 
                                    const float *, long, long, const int32_t *, long, const int32_t *,
                                    const int32_t *, float, const float *, const float *, long, float, float *,
                                    int);
-typedef void (*rms_norm_fn)(const float *, long, long, long, long, long, const float *, float, float *);
-typedef void (*silu_and_mul_fn)(const float *, long, long, long, float *);
-typedef int (*rope_fn)(const float *, long, long, long, long, long, const int64_t *, const float *, long, float *);
+typedef void (*rms_norm_fn)(const float *, long, long, long, long, long, const float *, float, float *, int);
+typedef void (*silu_and_mul_fn)(const float *, long, long, long, float *, int);
+typedef int (*rope_fn)(const float *, long, long, long, long, long, const int64_t *, const float *, long, float *,
+                       int);
 }
 
 namespace {
@@ -219,7 +220,7 @@ at::Tensor rms_norm(const at::Tensor &x, const at::Tensor &weight, double eps) {
     const long stride_outer = dims == 1 ? 0 : x.stride(0), stride_inner = dims == 3 ? x.stride(1) : 0;
     at::Tensor out = at::empty(x.sizes(), x.options());
     g_rms_norm(x.data_ptr<float>(), outer, inner, x.size(-1), stride_outer, stride_inner, weight.data_ptr<float>(),
-               static_cast<float>(eps), out.data_ptr<float>());
+               static_cast<float>(eps), out.data_ptr<float>(), at::get_num_threads());
     return out;
 }
 
@@ -230,7 +231,7 @@ at::Tensor silu_and_mul(const at::Tensor &x) {
     }
     const long inter = x.size(1) / 2;
     at::Tensor out = at::empty({x.size(0), inter}, x.options());
-    g_silu_and_mul(x.data_ptr<float>(), x.size(0), inter, x.stride(0), out.data_ptr<float>());
+    g_silu_and_mul(x.data_ptr<float>(), x.size(0), inter, x.stride(0), out.data_ptr<float>(), at::get_num_threads());
     return out;
 }
 
@@ -251,7 +252,8 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding(const at::Tensor &positions,
         const at::Tensor &x = *ins[i];
         outs[i] = at::empty(x.sizes(), x.options());
         if (g_rope(x.data_ptr<float>(), x.size(0), x.size(1), x.size(2), x.stride(0), x.stride(1),
-                   positions.data_ptr<int64_t>(), table.data_ptr<float>(), table.size(0), outs[i].data_ptr<float>()))
+                   positions.data_ptr<int64_t>(), table.data_ptr<float>(), table.size(0), outs[i].data_ptr<float>(),
+                   at::get_num_threads()))
             return op.call(positions, q, k, table);  // a position outside the table: the reference says which
     }
     return {outs[0], outs[1]};

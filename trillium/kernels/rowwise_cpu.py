@@ -32,11 +32,11 @@ _FLAGS = tuple("-ffp-contract=off" if flag.startswith("-ffp-contract") else flag
 
 
 def _declare(lib: ctypes.CDLL) -> None:
-    lib.trillium_rms_norm.argtypes = [_P, _L, _L, _L, _L, _L, _P, ctypes.c_float, _P]
+    lib.trillium_rms_norm.argtypes = [_P, _L, _L, _L, _L, _L, _P, ctypes.c_float, _P, ctypes.c_int]
     lib.trillium_rms_norm.restype = None
-    lib.trillium_silu_and_mul.argtypes = [_P, _L, _L, _L, _P]
+    lib.trillium_silu_and_mul.argtypes = [_P, _L, _L, _L, _P, ctypes.c_int]
     lib.trillium_silu_and_mul.restype = None
-    lib.trillium_rope.argtypes = [_P, _L, _L, _L, _L, _L, _P, _P, _L, _P]
+    lib.trillium_rope.argtypes = [_P, _L, _L, _L, _L, _L, _P, _P, _L, _P, ctypes.c_int]
     lib.trillium_rope.restype = ctypes.c_int
 
 
@@ -74,7 +74,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
     if lib is None or rows is None or weight.dim() != 1 or weight.shape[0] != x.shape[-1] or x.numel() == 0:
         return None
     out = torch.empty(x.shape, dtype=torch.float32)
-    lib.trillium_rms_norm(x.data_ptr(), *rows[:2], x.shape[-1], *rows[2:], weight.data_ptr(), eps, out.data_ptr())
+    lib.trillium_rms_norm(x.data_ptr(), *rows[:2], x.shape[-1], *rows[2:], weight.data_ptr(), eps, out.data_ptr(),
+                          torch.get_num_threads())
     return out
 
 
@@ -84,7 +85,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
         return None
     inter = x.shape[1] // 2
     out = torch.empty(x.shape[0], inter, dtype=torch.float32)
-    lib.trillium_silu_and_mul(x.data_ptr(), x.shape[0], inter, x.stride(0), out.data_ptr())
+    lib.trillium_silu_and_mul(x.data_ptr(), x.shape[0], inter, x.stride(0), out.data_ptr(), torch.get_num_threads())
     return out
 
 
@@ -101,7 +102,7 @@ def rotary_embedding(
     for x in (q, k):
         out = torch.empty(x.shape, dtype=torch.float32)
         if lib.trillium_rope(x.data_ptr(), *x.shape, x.stride(0), x.stride(1), positions.data_ptr(),
-                             table.data_ptr(), table.shape[0], out.data_ptr()):
+                             table.data_ptr(), table.shape[0], out.data_ptr(), torch.get_num_threads()):
             return None  # a position outside the table: the reference's index_select says which
         outs.append(out)
     return outs[0], outs[1]
