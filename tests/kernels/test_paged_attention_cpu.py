@@ -111,6 +111,27 @@ def test_dispatch_takes_the_kernel_for_decode_only(monkeypatch):
     assert not paged_attention_cpu.decode_supported(mixed.q, mixed.k_cache, mixed.v_cache, mixed.meta)
 
 
+def test_a_large_batch_at_two_threads_gives_each_row_its_bits_alone():
+    """48 rows of 100-400 keys (~250 64-key work items shared by the threads as they come free):
+    every row matches the oracle and equals, bit for bit, its own one-row call at one thread."""
+    lens = [100 + (37 * i) % 300 for i in range(48)]
+    batch = make_paged_batch([1] * len(lens), lens, num_heads=8, num_kv_heads=4, head_dim=64, block_size=16, seed=9)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))
+    try:
+        out = paged_attention_cpu.decode_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+        torch.set_num_threads(1)
+        tables = batch.meta.block_tables.tolist()
+        for row in (0, 17, 47):
+            one = AttentionMetadata.build([1], [lens[row]], [tables[row]], batch.k_cache.shape[1])
+            alone = paged_attention_cpu.decode_attention(batch.q[row : row + 1], batch.k_cache, batch.v_cache, one,
+                                                         batch.scale)
+            assert torch.equal(alone[0], out[row])
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(out.double(), dense_causal_attention(batch), atol=2e-5, rtol=1e-5)
+
+
 def test_verify_rows_attend_as_their_decode_steps():
     """A speculative verify step (meta.verify_rows: each sequence's last token and drafts) takes the
     kernel: every row matches the gather path, and equals, bit for bit, the decode step at that

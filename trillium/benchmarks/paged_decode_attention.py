@@ -14,6 +14,12 @@ gather plan is built once per step, as in the engine); microseconds per
 call, the fastest step of all rounds (on a loaded machine the fastest is the
 least disturbed) and the median.
 
+Large batches (`--against REV`): the float32 kernel against the same file at git revision REV
+(trillium/benchmarks/revisions.py), 16 and 64 rows of ~400 keys with a cache of their own per layer
+(8 layers, more than the caches hold, as a served batch of long requests), ms per forward of 8
+layers and the KV bytes per second read, medians of alternated rounds, and whether the two builds'
+outputs are the same bits.
+
 End to end: one in-process engine on the `bench` model (compiled decode at
 buckets 1 and 16 unless --enforce-eager), the mode flipped between rounds
 (the switch is read per call): single stream (128-token prompt, 128 greedy
@@ -24,6 +30,7 @@ prompts' prefill) / 127). Nothing is asserted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import statistics
@@ -76,6 +83,42 @@ def _per_call_us(mode: str, inputs, steps: int) -> float:
             fn(q, k, v, meta, HEAD_DIM**-0.5, ks, vs)
         times.append((time.perf_counter() - start) / LAYERS * 1e6)
     return times
+
+
+def against(rev: str, rounds: int) -> None:
+    from trillium.benchmarks.revisions import library_at, using
+
+    old = library_at(paged_attention_cpu, rev)
+    if not old.available():
+        print(f"\n--against {rev}: that revision's kernel did not build: {old.unavailable_reason()}")
+        return
+    rng = random.Random(1)
+    print(f"\nlarge batches, float32, a cache per layer (ms per forward of {LAYERS} layers, KV GB/s): "
+          f"this tree against {rev}")
+    print(f"{'batch':>6}{'ctx':>6}{'this ms':>10}{'GB/s':>7}{rev[:10]:>12}{'GB/s':>7}{'speed-up':>9}  same bits")
+    for batch in (16, 64):
+        q, _, _, _, tables, lens = _step_inputs(batch, 400, torch.float32, rng)
+        blocks = sum(len(t) for t in tables) + 1
+        caches = [(torch.randn(blocks, BLOCK, KV_HEADS, HEAD_DIM), torch.randn(blocks, BLOCK, KV_HEADS, HEAD_DIM))
+                  for _ in range(LAYERS)]
+        meta = AttentionMetadata.build([1] * batch, lens, tables, BLOCK)
+        nbytes = sum(lens) * KV_HEADS * HEAD_DIM * 4 * 2 * LAYERS
+        times: dict[str, list[float]] = {"this": [], rev: []}
+        outs = {}
+        for _ in range(rounds * 2):
+            for name in times:
+                with contextlib.ExitStack() as stack:
+                    if name == rev:
+                        stack.enter_context(using(paged_attention_cpu, old))
+                    outs[name] = paged_attention_cpu.decode_attention(q, *caches[0], meta, HEAD_DIM**-0.5)
+                    start = time.perf_counter()
+                    for _ in range(5):
+                        for k, v in caches:
+                            paged_attention_cpu.decode_attention(q, k, v, meta, HEAD_DIM**-0.5)
+                    times[name].append((time.perf_counter() - start) / 5)
+        new, base = statistics.median(times["this"]), statistics.median(times[rev])
+        print(f"{batch:>6}{400:>6}{new * 1e3:>10.2f}{nbytes / new / 1e9:>7.1f}{base * 1e3:>12.2f}"
+              f"{nbytes / base / 1e9:>7.1f}{base / new:>8.2f}x  {torch.equal(outs['this'], outs[rev])}")
 
 
 def micro(rounds: int, steps: int) -> None:
@@ -151,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", default=os.path.join(tempfile.gettempdir(), "trillium-bench-model"),
                         help="the bench model (built there if missing)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=None, help="torch (and kernel) threads; default torch's")
+    parser.add_argument("--against", default=None, metavar="REV",
+                        help="also time large batches against the kernel at git revision REV (e.g. HEAD~1)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -159,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     micro(args.rounds, args.steps)
+    if args.against:
+        against(args.against, args.rounds)
     if not args.skip_e2e:
         end_to_end(args.rounds, args.enforce_eager, args.model_dir)
     return 0
