@@ -195,7 +195,7 @@ class EngineConfig:
     # max(compile_batch_sizes) sequences run a torch.compile graph padded to the next size.
     # enforce_eager None resolves from TRILLIUM_ENFORCE_EAGER (1: eager; the test suite sets it), else False.
     enforce_eager: bool | None = None
-    compile_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    compile_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     # Speculative decoding (trillium/speculative/): vLLM's --speculative-config, parsed in `build`.
     speculative_config: SpeculativeConfig = attrs.field(factory=SpeculativeConfig)
     # vLLM's --async-scheduling (actors/scheduler/in_flight.py): the scheduler plans step N+1 while
