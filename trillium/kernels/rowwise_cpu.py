@@ -9,7 +9,9 @@ kernels/dispatch.py sends every float32 CPU call here first, eager or in a compi
 native_ops.cpp calls the same C functions, or dispatch.py's Python twins call these), so a row has one
 set of bits whatever ran its step; the C file's header says why. What is taken: float32 CPU tensors,
 last dimension contiguous, at most two leading dimensions (one stride each). The results equal the
-reference (kernels/reference.py) up to float32 rounding (rope exactly). Built like dense_cpu.py
+reference (kernels/reference.py) up to float32 rounding (rope exactly). Calls of 32K elements or
+more split their rows across torch.get_num_threads() threads, whole rows each (the C header says
+why; the bits do not change). Built like dense_cpu.py
 (`-O3 -march=native`, but `-ffp-contract=off`), cached under `local_cache.cache_dir()`/kernels;
 where no C compiler is found the reference runs everywhere, eager and compiled alike.
 TRILLIUM_KERNELS=reference turns it off (read once, at import).
