@@ -91,18 +91,13 @@ def main() -> None:
 
 
 def _at_revision(rev: str):
-    """dense_cpu.linear running dense_cpu.c as it was at git revision `rev`."""
-    from trillium.benchmarks.revisions import library_at, using
+    """dense_cpu.c as it was at git revision `rev` (built with today's flags), as a linear(x, w) function."""
+    from trillium.benchmarks.revisions import library_at
 
-    old = library_at(dense_cpu, rev)
-    if not old.available():
-        raise SystemExit(f"--against {rev}: that revision's kernel did not build: {old.unavailable_reason()}")
-
-    def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        with using(dense_cpu, old):
-            return dense_cpu.linear(x, w)
-
-    return linear
+    old = library_at(dense_cpu, rev).get()
+    if old is None:
+        raise SystemExit(f"--against {rev}: that revision's kernel did not build")
+    return _linear_with(old)
 
 
 def _narrow_tiles():
@@ -110,12 +105,18 @@ def _narrow_tiles():
     lib = CLibrary(dense_cpu._SOURCE, "the 256-bit tiles", dense_cpu._declare, flags=FLAGS).get()
     if lib is None:
         return None
+    assert lib.trillium_f32_linear_vector_bits() != 512
+    return _linear_with(lib)
+
+
+def _linear_with(lib):
+    """linear(x, w) through a build of dense_cpu.c called directly (as dense_cpu.linear calls its own)."""
 
     def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         out = torch.empty(x.shape[0], w.shape[0])
         rc = lib.trillium_f32_linear(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), w.data_ptr(), w.shape[0],
                                      None, out.data_ptr(), torch.get_num_threads())
-        assert rc == 0 and lib.trillium_f32_linear_vector_bits() != 512
+        assert rc == 0
         return out
 
     return linear
