@@ -271,6 +271,16 @@ def test_enforce_eager_and_compile_batch_sizes_reach_the_engine_config(checkpoin
     assert EngineConfig.from_bytes(compiled.to_bytes()) == compiled
     with pytest.raises(SystemExit):
         parse(model, "--compile-batch-sizes", "0,4")
+    # Unset: 1 .. 64, up to the first size that holds a full step of --max-num-seqs rows (a verify
+    # step's drafts count); given: exactly what was asked, past --max-num-seqs too.
+    assert resolved(env=None).compile_batch_sizes == (1, 2, 4, 8, 16, 32, 64)
+    assert resolved("--max-num-seqs", "8", env=None).compile_batch_sizes == (1, 2, 4, 8)
+    assert resolved("--max-num-seqs", "12", env=None).compile_batch_sizes == (1, 2, 4, 8, 16)
+    assert resolved("--max-num-seqs", "4", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}',
+                    env=None).compile_batch_sizes == (1, 2, 4, 8, 16)
+    assert resolved("--max-num-seqs", "8", "--compile-batch-sizes", "1,64", env=None).compile_batch_sizes == (1, 64)
+    default = resolved("--max-num-seqs", "8", env=None)
+    assert EngineConfig.from_bytes(default.to_bytes()) == default
 
 
 def test_async_scheduling_flag_reaches_the_engine_and_falls_back_where_not_exact(checkpoint, caplog):

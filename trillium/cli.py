@@ -100,11 +100,11 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, model_required: bool = 
     group.add_argument("--tp-collective-timeout-s", type=float, default=60.0,
                        help="tensor parallelism: how long a collective (all-reduce, gather) waits for a "
                             "rank before the step fails and the server stops, instead of hanging")
-    group.add_argument("--compile-batch-sizes", type=_batch_sizes, default=(1, 2, 4, 8, 16, 32, 64), metavar="N,N,...",
+    group.add_argument("--compile-batch-sizes", type=_batch_sizes, default=None, metavar="N,N,...",
                        help="CPU: batch sizes whose decode steps run a torch.compile (Inductor C++) graph, "
                             "compiled at start and cached on disk; a decode step of B sequences pads to the "
-                            "next size, larger ones and prefill run eager (default 1,2,4,8,16,32,64; --enforce-eager "
-                            "turns compiling off)")
+                            "next size, larger ones and prefill run eager (default 1,2,4,8,16,32,64 up to the "
+                            "first size that holds --max-num-seqs; --enforce-eager turns compiling off)")
     add_model_source_args(parser.add_argument_group("model source and sampling defaults (vLLM's flags)"))
     pooling = parser.add_argument_group("pooling models: embeddings, classifiers, reward models (vLLM's flags)")
     pooling.add_argument("--runner", default="auto", choices=["auto", "generate", "pooling"],

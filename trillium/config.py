@@ -115,6 +115,21 @@ class KvTierConfig:
                             disk_model_fingerprint=fingerprint())
 
 
+# Compiled decode's default sizes: up to 64 rows, the default --max-num-seqs (decode steps of 9-64
+# sequences ran eager with 1,2,4,8; compiling them too gave 1.03x at 64 requests at once, README).
+DEFAULT_COMPILE_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def default_compile_batch_sizes(max_rows: int) -> tuple[int, ...]:
+    """DEFAULT_COMPILE_BATCH_SIZES up to the first size that holds `max_rows` (all of them past 64)."""
+    sizes = []
+    for size in DEFAULT_COMPILE_BATCH_SIZES:
+        sizes.append(size)
+        if size >= max_rows:
+            break
+    return tuple(sizes)
+
+
 @attrs.frozen
 class EngineConfig:
     model: str
@@ -193,9 +208,11 @@ class EngineConfig:
     tp_collective_timeout_s: float = 60.0
     # Compiled decode (actors/executor/compiled_decode.py): pure-decode steps of up to
     # max(compile_batch_sizes) sequences run a torch.compile graph padded to the next size.
+    # None: DEFAULT_COMPILE_BATCH_SIZES up to the first that holds a full step (max_num_seqs rows,
+    # times 1 + the drafts of a verify step), so a small --max-num-seqs compiles no size it cannot use.
     # enforce_eager None resolves from TRILLIUM_ENFORCE_EAGER (1: eager; the test suite sets it), else False.
     enforce_eager: bool | None = None
-    compile_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    compile_batch_sizes: tuple[int, ...] | None = None
     # Speculative decoding (trillium/speculative/): vLLM's --speculative-config, parsed in `build`.
     speculative_config: SpeculativeConfig = attrs.field(factory=SpeculativeConfig)
     # vLLM's --async-scheduling (actors/scheduler/in_flight.py): the scheduler plans step N+1 while
@@ -237,6 +254,9 @@ class EngineConfig:
                              "other types dequantized), awq and gptq (4-bit safetensors checkpoints, read from config.json)")
         if self.gguf_activations not in (None, "int8", "float32"):
             raise ValueError(f"--gguf-activations {self.gguf_activations!r}: choose int8 or float32")
+        if self.compile_batch_sizes is None:
+            object.__setattr__(self, "compile_batch_sizes", default_compile_batch_sizes(
+                self.max_num_seqs * (1 + self.speculative_config.num_speculative_tokens)))
         if any(n < 1 for n in self.compile_batch_sizes):
             raise ValueError(f"--compile-batch-sizes must be positive, got {list(self.compile_batch_sizes)}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
