@@ -62,8 +62,8 @@
 /* The sums of 8 vectors, each by _mm512_reduce_add_ps's tree (lanes i + i+8, then i + i+4, then
  * (0 + 2) + (1 + 3)), so the bits are the ones that intrinsic gives (a float add commutes), but 8 at
  * once: 16 shuffles and 8 adds for 8 sums where the intrinsic takes ~8 ops each. WHY: at K = 512 the
- * per-output sums were a fifth of a tile's vector ops; the bench model's 33 linears at 16-64 rows
- * ran 1.03-1.04x (12.61 against 13.06 ms at 64 rows, old and new builds alternated). */
+ * per-output sums were a fifth of a tile's vector ops; the bench model's 33 linears at 8-64 rows ran
+ * 1.01-1.07x (bench/dense_linear.py --against c5ba155: 64 rows 17.25 against 18.26 ms). */
 static inline __attribute__((always_inline)) void reduce_8(const __m512 v[WIDE_ROWS], float out[WIDE_ROWS]) {
     __m512 h[4];
     for (int p = 0; p < 4; p++) /* [v.lo256 + v.hi256 of v[2p], of v[2p+1]] */
@@ -112,7 +112,9 @@ static inline __attribute__((always_inline)) void wide_tile(const float *restric
             for (int q = 0; q < J; q++) acc[r][q] = _mm512_fmadd_ps(wv[q], xv, acc[r][q]);
         }
     }
-    if (R < 4) { /* few rows: the intrinsic per output (the same tree, so the same bits) */
+    /* A partial tile: the intrinsic per output (the same tree, so the same bits). WHY: reduce_8 sums 8
+     * vectors whatever R is; with fewer live rows it saved nothing measurable. */
+    if (R < WIDE_ROWS) {
         for (int r = 0; r < R; r++)
             for (int q = 0; q < J; q++)
                 y[r * n + j + q] = _mm512_reduce_add_ps(acc[r][q]) + (bias ? bias[j + q] : 0.0f);
