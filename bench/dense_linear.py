@@ -94,10 +94,10 @@ def _at_revision(rev: str):
     """dense_cpu.c as it was at git revision `rev` (built with today's flags), as a linear(x, w) function."""
     from trillium.benchmarks.revisions import library_at
 
-    old = library_at(dense_cpu, rev).get()
-    if old is None:
-        raise SystemExit(f"--against {rev}: that revision's kernel did not build")
-    return _linear_with(old)
+    try:
+        return _linear_with(library_at(dense_cpu, rev).get())
+    except RuntimeError as exc:
+        raise SystemExit(f"--against {rev}: {exc}") from None
 
 
 def _narrow_tiles():

@@ -41,6 +41,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5, help="alternations of 1 and N threads; medians reported")
     p.add_argument("--repeats", type=int, default=50, help="calls timed per measurement")
     args = p.parse_args()
+    if args.threads < 2:
+        raise SystemExit(f"--threads {args.threads}: give 2 or more (the baseline column is 1 thread)")
     if not rowwise_cpu.available():
         raise SystemExit(f"the row-wise kernels did not build: {rowwise_cpu.unavailable_reason()}")
     gen = torch.Generator().manual_seed(0)

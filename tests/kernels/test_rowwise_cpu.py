@@ -89,19 +89,27 @@ def test_threaded_calls_give_each_row_its_bits_alone() -> None:
     """A prefill-sized call (past THREADED_ELEMENTS: rows split across threads) gives every row the
     bits it gets alone at one thread, for each op."""
     gen = torch.Generator().manual_seed(12)
-    batch = torch.randn(300, 2 * 579 + 5, generator=gen)
+    rows = 600  # every call past the threshold: rope's k is 600 x 2 x 34 = 40800 elements
+    batch = torch.randn(rows, 2 * 579 + 5, generator=gen)
     x, weight, gate_up = batch[:, 5 : 5 + 579], torch.randn(579, generator=gen), batch[:, 5:]
-    qkv = torch.randn(300, 6 * 34, generator=gen)
-    q, k = qkv[:, : 4 * 34].view(300, 4, 34), qkv[:, 4 * 34 :].view(300, 2, 34)
+    heads = x[:, :576].reshape(rows, 4, 144)  # the 3-D norm (q / k norms): rows split across both dims
+    qkv = torch.randn(rows, 6 * 34, generator=gen)
+    q, k = qkv[:, : 4 * 34].view(rows, 4, 34), qkv[:, 4 * 34 :].view(rows, 2, 34)
     angles = torch.rand(400, 17, generator=gen) * 50
-    table, positions = torch.cat([angles.cos(), angles.sin()], dim=-1), torch.randint(0, 400, (300,), generator=gen)
+    table, positions = torch.cat([angles.cos(), angles.sin()], dim=-1), torch.randint(0, 400, (rows,), generator=gen)
+
+    def calls():
+        return (rowwise_cpu.rms_norm(x, weight, 1e-5), rowwise_cpu.rms_norm(heads, weight[:144], 1e-5),
+                rowwise_cpu.silu_and_mul(gate_up), *rowwise_cpu.rotary_embedding(positions, q, k, table))
+
     threads = torch.get_num_threads()
     torch.set_num_threads(max(2, threads))
     try:
-        norm, silu = rowwise_cpu.rms_norm(x, weight, 1e-5), rowwise_cpu.silu_and_mul(gate_up)
-        rq, rk = rowwise_cpu.rotary_embedding(positions, q, k, table)
+        threaded = calls()
+        norm, _, silu, rq, rk = threaded
         torch.set_num_threads(1)
-        for row in (0, 149, 299):
+        assert all(torch.equal(a, b) for a, b in zip(threaded, calls()))
+        for row in (0, 299, rows - 1):
             one = slice(row, row + 1)
             assert torch.equal(rowwise_cpu.rms_norm(x[one].contiguous(), weight, 1e-5), norm[one])
             assert torch.equal(rowwise_cpu.silu_and_mul(gate_up[one].contiguous()), silu[one])

@@ -88,9 +88,10 @@ def _per_call_us(mode: str, inputs, steps: int) -> float:
 def against(rev: str, rounds: int) -> None:
     from trillium.benchmarks.revisions import library_at, using
 
-    old = library_at(paged_attention_cpu, rev)
-    if not old.available():
-        print(f"\n--against {rev}: that revision's kernel did not build: {old.unavailable_reason()}")
+    try:
+        old = library_at(paged_attention_cpu, rev)
+    except RuntimeError as exc:
+        print(f"\n--against {rev}: {exc}")
         return
     rng = random.Random(1)
     print(f"\nlarge batches, float32, a cache per layer (ms per forward of {LAYERS} layers, KV GB/s): "
