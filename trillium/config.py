@@ -208,8 +208,8 @@ class EngineConfig:
     tp_collective_timeout_s: float = 60.0
     # Compiled decode (actors/executor/compiled_decode.py): pure-decode steps of up to
     # max(compile_batch_sizes) sequences run a torch.compile graph padded to the next size.
-    # None: DEFAULT_COMPILE_BATCH_SIZES up to the first that holds a full step (max_num_seqs rows,
-    # times 1 + the drafts of a verify step), so a small --max-num-seqs compiles no size it cannot use.
+    # None resolves to DEFAULT_COMPILE_BATCH_SIZES up to the first that holds a full step (max_num_seqs
+    # rows, times 1 + the drafts of a verify step), so a small --max-num-seqs compiles no size it cannot use.
     # enforce_eager None resolves from TRILLIUM_ENFORCE_EAGER (1: eager; the test suite sets it), else False.
     enforce_eager: bool | None = None
     compile_batch_sizes: tuple[int, ...] | None = None
@@ -254,10 +254,7 @@ class EngineConfig:
                              "other types dequantized), awq and gptq (4-bit safetensors checkpoints, read from config.json)")
         if self.gguf_activations not in (None, "int8", "float32"):
             raise ValueError(f"--gguf-activations {self.gguf_activations!r}: choose int8 or float32")
-        if self.compile_batch_sizes is None:
-            object.__setattr__(self, "compile_batch_sizes", default_compile_batch_sizes(
-                self.max_num_seqs * (1 + self.speculative_config.num_speculative_tokens)))
-        if any(n < 1 for n in self.compile_batch_sizes):
+        if self.compile_batch_sizes is not None and any(n < 1 for n in self.compile_batch_sizes):
             raise ValueError(f"--compile-batch-sizes must be positive, got {list(self.compile_batch_sizes)}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype!r}: choose from {', '.join(KV_CACHE_DTYPES)}")
@@ -347,6 +344,8 @@ class EngineConfig:
             vocab_size=model_config.vocab_size, runner=runner, pooler_config=pooler,
             enable_prefix_caching=prefix_caching, kv_sliding_window=window,
             enforce_eager=_resolve_enforce_eager(self.enforce_eager), speculative_config=spec,
+            compile_batch_sizes=self.compile_batch_sizes if self.compile_batch_sizes is not None
+            else default_compile_batch_sizes(self.max_num_seqs * (1 + spec.num_speculative_tokens)),
             async_scheduling=_resolve_async_scheduling(self, runner),
             async_max_running=ASYNC_AUTO_MAX_RUNNING if self.async_scheduling is None else 0,
         )
