@@ -120,13 +120,13 @@ static inline __attribute__((always_inline)) void wide_tile(const float *restric
                 y[r * n + j + q] = _mm512_reduce_add_ps(acc[r][q]) + (bias ? bias[j + q] : 0.0f);
         return;
     }
-    for (int q = 0; q < J; q++) {
+    for (int q = 0; q < J; q++) { /* a full tile: a weight row's 8 outputs at once */
         __m512 v[WIDE_ROWS];
-        for (int r = 0; r < WIDE_ROWS; r++) v[r] = r < R ? acc[r][q] : _mm512_setzero_ps();
+        for (int r = 0; r < WIDE_ROWS; r++) v[r] = acc[r][q];
         float sums[WIDE_ROWS];
         reduce_8(v, sums);
         const float b = bias ? bias[j + q] : 0.0f;
-        for (int r = 0; r < R; r++) y[r * n + j + q] = sums[r] + b;
+        for (int r = 0; r < WIDE_ROWS; r++) y[r * n + j + q] = sums[r] + b;
     }
 }
 
