@@ -7,8 +7,9 @@
 Used by `bench/dense_linear.py --against REV` and `bench/paged_decode_attention.py --against REV` to
 time a kernel change old against new in one run (alternated rounds, same inputs). The old source is
 read with `git show REV:<path>` from the checkout this package runs from, written under the kernel
-cache (`local_cache.cache_dir()/kernels/revisions/<commit>/`) and built with today's flags, so it needs git and a checkout (not an installed wheel);
-the function signatures (`_declare`) must not have changed in between.
+cache (`local_cache.cache_dir()/kernels/revisions/<commit>/`) and built with today's flags, so it
+needs git and a checkout (not an installed wheel); the function signatures (`_declare`) must not
+have changed in between.
 """
 
 from __future__ import annotations

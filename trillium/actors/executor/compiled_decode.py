@@ -5,10 +5,10 @@
 
 The idea (vLLM's cudagraph capture sizes, on CPU): decode steps are small
 and alike, so the model's forward for them is compiled once per batch-size
-bucket (`--compile-batch-sizes`, default 1,2,4,8,16,32,64: up to the default
---max-num-seqs) at start, with Inductor's C++ backend. A step whose requests
-all decode one token (T == B) and whose B fits a bucket is padded to the next
-bucket and runs the compiled graph (so
+bucket (`--compile-batch-sizes`, default 1,2,4,8,16,32,64 up to the first
+size that holds --max-num-seqs) at start, with Inductor's C++ backend. A step
+whose requests all decode one token (T == B) and whose B fits a bucket is
+padded to the next bucket and runs the compiled graph (so
 does a speculative verify step whose T tokens fit one: its rows are decode
 rows to the attention op);
 everything else (prefill, mixed steps, larger batches, LoRA steps) runs
