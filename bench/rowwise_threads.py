@@ -61,7 +61,8 @@ def main() -> None:
                         call()
                     times[threads].append((time.perf_counter() - start) / args.repeats)
             one, many = (statistics.median(times[t]) for t in times)
-            same = all(torch.equal(a, b) for a, b in zip(*(torch.utils._pytree.tree_leaves(outs[t]) for t in times)))
+            one_out, many_out = (out if isinstance(out, tuple) else (out,) for out in outs.values())
+            same = all(torch.equal(a, b) for a, b in zip(one_out, many_out))
             print(f"{rows:>5} {name:<14} {one * 1e6:>9.1f} {many * 1e6:>11.1f} {one / many:>8.2f}x {same}")
     torch.set_num_threads(args.threads)
 
