@@ -332,3 +332,26 @@ def test_num_scheduler_steps_flag_reaches_the_scheduler(checkpoint):
         resolved("--num-scheduler-steps", "0")
     with pytest.raises(ValueError, match="with --speculative-config"):
         resolved("--num-scheduler-steps", "2", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}')
+
+
+def test_stream_interval_flags_reach_the_scheduler_and_the_executor(checkpoint):
+    """SGLang's --stream-interval (python/sglang/srt/server_args.py, an int, default 1; slime passes
+    it to its rollout servers) and vLLM's stream_interval (v1/engine/output_processor.py); below 1,
+    an error naming the flag."""
+    from trillium.actors.scheduler.config import SchedulerConfig
+    from trillium.cli import _engine_kwargs
+
+    model = str(checkpoint("llama"))
+
+    def resolved(*argv: str) -> EngineConfig:
+        return EngineConfig.build(model=model, **_engine_kwargs(parse(model, *argv))).resolve()
+
+    assert resolved().stream_interval == 1
+    four = resolved("--stream-interval", "4")
+    assert SchedulerConfig.from_engine(four).stream_interval == 4
+    assert EngineConfig.from_bytes(four.to_bytes()) == four  # what the executor gets
+    with pytest.raises(ValueError, match="--stream-interval must be >= 1"):
+        resolved("--stream-interval", "0")
+    # vLLM v0's --multi-step-stream-outputs (vllm/engine/arg_utils.py, default True).
+    assert resolved().multi_step_stream_outputs is True
+    assert resolved("--num-scheduler-steps", "4", "--no-multi-step-stream-outputs").multi_step_stream_outputs is False

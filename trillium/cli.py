@@ -207,6 +207,8 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         compile_batch_sizes=args.compile_batch_sizes,
         async_scheduling=getattr(args, "async_scheduling", None),
         num_scheduler_steps=getattr(args, "num_scheduler_steps", 1),
+        stream_interval=getattr(args, "stream_interval", 1),
+        multi_step_stream_outputs=getattr(args, "multi_step_stream_outputs", True),
         speculative_config=args.speculative_config,
         **node_engine_kwargs(args),
     )

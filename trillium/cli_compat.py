@@ -186,11 +186,23 @@ def add_serve_args(serve) -> None:
     compat.add_argument("--num-scheduler-steps", type=int, default=1, metavar="K",
                         help="multi-step decode (vLLM v0's flag): while no request waits and every running "
                              "request decodes, a step runs up to K forwards on the executor, each feeding the "
-                             "token just sampled, and returns their tokens together, so the per-step hops "
-                             "(scheduler, detokenizer, api) are paid once per K tokens. Output is unchanged; "
-                             "tokens stream in chunks of up to K, and an abort or stop string takes effect "
-                             "after the step. 1 (the default): one forward per step. Turns "
-                             "--async-scheduling off; not with --speculative-config")
+                             "token just sampled, so the scheduler plans once per K tokens; the tokens "
+                             "stream as the forwards sample them (see --stream-interval). Output is "
+                             "unchanged; an abort or stop string takes effect after the step. 1 (the "
+                             "default): one forward per step. Turns --async-scheduling off; not with "
+                             "--speculative-config")
+    compat.add_argument("--multi-step-stream-outputs", action=argparse.BooleanOptionalAction, default=True,
+                        help="vLLM v0's flag: with --num-scheduler-steps above 1, stream a step's tokens as "
+                             "its forwards sample them (the default); --no-multi-step-stream-outputs sends "
+                             "them together when the step ends (one chunk of up to K tokens)")
+    compat.add_argument("--stream-interval", type=int, default=1, metavar="N",
+                        help="SGLang's and vLLM's flag: a streamed response gets a chunk once N new "
+                             "tokens wait (its first token and its last chunk at once), so the "
+                             "detokenizer and the api handle one message per N tokens; larger is "
+                             "faster for a few streams, smaller is smoother. With --num-scheduler-steps "
+                             "K, a step's tokens stream every N of its forwards (N = K: once per "
+                             "step). Text and tokens are unchanged; a stop string can take up to N "
+                             "tokens to be seen. Default 1: every token as it comes")
     compat.add_argument("--disable-log-requests", action="store_true",
                         help="accepted: Trillium does not log request contents")
     compat.add_argument("--enable-log-requests", action="store_true",

@@ -227,12 +227,20 @@ class EngineConfig:
     # forwards on the executor, each feeding the token just sampled, before its result returns
     # (actors/scheduler/multi_step.py). 1: one forward per step.
     num_scheduler_steps: int = 1
+    # SGLang's and vLLM's --stream-interval: a request's streamed output goes out once this many
+    # tokens wait (its first token and its end at once); multi-step decode sends the tokens of
+    # every this many forwards while its step runs (actors/scheduler/request.py Request.delta).
+    stream_interval: int = 1
+    # vLLM v0's --multi-step-stream-outputs: False sends a multi-step step's tokens with its result only.
+    multi_step_stream_outputs: bool = True
 
     def __attrs_post_init__(self) -> None:
         if self.enable_lora and (self.max_loras < 1 or self.max_lora_rank < 1 or self.max_cpu_loras < 0):
             raise ValueError("--max-loras and --max-lora-rank must be >= 1 (and --max-cpu-loras >= 0)")
         if self.max_queue_time_s < 0:
             raise ValueError(f"--max-queue-time-s must be >= 0, got {self.max_queue_time_s}")
+        if self.stream_interval < 1:
+            raise ValueError(f"--stream-interval must be >= 1, got {self.stream_interval}")
         if self.collect_detailed_traces and not self.otlp_traces_endpoint:
             raise ValueError("--collect-detailed-traces needs --otlp-traces-endpoint")
         if self.speculative_config.enabled and self.tensor_parallel_size > 1:

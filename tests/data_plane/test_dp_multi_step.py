@@ -1,10 +1,14 @@
-"""--num-scheduler-steps over HTTP, on the in-process data-plane harness (real engine, no process start).
+"""--num-scheduler-steps and --stream-interval over HTTP, on the in-process data-plane harness
+(real engine, no process start).
 
-What a streaming client sees of multi-step decode (scheduler/multi_step.py): the
-same text and token count as the request unstreamed, in fewer chunks than tokens
-(a step's tokens arrive together); and a client that leaves mid-stream is
-aborted after the step running, not at its request's end. Mirrors vLLM's v0
-multi-step scheduling (vllm/engine/arg_utils.py EngineArgs.num_scheduler_steps).
+What a streaming client sees of multi-step decode (scheduler/multi_step.py): the tokens as
+the step's forwards sample them (AheadTokens), with the same text, token count and logprobs
+as the request unstreamed; and a client that leaves mid-stream is aborted
+after the step running, not at its request's end. With --stream-interval N, chunks of at
+least N tokens after the first (vLLM's v1/engine/output_processor.py
+RequestState.make_request_output; SGLang's server_args.py --stream-interval), same text, a
+stop string still exact. Mirrors vLLM's v0 multi-step scheduling
+(vllm/engine/arg_utils.py EngineArgs.num_scheduler_steps).
 """
 
 from __future__ import annotations
@@ -17,33 +21,55 @@ import pytest
 from support.data_plane_server import ServerHarness, stream_then_leave
 
 
+def _harness(checkpoint, **engine_args):
+    path = checkpoint("llama", max_position_embeddings=2048)  # dp_server's checkpoint: built once
+    return ServerHarness(path, {"default": {}}, max_num_seqs=8, **engine_args).start()
+
+
 @pytest.fixture(scope="module")
 def multi_step_server(checkpoint):
-    path = checkpoint("llama", max_position_embeddings=2048)  # dp_server's checkpoint: built once
-    harness = ServerHarness(path, {"default": {}}, max_num_seqs=8, num_scheduler_steps=4).start()
+    harness = _harness(checkpoint, num_scheduler_steps=4)
     yield harness
     harness.stop()
 
 
-async def test_streamed_chunks_carry_a_steps_tokens_and_the_same_text(multi_step_server):
-    body = {"prompt": [5, 6, 7], "max_tokens": 33, "ignore_eos": True, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
-    async with httpx.AsyncClient(base_url=multi_step_server.url(), timeout=60) as http:
-        texts, usage = [], None
-        async with http.stream("POST", "/v1/completions", json=body) as response:
+async def _chunks(server, body: dict) -> tuple[list[dict], dict, dict]:
+    """(the streamed choices, the usage, the same request unstreamed)."""
+    async with httpx.AsyncClient(base_url=server.url(), timeout=60) as http:
+        choices, usage = [], None
+        async with http.stream("POST", "/v1/completions", json={**body, "stream": True,
+                               "stream_options": {"include_usage": True}}) as response:
             assert response.status_code == 200
             async for line in response.aiter_lines():
                 if line.startswith("data: {"):
                     chunk = json.loads(line[6:])
-                    if chunk["choices"] and chunk["choices"][0]["text"]:
-                        texts.append(chunk["choices"][0]["text"])
+                    choices.extend(chunk["choices"])
                     usage = chunk.get("usage") or usage
-        whole = await http.post("/v1/completions", json={**body, "stream": False, "stream_options": None})
+        whole = await http.post("/v1/completions", json={**body, "stream": False})
     assert whole.status_code == 200, whole.text
-    assert "".join(texts) == whole.json()["choices"][0]["text"]
-    assert usage["completion_tokens"] == whole.json()["usage"]["completion_tokens"] == 33
-    # The prefill step's token, then 8 steps of 4: a chunk per step, not per token.
-    assert len(texts) <= 9 + 2
+    return choices, usage, whole.json()
+
+
+def _tokens_per_chunk(choices: list[dict]) -> list[int]:
+    return [len(c["logprobs"]["tokens"]) for c in choices if c["logprobs"] and c["logprobs"]["tokens"]]
+
+
+async def test_each_forwards_token_streams_as_it_is_sampled_with_the_same_text_and_logprobs(multi_step_server):
+    body = {"prompt": [5, 6, 7], "max_tokens": 33, "ignore_eos": True, "temperature": 0, "logprobs": 2}
+    choices, usage, whole = await _chunks(multi_step_server, body)
+    assert "".join(c["text"] for c in choices) == whole["choices"][0]["text"]
+    assert usage["completion_tokens"] == whole["usage"]["completion_tokens"] == 33
+    # NOTE: how many chunks depends on timing: AheadTokens leave from the executor's trio
+    # thread, which may run only after a short step's result (this tiny model's forwards take
+    # ~1 ms, mostly under the GIL); the scheduler then drops them and the result carries their
+    # tokens. That each forward's tokens go out ahead is checked where it is deterministic:
+    # tests/actors/executor/test_core.py and tests/actors/scheduler/test_loop.py.
+    assert sum(_tokens_per_chunk(choices)) == 33
+    streamed = [c["logprobs"] for c in choices if c["logprobs"] and c["logprobs"]["tokens"]]
+    expected = whole["choices"][0]["logprobs"]
+    assert [t for lp in streamed for t in lp["tokens"]] == expected["tokens"]
+    assert [p for lp in streamed for p in lp["token_logprobs"]] == pytest.approx(expected["token_logprobs"])
+    assert [t for lp in streamed for t in lp["top_logprobs"]] == expected["top_logprobs"]
 
 
 async def test_a_client_gone_mid_stream_is_aborted(multi_step_server):
@@ -53,3 +79,49 @@ async def test_a_client_gone_mid_stream_is_aborted(multi_step_server):
         start_step = multi_step_server.last_stats.step_id
         stats = await multi_step_server.probe_until_idle(http)
     assert stats.step_id - start_step < 400, "aborted, not run to its end (500 steps of 4)"
+
+
+@pytest.fixture(scope="module", params=[1, 4], ids=["one-forward-steps", "multi-step-4"])
+def interval_server(request, checkpoint):
+    harness = _harness(checkpoint, num_scheduler_steps=request.param, stream_interval=3)
+    yield harness
+    harness.stop()
+
+
+async def test_a_stream_interval_sends_chunks_of_at_least_n_tokens_after_the_first(interval_server):
+    body = {"prompt": [5, 6, 7], "max_tokens": 33, "ignore_eos": True, "temperature": 0, "logprobs": 0}
+    choices, usage, whole = await _chunks(interval_server, body)
+    assert "".join(c["text"] for c in choices) == whole["choices"][0]["text"]
+    assert usage["completion_tokens"] == 33
+    sizes = _tokens_per_chunk(choices)
+    assert sum(sizes) == 33 and sizes[0] == 1
+    assert all(n >= 3 for n in sizes[1:-1]), sizes
+    assert len(sizes) <= 1 + 32 // 3 + 1
+
+
+async def test_a_stop_string_ends_the_text_where_it_would_unstreamed(interval_server):
+    body = {"prompt": [5, 6, 7], "max_tokens": 40, "ignore_eos": True, "temperature": 0}
+    _, _, free = await _chunks(interval_server, body)
+    text = free["choices"][0]["text"]
+    stop = text[len(text) // 2: len(text) // 2 + 2]
+    choices, _, whole = await _chunks(interval_server, {**body, "stop": [stop]})
+    assert whole["choices"][0]["finish_reason"] == "stop"
+    assert "".join(c["text"] for c in choices) == whole["choices"][0]["text"] == text[: text.index(stop)]
+
+
+@pytest.fixture(scope="module")
+def burst_server(checkpoint):
+    harness = _harness(checkpoint, num_scheduler_steps=4, multi_step_stream_outputs=False)
+    yield harness
+    harness.stop()
+
+
+async def test_no_multi_step_stream_outputs_sends_a_steps_tokens_together(burst_server):
+    """vLLM v0's --no-multi-step-stream-outputs (vllm/engine/arg_utils.py
+    EngineArgs.multi_step_stream_outputs: "If False, then multi-step will stream outputs at the
+    end of all steps"): the prefill step's token, then chunks of whole 4-forward steps."""
+    body = {"prompt": [5, 6, 7], "max_tokens": 33, "ignore_eos": True, "temperature": 0, "logprobs": 0}
+    choices, _, whole = await _chunks(burst_server, body)
+    assert "".join(c["text"] for c in choices) == whole["choices"][0]["text"]
+    sizes = _tokens_per_chunk(choices)
+    assert sizes[0] == 1 and sum(sizes) == 33 and all(n % 4 == 0 for n in sizes[1:]), sizes

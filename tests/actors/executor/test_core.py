@@ -70,3 +70,64 @@ def test_steps_match_the_model_run_from_scratch(checkpoint) -> None:
         scheduler.update_from_output(result)
     assert num_sampled == 18
     assert num_pure_decode_steps >= 3
+
+
+def test_multi_step_sends_each_intervals_tokens_ahead_and_never_a_runs_last(checkpoint) -> None:
+    """Multi-step decode (scheduler/multi_step.py): every --stream-interval forwards the executor
+    hands the tokens sampled since its last send to `on_ahead_tokens` (AheadTokens), with their
+    logprobs; they are the step's tokens in order, never its last (c's stop token id ends its run
+    mid-step and is never sent ahead); the scheduler's deltas (ahead, then the result's rest)
+    give every output token once."""
+    for interval in (1, 2):
+        cfg = EngineConfig(model=str(checkpoint("llama")), kv_cache_memory="4MiB", num_scheduler_steps=4,
+                           stream_interval=interval, enforce_eager=True).resolve()
+        core, scheduler = ExecutorCore(cfg), build_scheduler(cfg)
+        free_c = _greedy(core, [7, 3, 11], 11)
+        cut = next(i for i in range(4, 11) if free_c[i] not in free_c[:i])  # mid-run, after the prefill step
+        expected = {"a": _greedy(core, [5, 9, 13], 11), "c": free_c[: cut + 1]}
+        expected["b"] = expected["a"]
+        sent = []
+        core.on_ahead_tokens = sent.append
+        for rid, prompt, logprobs, stop in (("a", [5, 9, 13], 2, []), ("b", [5, 9, 13], None, []),
+                                            ("c", [7, 3, 11], None, [free_c[cut]])):
+            params = SamplingParams(temperature=0.0, max_tokens=11, ignore_eos=True, logprobs=logprobs,
+                                    stop_token_ids=stop)
+            scheduler.add_request(AddRequest(request_id=rid, prompt_token_ids=np.array(prompt, np.int32),
+                                             sampling=params, eos_token_ids=(2,), arrival_time=time.time()))
+        streamed = {rid: [] for rid in expected}
+        finish = {}
+        num_multi_steps = 0
+        while scheduler.has_work():
+            batch = scheduler.schedule()
+            sent.clear()
+            result = core.execute(batch)
+            num_multi_steps += bool(sent)
+            for k, message in enumerate(sent):
+                assert message.step_id == batch.step_id and message.token_ids.shape[1] == interval
+                offset = k * interval
+                for i, rid in enumerate(message.request_ids):
+                    step = [int(result.sampled_token_ids[result.request_ids.index(rid)]),
+                            *result.more_token_ids[rid]]
+                    assert message.token_ids[i].tolist() == step[offset: offset + interval]
+                    assert offset + interval < len(step), "a run's last token is never sent ahead"
+                    if rid == "a":
+                        lps = [result.logprobs["a"], *result.more_logprobs["a"]][offset: offset + interval]
+                        assert message.logprobs["a"] == tuple(lps)
+                    else:
+                        assert rid not in message.logprobs
+                deltas = scheduler.ahead_tokens(message)
+                for d in deltas.deltas:
+                    streamed[d.request_id].extend(d.new_token_ids)
+            for d in scheduler.update_from_output(result).deltas:
+                streamed[d.request_id].extend(d.new_token_ids)
+                finish[d.request_id] = d.finish_reason
+        assert num_multi_steps >= 2
+        assert streamed == expected
+        assert finish == {"a": "length", "b": "length", "c": "stop"}
+
+
+def _greedy(core: ExecutorCore, prompt: list[int], n: int) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(n):
+        tokens.append(int(_last_logprobs(core, tokens).argmax()))
+    return tokens[len(prompt):]

@@ -207,3 +207,93 @@ def test_async_scheduling_stops_planning_ahead_while_a_command_waits_for_the_exe
     loop.handle(_sampled(second, 10), 0.0)
     sends = loop.before_wait(0.0)
     assert shape(sends)[0] == (E, Sleep) and not loop.step_in_flight
+
+
+def _ahead(batch: ExecuteBatch, *tokens: int, logprobs=None):
+    """The executor's AheadTokens for request "a" of a multi-step `batch`: `tokens` sampled."""
+    import numpy as np
+
+    from trillium.actors.protocol.execute import AheadTokens
+
+    return AheadTokens(batch.step_id, ("a",), np.asarray([tokens], np.int32), logprobs or {})
+
+
+def _multi_step_result(batch: ExecuteBatch, first: int, *more: int):
+    import numpy as np
+
+    from trillium.actors.protocol.execute import BatchResult
+
+    return BatchResult(batch.step_id, ("a",), np.asarray([first], np.int32), more_token_ids={"a": more})
+
+
+def _token_deltas(sends) -> list[tuple[int, ...]]:
+    return [d.new_token_ids for s in sends if isinstance(s.message, TokenDeltas) for d in s.message.deltas]
+
+
+def test_ahead_tokens_go_out_behind_held_outputs_without_stats_and_the_result_sends_the_rest():
+    """Rule 6 (scheduler/multi_step.py): a multi-step step's AheadTokens reach the detokenizer as
+    they come, with no stats; its result then sends only the tokens past them; AheadTokens of a
+    step that already returned are dropped (its result carried those tokens)."""
+    from trillium.sampling_params import SamplingParams
+
+    loop = build_loop(num_scheduler_steps=4)
+    loop.handle(add_request("a", params=SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)), 0.0)
+    prefill = loop.before_wait(0.0)[0].message
+    loop.handle(fake_result(loop.core, prefill, token=9), 0.0)
+    sends = loop.before_wait(0.0)
+    multi = sends[0].message
+    assert multi.num_draft_tokens.tolist() == [3], "a decode step of 4 forwards"
+    assert _token_deltas(sends) == [(9,)]
+    assert loop.handle(_ahead(multi, 10), 0.0) == []
+    assert shape(sends := loop.before_wait(0.0)) == [(D, TokenDeltas)] and _token_deltas(sends) == [(10,)]
+    loop.handle(_ahead(multi, 11), 0.0)
+    loop.handle(_multi_step_result(multi, 10, 11, 12, 13), 0.0)  # overtook the last AheadTokens
+    loop.handle(_ahead(multi, 12), 0.0)  # late: dropped
+    sends = loop.before_wait(0.0)
+    assert shape(sends) == [(E, ExecuteBatch), (D, TokenDeltas), (D, TokenDeltas), (A, SchedulerStats)]
+    assert _token_deltas(sends) == [(11,), (12, 13)]
+    assert list(loop.core.get_request("a").output_token_ids) == [9, 10, 11, 12, 13]
+
+
+def test_a_stream_interval_holds_tokens_after_the_first_until_enough_wait_or_the_request_ends():
+    """--stream-interval 3 (vLLM's v1/engine/output_processor.py RequestState.make_request_output
+    rule): the first token at once, then deltas of 3; the end flushes what is held, an abort too."""
+    from trillium.sampling_params import SamplingParams
+
+    loop = build_loop(stream_interval=3)
+    loop.handle(add_request("a", params=SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True)), 0.0)
+    loop.handle(add_request("b", params=SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)), 0.0)
+    batch = loop.before_wait(0.0)[0].message
+    seen = {"a": [], "b": []}
+    for token in range(10, 18):
+        loop.handle(_sampled(batch, token), 0.0)
+        sends = loop.before_wait(0.0)
+        for d in (d for s in sends if isinstance(s.message, TokenDeltas) for d in s.message.deltas):
+            seen[d.request_id].append((d.new_token_ids, d.finish_reason))
+        batch = next(s.message for s in sends if isinstance(s.message, ExecuteBatch))
+    assert seen["a"] == [((10,), None), ((11, 12, 13), None), ((14, 15, 16), "length")]
+    assert seen["b"] == [((10,), None), ((11, 12, 13), None), ((14, 15, 16), None)], "17 is held"
+    loop.handle(AbortRequest(request_ids=("b",)), 0.0)
+    ended = [(d.new_token_ids, d.finish_reason) for s in loop.before_wait(0.0)
+             if isinstance(s.message, TokenDeltas) for d in s.message.deltas]
+    assert ended == [((17,), "abort")]
+
+
+@pytest.mark.parametrize("stop", ["pause", "sleep"])
+def test_held_tokens_go_out_when_the_engine_stops_stepping(stop):
+    """Rule 4 with --stream-interval: tokens a request made and holds are sent when the engine
+    pauses (the loop goes idle) or sleeps (its running requests are preempted), not kept until
+    it steps again."""
+    from trillium.sampling_params import SamplingParams
+
+    loop = build_loop(stream_interval=8)
+    loop.handle(add_request("a", params=SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)), 0.0)
+    batch = loop.before_wait(0.0)[0].message
+    for token in (10, 11, 12):  # 10 goes out as the first token; 11 and 12 wait for 6 more
+        loop.handle(_sampled(batch, token), 0.0)
+        if token == 12:
+            loop.handle(Pause("p", mode="keep") if stop == "pause" else Sleep("s", level=1, mode="keep"), 0.0)
+        sends = loop.before_wait(0.0)
+        batch = next((s.message for s in sends if isinstance(s.message, ExecuteBatch)), None)
+    deltas = [d.new_token_ids for s in sends if isinstance(s.message, TokenDeltas) for d in s.message.deltas]
+    assert deltas[-1] == (11, 12) and not loop.step_in_flight

@@ -2,12 +2,13 @@
 
 Consumes ExecuteBatch (scheduler), lifecycle commands forwarded by the
 scheduler (sleep / wake, weight updates, update groups, profiling; see
-`executor/control.py`), Shutdown. Produces BatchResult, or ExecutorFailed
-when a step raises (the scheduler then stops the engine), and one
-ControlReply per lifecycle command (a failed command does not stop the
-engine). Weights load, every step and every command run on one dedicated
-torch thread (`torch_thread.py`), so the trio loop (and in-process
-neighbours) never block on torch; the one exception is the rendezvous of
+`executor/control.py`), Shutdown. Produces BatchResult (with multi-step
+decode, AheadTokens before it), or ExecutorFailed when a step raises (the
+scheduler then stops the engine), and one ControlReply per lifecycle
+command (a failed command does not stop the engine). Weights load, every
+step and every command run on one dedicated torch thread
+(`torch_thread.py`), so the trio loop (and in-process neighbours) never
+block on torch; the one exception is the rendezvous of
 InitWeightsUpdateGroup, which runs on a thread of its own while steps go
 on (`executor/control.py`). Under tensor parallelism this is rank 0: it
 alone binds the executor inbox and answers; every step and command reaches
@@ -18,7 +19,9 @@ answer, and stops the engine when one does not.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import traceback
 from collections.abc import Awaitable, Callable
 
@@ -32,7 +35,7 @@ from trillium.actors.executor.step_pipeline import StepPipeline
 from trillium.actors.executor.tp_fanout import OneRank, RankFanout
 from trillium.actors.mailbox import Mailbox
 from trillium.actors.protocol.supervision import Shutdown
-from trillium.actors.protocol.execute import ExecuteBatch, ExecutorFailed
+from trillium.actors.protocol.execute import AheadTokens, ExecuteBatch, ExecutorFailed
 from trillium.actors.torch_thread import TorchThread
 
 log = logging.getLogger(__name__)
@@ -65,6 +68,10 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
                 if cfg.engine.async_scheduling else None
             if pipeline is not None:
                 nursery.start_soon(pipeline.run)
+            if core.multi_step and cfg.engine.multi_step_stream_outputs:  # scheduler/multi_step.py
+                ahead = AheadTokensSender(send)
+                core.on_ahead_tokens = ahead.put
+                nursery.start_soon(ahead.run)
             task_status.started()
             await _serve(ranks, control, torch_thread, mailbox, send, pipeline)
             nursery.cancel_scope.cancel()
@@ -75,6 +82,36 @@ async def run(config: bytes | None, *, task_status=trio.TASK_STATUS_IGNORED) -> 
             await trio.to_thread.run_sync(core.close)  # the disk tier's queued writes
         to_scheduler.close()
         torch_thread.close()
+
+
+class AheadTokensSender:
+    """Multi-step decode's AheadTokens, from the torch thread to the scheduler in the order they
+    were made, without the forward waiting for the send.
+
+    NOTE: a step's result may overtake its last AheadTokens (two tasks share the socket); the
+    scheduler drops AheadTokens of a step that has returned, whose result carried them anyway.
+    The queue holds at most a step's forwards: the next step comes after this one's result."""
+
+    def __init__(self, send: Callable[[object], Awaitable[None]]) -> None:
+        self._trio_token = trio.lowlevel.current_trio_token()
+        self._to_send, self._queued = trio.open_memory_channel(math.inf)
+        self._send = send
+
+    def put(self, message: AheadTokens) -> None:
+        """From any thread. Dropped once the actor is ending: the step's result carries them."""
+        try:
+            self._trio_token.run_sync_soon(self._queue, message)
+        except trio.RunFinishedError:
+            pass
+
+    def _queue(self, message: AheadTokens) -> None:
+        # WHY no raise: an exception in a run_sync_soon callback would crash the trio run.
+        with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
+            self._to_send.send_nowait(message)
+
+    async def run(self) -> None:
+        async for message in self._queued:
+            await self._send(message)
 
 
 async def _serve(ranks: OneRank, control: ExecutorControl, torch_thread: TorchThread, mailbox: Mailbox,

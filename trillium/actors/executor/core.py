@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import attrs
 import numpy as np
@@ -29,6 +30,7 @@ from trillium.actors.executor.pooler import POOLED_TOKEN_ID, PoolingHead
 from trillium.actors.executor.profiling import StageClock
 from trillium.actors.executor.sampler import SamplingState, compute_prompt_logprobs, sample
 from trillium.actors.protocol.execute import (
+    AheadTokens,
     BatchResult,
     ExecuteBatch,
     NewRequestData,
@@ -125,6 +127,9 @@ class ExecutorCore:
         self.num_speculative_tokens = config.speculative_config.num_speculative_tokens
         # Multi-step decode (scheduler/multi_step.py): a request's draft positions are forwards to run.
         self.multi_step = config.num_scheduler_steps > 1
+        # Where each inner forward's tokens go while the step runs (the actor's AheadTokens sender,
+        # called on this thread); None: they come with the BatchResult only.
+        self.on_ahead_tokens: Callable[[AheadTokens], None] | None = None
         # Structured outputs: compiles on its own threads (executor/grammar.py).
         self.grammars = GrammarCompiler(config.model, self.model_config.vocab_size)
         self.lora = None
@@ -297,7 +302,7 @@ class ExecutorCore:
                 self._sample(logits, sample_states, sample_index, sampled, logprobs)
         spec = self._verify(hidden, runs, sampled, logprobs) if runs else {}
         if ahead:
-            spec = self._run_ahead(ahead, logprobs)
+            spec = self._run_ahead(batch.step_id, ahead, logprobs)
         if self.proposer is not None and self.pooler is None:
             if all(n - d == 1 for n, d in zip(counts, num_drafts)):  # a decode step: what drafts cost
                 self.draft_costs.observe_step(time.perf_counter() - start, sum(num_drafts))
@@ -368,11 +373,13 @@ class ExecutorCore:
         keep = -(-(len(state.token_ids) - 1) // self.config.block_size)
         del state.block_ids[keep:]
 
-    def _run_ahead(self, ahead: list[tuple[RequestState, int, int]], logprobs: dict) -> dict:
+    def _run_ahead(self, step_id: int, ahead: list[tuple[RequestState, int, int]], logprobs: dict) -> dict:
         """Multi-step decode (scheduler/multi_step.py): after the step's forward sampled each of
         these requests, run up to d more decode forwards for it, each feeding the token the one
         before it sampled, sampled as a decode step is; a request's run ends after an EOS or stop
-        token id. The BatchResult fields: the tokens after the first, their logprobs."""
+        token id. Before every --stream-interval'th forward, the tokens sampled since the last
+        such send go to `on_ahead_tokens` (a run's last token never does: it may finish the
+        request). The BatchResult fields: the tokens after the first, their logprobs."""
         more: dict[str, list[int]] = {s.request_id: [] for s, _, _ in ahead}
         more_lp: dict[str, list[TokenLogprobs]] = {}
         alive = [(state, d) for state, _, d in ahead]
@@ -387,6 +394,9 @@ class ExecutorCore:
             if not alive:
                 break
             states = [s for s, _ in alive]
+            interval = self.config.stream_interval
+            if self.on_ahead_tokens is not None and j % interval == 0:
+                self.on_ahead_tokens(self._ahead_tokens(step_id, states, interval, logprobs, more_lp))
             seq_lens = [len(s.token_ids) for s in states]  # the last token is this forward's input
             if j <= shared and len(alive) == before == len(ahead):  # nobody stopped: the metadata built ahead
                 meta = metas[j - 1]
@@ -407,6 +417,22 @@ class ExecutorCore:
             self._trim_past_valid_kv(state)  # as after a verification
         return {"more_token_ids": {rid: tuple(tokens) for rid, tokens in more.items()},
                 "more_logprobs": {rid: tuple(entries) for rid, entries in more_lp.items()}}
+
+    @staticmethod
+    def _ahead_tokens(step_id: int, states: list[RequestState], count: int, first_logprobs: dict,
+                      more_logprobs: dict) -> AheadTokens:
+        """Each state's last `count` tokens (all of them before the next inner forward's input
+        and after the last AheadTokens), with their logprobs: the step's first forward's in
+        `first_logprobs` (one entry per request), the inner forwards' in `more_logprobs` (lists)."""
+        entries = {}
+        for s in states:
+            rid = s.request_id
+            if rid in first_logprobs:
+                run = [first_logprobs[rid], *more_logprobs.get(rid, ())]  # the run's tokens so far
+                entries[rid] = tuple(run[-count:])
+        tokens = np.array([s.token_ids[-count:] for s in states], dtype=np.int32).reshape(len(states), count)
+        return AheadTokens(step_id=step_id, request_ids=tuple(s.request_id for s in states), token_ids=tokens,
+                           logprobs=entries)
 
     def _propose(self, states: list[RequestState], hidden, step_rows: list, wanted_next: bool) -> dict[str, int]:
         """Drafts for each request just sampled, kept for its next step; their counts.

@@ -182,6 +182,23 @@ class BatchResult:
 
 
 @attrs.frozen
+class AheadTokens:
+    """executor -> scheduler, while a multi-step decode step runs (scheduler/multi_step.py): the
+    tokens its forwards sampled since the last AheadTokens (every --stream-interval forwards),
+    for each request whose run goes on, so the client gets them now rather than with the
+    step's BatchResult, which carries all of the step's tokens all the same.
+
+    INVARIANT: never a request's last token of the step (a run's last token may finish the
+    request; it comes with the BatchResult only), so a streamed token is never one past a stop."""
+
+    step_id: int
+    request_ids: tuple[str, ...]
+    token_ids: np.ndarray  # int32 [num_requests, num_tokens]: every request got the same forwards
+    # Requests that asked for logprobs: one entry per token.
+    logprobs: dict[str, tuple[TokenLogprobs, ...]] = attrs.field(factory=dict)
+
+
+@attrs.frozen
 class ExecutorFailed:
     """executor -> scheduler: a step raised; the engine must stop."""
 
@@ -197,5 +214,6 @@ MESSAGES = (
     TokenLogprobs,
     PromptLogprobs,
     BatchResult,
+    AheadTokens,
     ExecutorFailed,
 )

@@ -10,7 +10,7 @@ a role may not send to that receiver is dropped and counted as
     receiver      sender        messages
     scheduler     api           AddRequest, AbortRequest, the lifecycle commands, Shutdown, Ping
                   detokenizer   FinishRequest, ControlReply (forwarded profile commands)
-                  executor      BatchResult, ExecutorFailed, ControlReply
+                  executor      BatchResult, AheadTokens, ExecutorFailed, ControlReply
     executor      scheduler     ExecuteBatch, forwarded lifecycle commands, Shutdown
                   api           Shutdown, Ping
     detokenizer   scheduler     TokenDeltas, StartProfile, StopProfile, Shutdown
@@ -57,7 +57,8 @@ _ALLOWED: dict[str, dict[str, frozenset[type]]] = {
              *_LIFECYCLE_COMMANDS}
         ),
         "detokenizer": frozenset({requests.FinishRequest, admin.ControlReply}),
-        "executor": frozenset({execute.BatchResult, execute.ExecutorFailed, admin.ControlReply}),
+        "executor": frozenset({execute.BatchResult, execute.AheadTokens, execute.ExecutorFailed,
+                               admin.ControlReply}),
     },
     "executor": {
         "scheduler": frozenset({execute.ExecuteBatch, supervision.Shutdown, *_EXECUTOR_COMMANDS}),

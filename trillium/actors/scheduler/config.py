@@ -44,6 +44,8 @@ class SchedulerConfig:
     async_max_running: int = 0
     # --num-scheduler-steps (multi_step.py): forwards a decode step may run on the executor; 1: one.
     num_scheduler_steps: int = attrs.field(default=1, validator=_positive)
+    # --stream-interval (request.py Request.delta): tokens a request's delta waits for.
+    stream_interval: int = attrs.field(default=1, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
@@ -73,6 +75,7 @@ class SchedulerConfig:
             async_scheduling=bool(engine.async_scheduling),
             async_max_running=engine.async_max_running,
             num_scheduler_steps=engine.num_scheduler_steps,
+            stream_interval=engine.stream_interval,
         )
 
     @property

@@ -43,7 +43,7 @@ from collections.abc import Callable
 
 from trillium.actors.kv_tiers.block_pool import BlockId, BlockPool
 from trillium.actors.kv_tiers.manager import NO_KV_TIERS, KvTiers, build_kv_tiers
-from trillium.actors.protocol.execute import BatchResult, ExecuteBatch, KvTransfers
+from trillium.actors.protocol.execute import AheadTokens, BatchResult, ExecuteBatch, KvTransfers
 from trillium.actors.protocol.outputs import RequestDelta, SchedulerStats, TokenDeltas
 from trillium.actors.protocol.requests import AddRequest
 from trillium.actors.protocol.vocabulary import EngineState
@@ -143,6 +143,7 @@ class Scheduler:
         if msg.lora_id and msg.lora_id not in self.lora_ids:
             raise ValueError(f"request {msg.request_id}: LoRA adapter id {msg.lora_id} is not loaded")
         request = Request(msg, arrival_seq, self.config.max_model_len)
+        request.stream_interval = self.config.stream_interval
         request.times = self.events.times(msg.arrival_time)
         # WHY the bound, not every token: with a sliding window the blocks behind it are
         # freed as it runs, so a request longer than the cache still fits (block_pool.py).
@@ -269,7 +270,19 @@ class Scheduler:
             if victim is request:
                 return None
 
+    def release_held(self) -> None:
+        """Every request's held tokens (--stream-interval) to the pending deltas: the engine is
+        about to stop stepping (paused, asleep, nothing runnable), so none waits for a next step."""
+        for request in self._requests.values():
+            self._release_held(request)
+
+    def _release_held(self, request: Request) -> None:
+        delta = request.release_held()
+        if delta is not None:
+            self._pending_deltas.append(delta)
+
     def _preempt(self, request: Request, plan: StepPlan, *, may_swap: bool = True) -> None:
+        self._release_held(request)  # its tokens so far go out now, not when it runs again
         plan.drop(request)
         swapped = may_swap and self._preemption.swap_out(request, self.pool)  # reads its block table
         self.pool.free(request)
@@ -324,16 +337,41 @@ class Scheduler:
                 continue
             tokens = (token, *result.more_token_ids.get(rid, ()))
             delta, status = self._take_tokens(request, tokens, result, now_s, pooled.get(rid))
-            deltas.append(delta)
+            if delta is not None:  # None: held (--stream-interval)
+                deltas.append(delta)
             if status is not None:
                 self._finish(request, status)
         return TokenDeltas(step_id=result.step_id, deltas=tuple(deltas))
 
+    def ahead_tokens(self, message: AheadTokens) -> TokenDeltas | None:
+        """Multi-step decode: the tokens an inner forward of the step in flight is about to feed
+        (AheadTokens), to the client now. The requests' state waits for the step's result, which
+        carries them again; `_take_tokens` then sends only the tokens past them. None when none
+        goes out; those of a step that has returned are dropped (its result carried them)."""
+        if not self._in_flight.holds(message.step_id):
+            return None
+        now_s = self.events.clock()
+        deltas = []
+        for rid, tokens in zip(message.request_ids, message.token_ids.tolist()):
+            request = self._requests.get(rid)
+            if request is None or request.status not in (RequestStatus.RUNNING, RequestStatus.PREEMPTED):
+                continue  # ended while the step runs: as its result's tokens, dropped
+            request.num_streamed_ahead += len(tokens)
+            # WHY 0 tokens: the result counts the step's kept tokens (an abort or a stop string
+            # may end the request before it); here only the time they went out.
+            self.events.token(request.times, request.num_prompt_tokens, now_s, 0)
+            delta = request.delta(tuple(tokens), None, message.logprobs.get(rid))
+            if delta is not None:
+                deltas.append(delta)
+        return TokenDeltas(step_id=message.step_id, deltas=tuple(deltas)) if deltas else None
+
     def _take_tokens(self, request: Request, tokens: tuple[int, ...], result: BatchResult, now_s: float,
                      pooled=None):
         """Append a step's tokens (one, or with speculative decoding the accepted run and
-        one more), up to the first that finishes the request; roll back rejected drafts."""
+        one more), up to the first that finishes the request; roll back rejected drafts.
+        The delta carries the tokens not streamed ahead of the result (`ahead_tokens`)."""
         rid = request.request_id
+        streamed, request.num_streamed_ahead = request.num_streamed_ahead, 0
         kept: list[int] = []
         status = None
         for token in tokens:
@@ -354,10 +392,13 @@ class Scheduler:
         request.num_proposed_drafts = result.proposed_drafts.get(rid, 0)
         if request.status is RequestStatus.RUNNING:  # a preempted one holds no blocks
             self.pool.cache_full_blocks(request, request.num_returned_tokens)
+        if streamed >= len(kept):  # INVARIANT (AheadTokens): a run's last token is never streamed
+            log.error("request %s: %d tokens streamed ahead of a step that kept %d", rid, streamed, len(kept))
+            streamed = len(kept)
         self.events.token(request.times, request.num_prompt_tokens, now_s, len(kept))
         first = result.logprobs.get(rid)
         logprobs = () if first is None else (first, *result.more_logprobs.get(rid, ()))
-        return request.delta(tuple(kept), status, logprobs[: len(kept)], pooled), status
+        return request.delta(tuple(kept[streamed:]), status, logprobs[streamed: len(kept)], pooled), status
 
     def _fail_grammars(self, failed: dict[str, str]) -> None:
         """Requests waiting for a grammar the executor could not compile end

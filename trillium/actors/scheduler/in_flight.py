@@ -96,6 +96,10 @@ class StepsInFlight:
     def oldest_step_id(self) -> int | None:
         return self._steps[0].step_id if self._steps else None
 
+    def holds(self, step_id: int) -> bool:
+        """The step went out and its result has not come back."""
+        return any(step.step_id == step_id for step in self._steps)
+
     def sent(self, step: StepInFlight) -> None:
         if self.is_full:
             raise RuntimeError(f"{len(self._steps)} steps in flight already: call update_from_output first")

@@ -12,7 +12,7 @@ returns, in order:
 Effects are `Send(peer, message)`, `peer` one of executor, detokenizer, api.
 
 Messages in: AddRequest, AbortRequest, FinishRequest (api, detokenizer),
-BatchResult / ExecutorFailed (executor), lifecycle commands (api), their
+BatchResult / AheadTokens / ExecutorFailed (executor), lifecycle commands (api), their
 ControlReply (executor, detokenizer), Shutdown. Out: ExecuteBatch and
 forwarded commands (executor), TokenDeltas and forwarded profile commands
 (detokenizer), SchedulerStats and ControlReply (api).
@@ -36,8 +36,12 @@ Ordering rules (tests/actors/scheduler/test_loop.py has one test each):
    stop delta that ends it.
 3. Before a ControlReply: the held step outputs, the pending deltas, fresh
    stats, then the reply (so the api sees the new state when it lands).
-4. Going idle (no step, no job to send) sends stats.
+4. Going idle (no step, no job to send) sends the held tokens of
+   --stream-interval, then stats.
 5. ExecutorFailed raises EngineStopped; Shutdown sets `stopped`.
+6. A multi-step step's AheadTokens reach the detokenizer behind the held
+   step outputs, without stats; the step's result sends only the tokens
+   past them.
 
 State: the TokenDeltas of returned steps not sent yet, the n > 1 groups
 whose spec went out (group_specs.py), and `stopped`.
@@ -52,7 +56,7 @@ from typing import Any
 import attrs
 
 from trillium.actors.protocol.supervision import Shutdown
-from trillium.actors.protocol.execute import BatchResult, ExecutorFailed
+from trillium.actors.protocol.execute import AheadTokens, BatchResult, ExecutorFailed
 from trillium.actors.protocol.admin import ControlReply
 from trillium.actors.protocol.outputs import TokenDeltas
 from trillium.actors.protocol.requests import AbortRequest, AddRequest, FinishRequest
@@ -84,7 +88,8 @@ class SchedulerLoop:
         self.control = control
         self.profiler = control.profiler
         self.stopped = False  # a Shutdown was handled: the actor returns
-        self._step_outputs: list[TokenDeltas] = []  # of returned steps, not sent yet
+        self._step_outputs: list[TokenDeltas] = []  # of returned steps (and AheadTokens), not sent yet
+        self._stats_due = False  # a step returned since the api last got the stats
         self._group_specs = GroupSpecs()  # n > 1: each request's DetokenizeSpec goes out once
 
     # -- views ------------------------------------------------------------
@@ -134,6 +139,7 @@ class SchedulerLoop:
             return
         self._apply(self.control.executor_idle(now), out)
         if self.control.executor_busy:
+            self._flush_deltas(out)  # what the job's preemptions released (sleep)
             return
         if self.control.may_step:
             with self.profiler.span("schedule"):
@@ -142,8 +148,11 @@ class SchedulerLoop:
                 out.append(Send(Peer.EXECUTOR, batch))
                 self._schedule_ahead(out)
                 return
-        # Going idle: report the state after aborts / finishes, so the api's
-        # gauges do not keep showing requests that are gone.
+        # Going idle: tokens held for --stream-interval go out (a paused or sleeping engine
+        # would keep them), then the state after aborts / finishes, so the api's gauges do
+        # not keep showing requests that are gone.
+        self.core.release_held()
+        self._flush_deltas(out)
         out.append(Send(Peer.API, self.control.stats()))
 
     def _schedule_ahead(self, out: list[Send]) -> None:
@@ -157,13 +166,13 @@ class SchedulerLoop:
 
     def _step_outputs_to(self, out: list[Send]) -> None:
         """The returned steps' deltas (detokenizer) and then the stats (api)."""
-        if not self._step_outputs:
-            return
         outputs, self._step_outputs = self._step_outputs, []
         for deltas in outputs:
             if deltas.deltas:
                 out.append(Send(Peer.DETOKENIZER, self._group_specs.once(deltas)))
-        out.append(Send(Peer.API, self.control.stats()))
+        if self._stats_due:
+            self._stats_due = False
+            out.append(Send(Peer.API, self.control.stats()))
 
     def _flush_deltas(self, out: list[Send]) -> None:
         pending = self.core.take_pending_deltas()
@@ -179,6 +188,13 @@ class SchedulerLoop:
             # WHY held back: the loop schedules the next step first (the executor
             # idles until it arrives); the deltas and stats go out right after.
             self._step_outputs.append(deltas)
+            self._stats_due = True
+        elif isinstance(message, AheadTokens):
+            # Multi-step decode: tokens of the step still running; in order behind any held
+            # step outputs. WHY no stats with them: the engine's state has not moved.
+            deltas = self.core.ahead_tokens(message)
+            if deltas is not None:
+                self._step_outputs.append(deltas)
         elif isinstance(message, AddRequest):
             try:
                 self.core.add_request(message)

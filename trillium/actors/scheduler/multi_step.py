@@ -7,7 +7,8 @@ before it sampled. The scheduler reserves the KV of every forward up front
 and gets all the tokens in one `BatchResult`. WHY: on a small CPU the hops
 around a step (the scheduler, the detokenizer, the api, four ZeroMQ messages)
 cost a one-stream token ~3.6 ms of CPU beside a ~5 ms forward (README, issue
-18); running K forwards per round trip pays them once per K tokens.
+18); running K forwards per round trip plans once per K tokens, and with
+--stream-interval K pays every hop once per K tokens.
 
 It rides the speculative-decoding positions (trillium/speculative/): a
 request running k more forwards is scheduled 1 + k tokens with
@@ -21,13 +22,25 @@ step would: the same sampler, penalties, seeded generators, grammar matcher
 and logprobs, each seeing the tokens before it; a run ends early after an
 EOS or stop token id, as the scheduler would end the request there.
 
+Streaming: every --stream-interval forwards (default 1: each), the executor
+sends the tokens sampled since its last send as AheadTokens, before the
+next forward starts (executor/actor.py AheadTokensSender: the torch thread
+does not wait for the send); the scheduler passes them on to the
+detokenizer at once (Scheduler.ahead_tokens) and the step's result then
+sends only the tokens past them. A run's last token is never sent ahead
+(it may finish the request), so no streamed token is one past a stop. WHY:
+without it a client sees a step's K tokens in one burst. The cost: each
+AheadTokens is a message through the scheduler, the detokenizer and the
+api (~1.8 ms of CPU for one stream on the 2-core box, taken from the
+forward's cores), so a server after one stream's throughput sets
+--stream-interval K.
+
 When: only while no request waits, every running request decodes and the
 free KV blocks hold all their K tokens (extra forwards never preempt).
 WHY: a waiting request's prefill, or a running one's next prompt chunk,
 would wait the K forwards of the decoding ones; vLLM's v0 multi-step did the
-same (it ran prefills in single steps). The tokens of a step reach the
-client together (one streamed chunk of up to K tokens), and an abort or a
-stop string takes effect after the step's K forwards.
+same (it ran prefills in single steps). An abort or a stop string takes
+effect after the step's K forwards.
 """
 
 from __future__ import annotations

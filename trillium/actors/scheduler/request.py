@@ -114,7 +114,14 @@ class Request:
         # known yet), and the tokens they compute (their KV is not written yet).
         self.num_output_placeholders = 0
         self.num_in_flight_tokens = 0
+        # Multi-step decode: tokens of the step in flight already sent to the client (AheadTokens).
+        self.num_streamed_ahead = 0
         self.delivered = False  # its first delta (with the DetokenizeSpec) went out
+        # --stream-interval: a delta goes out once this many tokens wait (or the request ends);
+        # until then its tokens and logprobs are held here (`delta`).
+        self.stream_interval = 1
+        self._held_tokens: tuple[int, ...] = ()
+        self._held_logprobs: tuple[TokenLogprobs, ...] = ()
         self.stop_reason: int | str | None = None
         self.times = None  # scheduler/metrics.py RequestTimes, set by the core
         self.trace_context = msg.trace_context  # W3C carrier from the api, None when not traced
@@ -242,13 +249,29 @@ class Request:
         self._prompt_logprobs = []
         return out
 
+    def release_held(self) -> RequestDelta | None:
+        """The tokens `delta` holds, as a delta now (None: none held). WHY: the request stops
+        stepping for a while (preempted, the engine paused or asleep), and tokens it has made
+        must not wait for it."""
+        return self.delta((), None, None, hold=False) if self._held_tokens else None
+
     def delta(self, tokens: tuple[int, ...], status: RequestStatus | None,
-              logprobs: TokenLogprobs | tuple[TokenLogprobs, ...] | None, pooled=None) -> RequestDelta:
+              logprobs: TokenLogprobs | tuple[TokenLogprobs, ...] | None, pooled=None, *,
+              hold: bool = True) -> RequestDelta | None:
         """The scheduler's output for this request now: its new tokens (logprobs: one
         per token, or None), and on the first delta the DetokenizeSpec, prompt logprobs
-        and queue time."""
+        and queue time. None while held: with --stream-interval N above 1, tokens after the
+        first wait here until N of them wait or the request ends (vLLM's rule), so the
+        detokenizer and the api handle one message per N tokens."""
         if isinstance(logprobs, TokenLogprobs):
             logprobs = (logprobs,)
+        logprobs = tuple(logprobs or ())
+        if self._held_tokens:
+            tokens, logprobs = self._held_tokens + tokens, self._held_logprobs + logprobs
+            self._held_tokens, self._held_logprobs = (), ()
+        if hold and status is None and self.delivered and len(tokens) < self.stream_interval:
+            self._held_tokens, self._held_logprobs = tokens, logprobs
+            return None
         first = not self.delivered
         self.delivered = True
         return RequestDelta(
@@ -256,7 +279,7 @@ class Request:
             new_token_ids=tokens,
             finish_reason=None if status is None else status.finish_reason,
             stop_reason=None if status is None else self.stop_reason,
-            logprobs=logprobs or (),
+            logprobs=logprobs,
             prompt_logprobs=self.take_prompt_logprobs() if first else None,
             num_prompt_tokens=self.num_prompt_tokens,
             num_cached_tokens=max(0, self.num_cached_tokens),
