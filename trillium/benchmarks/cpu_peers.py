@@ -22,6 +22,10 @@ Workloads (random token-id prompts, greedy, ignore_eos, streamed): one stream
 prompts requests, prompts 32-512, outputs 16-256) at 16 concurrent, and fresh
 mixed requests all at once (fresh: the same prompts again would be served from
 each server's prefix cache). Every server gets the same prompts per round.
+With --interleave-one-stream the one-stream rows of Trillium (and its
+baseline) and llama.cpp are measured with those servers up together, one
+client alternating each request between them, the order flipped each
+request, so a change in the machine's speed meets every server alike.
 Every server runs with --threads CPU threads. Prints the table (median round's
 tok/s, range over --rounds, ITL mean/p50, tokens returned against asked) and
 each target's ratio; --save-result writes every round as JSON. A peer whose
@@ -106,6 +110,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--vllm-omp-bind", default=None, metavar="MASK",
                    help="VLLM_CPU_OMP_THREADS_BIND (default 0-(threads-1); auto: vLLM's own choice, which on "
                         "x86 keeps one core for its scheduler process)")
+    p.add_argument("--interleave-one-stream", action="store_true",
+                   help="measure the one-stream rows (bench and SmolLM2) with Trillium (and its baseline) and "
+                        "llama.cpp up together, one client alternating the requests between them, the order "
+                        "flipped each request: the machine's speed, which can swing 2x between servers run one "
+                        "after another, is then the same for every server (vLLM is not started for them)")
     p.add_argument("--smollm2", action=argparse.BooleanOptionalAction, default=True,
                    help="also the SmolLM2-135M Q4_1 one-stream row (Trillium vs llama.cpp)")
     p.add_argument("--work-dir", default="/tmp/trillium-cpu-peers",
@@ -205,32 +214,36 @@ def _prepare_models(args: argparse.Namespace, llama: str | None) -> dict[str, Pa
     return models
 
 
+def _trillium_spec(args: argparse.Namespace, model: Path, name: str, workloads: tuple[str, ...],
+                   label: str = report.TRILLIUM) -> ServerSpec:
+    port = _free_port()
+    extra = args.trillium_arg if label == report.TRILLIUM else []  # the baseline: default flags
+    return ServerSpec(label, f"{label} ({name})",
+                      [sys.executable, "-m", "trillium.cli", "serve", "--executor-threads", str(args.threads),
+                       "--log-level", "warning", "--model", str(model), "--port", str(port),
+                       "--admin-port", str(_free_port()),  # two up together (--interleave-one-stream)
+                       "--served-model-name", name, *extra], port, name, workloads)
+
+
+def _llama_spec(args: argparse.Namespace, llama: str, model: Path, name: str, slots: int,
+                workloads: tuple[str, ...]) -> ServerSpec:
+    port, t = _free_port(), str(args.threads)
+    return ServerSpec(report.LLAMA_CPP, f"llama.cpp ({name}, {slots} slots)",
+                      [llama, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--alias", name,
+                       "-t", t, "-tb", t, "-np", str(slots), "-c", str(slots * SLOT_CTX), "-fa", "on",
+                       "--no-webui", *args.llama_arg], port, name, workloads)
+
+
 def _specs(args: argparse.Namespace, models: dict, llama: str | None, vllm: str | None) -> list[ServerSpec]:
     """The servers in the order they run, each with the workloads it serves."""
-    t = str(args.threads)
-    cli = [sys.executable, "-m", "trillium.cli", "serve", "--executor-threads", t, "--log-level", "warning"]
-
-    def trillium(model: Path, name: str, workloads: tuple[str, ...], label: str = report.TRILLIUM) -> ServerSpec:
-        port = _free_port()
-        extra = args.trillium_arg if label == report.TRILLIUM else []  # the baseline: default flags
-        return ServerSpec(label, f"{label} ({name})", cli + ["--model", str(model), "--port", str(port),
-                          "--served-model-name", name, *extra], port, name, workloads)
-
-    def llama_cpp(model: Path, name: str, slots: int, workloads: tuple[str, ...]) -> ServerSpec:
-        port = _free_port()
-        return ServerSpec(report.LLAMA_CPP, f"llama.cpp ({name}, {slots} slots)",
-                          [llama, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--alias", name,
-                           "-t", t, "-tb", t, "-np", str(slots), "-c", str(slots * SLOT_CTX), "-fa", "on",
-                           "--no-webui", *args.llama_arg], port, name, workloads)
-
     ours = report.TRILLIUM in args.servers
-    specs = [trillium(models["bench"], "bench", ("single", "mixed16", "all64"))] if ours else []
+    specs = [_trillium_spec(args, models["bench"], "bench", ("single", "mixed16", "all64"))] if ours else []
     baseline = ours and args.baseline
     if baseline:
-        specs.append(trillium(models["bench"], "bench", ("single", "mixed16", "all64"), report.BASELINE))
+        specs.append(_trillium_spec(args, models["bench"], "bench", ("single", "mixed16", "all64"), report.BASELINE))
     if llama:
-        specs.append(llama_cpp(models["bench_gguf"], "bench", args.llama_slots, ("single", "mixed16")))
-        specs.append(llama_cpp(models["bench_gguf"], "bench", args.llama_slots_all, ("all64",)))
+        specs.append(_llama_spec(args, llama, models["bench_gguf"], "bench", args.llama_slots, ("single", "mixed16")))
+        specs.append(_llama_spec(args, llama, models["bench_gguf"], "bench", args.llama_slots_all, ("all64",)))
     if vllm:
         port = _free_port()
         # NOTE: VLLM_CPU_OMP_THREADS_BIND=0-(N-1) gives its OpenMP threads as many cores as the
@@ -244,11 +257,11 @@ def _specs(args: argparse.Namespace, models: dict, llama: str | None, vllm: str 
                                  "--port", str(port)], port, "bench", ("single", "mixed16", "all64"), env))
     if models["smollm2"] is not None:
         if ours:
-            specs.append(trillium(models["smollm2"], "smollm2", ("smol_single",)))
+            specs.append(_trillium_spec(args, models["smollm2"], "smollm2", ("smol_single",)))
         if baseline:
-            specs.append(trillium(models["smollm2"], "smollm2", ("smol_single",), report.BASELINE))
+            specs.append(_trillium_spec(args, models["smollm2"], "smollm2", ("smol_single",), report.BASELINE))
         if llama:
-            specs.append(llama_cpp(models["smollm2"], "smollm2", args.llama_slots, ("smol_single",)))
+            specs.append(_llama_spec(args, llama, models["smollm2"], "smollm2", args.llama_slots, ("smol_single",)))
     return specs
 
 
@@ -326,6 +339,63 @@ def _vocab(model: Path) -> int:
     return load_tokenizer(str(model)).vocab_size
 
 
+ONE_STREAM = ("single", "smol_single")
+
+
+async def _interleaved(specs: list[ServerSpec], urls: dict[str, str], args: argparse.Namespace,
+                       workload: report.Workload, vocab: int) -> dict[str, dict]:
+    """One workload's rounds with every server of `specs` up: each request goes to every server in
+    turn, the order flipped each request; a server's round is its requests' tokens over their time."""
+    for spec in specs:  # warm-up
+        warm = _round_requests(args, workload, vocab, 1000)[:1]
+        await run_workload(urls[spec.label], "/v1/completions", spec.served_model, [(p, 16) for p, _ in warm])
+    rounds: dict[str, list[dict]] = {spec.label: [] for spec in specs}
+    turn = 0
+    for round_ in range(args.rounds):
+        spent: dict[str, list] = {spec.label: [0.0, []] for spec in specs}
+        for request in _round_requests(args, workload, vocab, round_):
+            for spec in specs if turn % 2 == 0 else specs[::-1]:
+                elapsed, timings = await run_workload(urls[spec.label], "/v1/completions", spec.served_model,
+                                                      [request], max_concurrency=1)
+                spent[spec.label][0] += elapsed
+                spent[spec.label][1].extend(timings)
+            turn += 1
+        for label, (elapsed, timings) in spent.items():
+            rounds[label].append(summarize(elapsed, timings))
+            r = rounds[label][-1]
+            print(f"  {workload.key} round {round_ + 1}/{args.rounds} {label}: {r['tok_s']:.1f} tok/s, ITL mean "
+                  f"{r['itl_ms_mean']:.1f} ms, {r['completion_tokens']}/{r['expected_completion_tokens']} tokens")
+    return {label: {"rounds": got, "median": report.median_round(got)} for label, got in rounds.items()}
+
+
+def _one_stream_together(args: argparse.Namespace, models: dict, llama: str | None, vocabs: dict,
+                         results: dict, servers: list[dict]) -> None:
+    """--interleave-one-stream: the one-stream rows, Trillium (and its baseline) and llama.cpp up together."""
+    workloads = {w.key: w for w in report.WORKLOADS}
+    for key, name, hf, gguf in (("single", "bench", models["bench"], models["bench_gguf"]),
+                                ("smol_single", "smollm2", models["smollm2"], models["smollm2"])):
+        if hf is None:
+            continue
+        specs = [_trillium_spec(args, hf, name, (key,))] if report.TRILLIUM in args.servers else []
+        if specs and args.baseline:
+            specs.append(_trillium_spec(args, hf, name, (key,), report.BASELINE))
+        if llama:
+            specs.append(_llama_spec(args, llama, gguf, name, args.llama_slots, (key,)))
+        if not specs:
+            continue
+        with contextlib.ExitStack() as stack:
+            urls = {}
+            for spec in specs:
+                print(f"{spec.name}: starting ({' '.join(spec.cmd)})")
+                urls[spec.label] = stack.enter_context(_running(spec, args))
+            print(f"{key}: {', '.join(spec.label for spec in specs)} up together, requests alternated")
+            measured = asyncio.run(_interleaved(specs, urls, args, workloads[key], vocabs[name]))
+        for label, entry in measured.items():
+            results.setdefault(label, {})[key] = entry
+        servers.extend({"name": spec.name, "label": spec.label, "cmd": spec.cmd, "env": spec.env,
+                        "workloads": [key], "interleaved": True} for spec in specs)
+
+
 def run(args: argparse.Namespace) -> tuple[dict, dict[str, str], list[dict]]:
     llama, vllm, skipped = _peers(args)
     models = _prepare_models(args, llama)
@@ -334,7 +404,14 @@ def run(args: argparse.Namespace) -> tuple[dict, dict[str, str], list[dict]]:
         vocabs["smollm2"] = _vocab(models["smollm2"])
     results: dict[str, dict] = {}
     servers = []
-    for spec in _specs(args, models, llama, vllm):
+    specs = _specs(args, models, llama, vllm)
+    if args.interleave_one_stream:
+        _one_stream_together(args, models, llama, vocabs, results, servers)
+        for spec in specs:
+            if spec.label != report.VLLM:  # vLLM's one-stream row is still run on its own
+                spec.workloads = tuple(w for w in spec.workloads if w not in ONE_STREAM)
+        specs = [spec for spec in specs if spec.workloads]
+    for spec in specs:
         model_key = "smollm2" if "smol_single" in spec.workloads else "bench"
         print(f"{spec.name}: starting ({' '.join(spec.cmd)})")
         started = time.perf_counter()
@@ -363,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
           f"another; mixed: {args.num_prompts} requests (prompts 32-512, outputs 16-256) {args.concurrency} "
           f"concurrent, then {args.num_prompts} fresh ones all at once (llama.cpp: {args.llama_slots} slots, "
           f"{args.llama_slots_all} for all at once); greedy, ignore_eos, token-id prompts"
+          + ("; the one-stream rows of Trillium and llama.cpp with the servers up together, requests "
+             "alternated" if args.interleave_one_stream else "")
           + (f"; mixed outputs CAPPED at {args.cap_output_len} (a smoke run)" if args.cap_output_len else ""))
     print(report.format_results(results, skipped))
     print()
