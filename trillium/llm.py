@@ -327,8 +327,10 @@ class LLM:
 
     async def _run_one(self, index, text, ids, params: SamplingParams, priority, lora_id, results) -> None:
         request_id = str(next(self._ids))
+        # WHY final_only: generate returns whole outputs, so the engine holds the tokens for the end
+        # (vLLM's LLM asks for FINAL_ONLY outputs too)
         streams = await self._client.generate(
-            request_id, ids, params, tuple(self.tokenizer.eos_token_ids), priority=priority,
+            request_id, ids, attrs.evolve(params, final_only=True), tuple(self.tokenizer.eos_token_ids), priority=priority,
             trace=self.tracing.sample(), lora_id=lora_id,
         )
         outputs = [CompletionOutput(index=i) for i in range(len(streams))]

@@ -70,6 +70,14 @@ class SamplingParams:
     # classify | token_embed | token_classify); None: the server's default. The pooling routes
     # set it; the executor's pooling head reads it, and token tasks skip prefix-cache reads.
     pooling_task: str | None = None
+    # Output pacing (never changes what is generated). `stream_interval`: a streamed chunk waits
+    # for this many new tokens after the first (SGLang's and vLLM's per-request field; as vLLM,
+    # at least the server's --stream-interval). `final_only`: nobody reads the output before
+    # the request ends (vLLM's output_kind=FINAL_ONLY; the api sets it for `stream: false`,
+    # trillium.LLM for every request), so the scheduler sends its first token and then holds
+    # the rest for its end, unless it has stop strings (matched downstream, in the detokenizer).
+    stream_interval: int | None = None
+    final_only: bool = False
 
     def __attrs_post_init__(self) -> None:
         # WHY: callers pass lists (JSON, vLLM habits); store tuples so the
@@ -129,6 +137,11 @@ class SamplingParams:
             bad("seed", f"must be an integer, got {self.seed!r}")
         if self.pooling_task not in (None, "embed", "classify", "token_embed", "token_classify"):
             bad("pooling_task", f"must be embed, classify, token_embed or token_classify, got {self.pooling_task!r}")
+        if self.stream_interval is not None and (not isinstance(self.stream_interval, int)
+                                                 or isinstance(self.stream_interval, bool) or self.stream_interval < 1):
+            bad("stream_interval", f"must be a positive integer, got {self.stream_interval!r}")
+        if not isinstance(self.final_only, bool):
+            bad("final_only", f"must be true or false, got {self.final_only!r}")
         if not isinstance(self.speculative, bool):
             bad("speculative", f"must be true or false, got {self.speculative!r}")
         for name in ("logprobs", "prompt_logprobs"):

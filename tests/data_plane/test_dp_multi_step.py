@@ -99,6 +99,24 @@ async def test_a_stream_interval_sends_chunks_of_at_least_n_tokens_after_the_fir
     assert len(sizes) <= 1 + 32 // 3 + 1
 
 
+async def test_unstreamed_choices_held_for_their_end_equal_the_streamed_ones(interval_server):
+    """An unstreamed response is final-only (SamplingParams.final_only: the scheduler holds every
+    token after the first for the request's end): n = 2 sampled choices, their text, tokens and
+    logprobs the same as the same request streamed, choice by choice (vLLM numbers n's seeds
+    alike either way)."""
+    body = {"prompt": [5, 6, 7], "max_tokens": 21, "ignore_eos": True, "temperature": 1.0, "seed": 11,
+            "n": 2, "logprobs": 1}
+    choices, usage, whole = await _chunks(interval_server, body)
+    assert usage["completion_tokens"] == whole["usage"]["completion_tokens"] == 42
+    for index, expected in enumerate(whole["choices"]):
+        mine = [c for c in choices if c["index"] == index]
+        assert "".join(c["text"] for c in mine) == expected["text"]
+        streamed = [c["logprobs"] for c in mine if c["logprobs"] and c["logprobs"]["tokens"]]
+        assert [t for lp in streamed for t in lp["tokens"]] == expected["logprobs"]["tokens"]
+        assert [p for lp in streamed for p in lp["token_logprobs"]] == pytest.approx(
+            expected["logprobs"]["token_logprobs"])
+
+
 async def test_a_stop_string_ends_the_text_where_it_would_unstreamed(interval_server):
     body = {"prompt": [5, 6, 7], "max_tokens": 40, "ignore_eos": True, "temperature": 0}
     _, _, free = await _chunks(interval_server, body)

@@ -196,6 +196,22 @@ def test_stream_is_cumulative_and_reassembles_to_the_result(server):
         assert final[index]["meta_info"]["id"] == result["meta_info"]["id"]
 
 
+def test_a_samples_stream_interval_paces_its_events(server):
+    """SGLang's per-request sampling_params.stream_interval (python/sglang/srt/sampling/
+    sampling_params.py; scheduler_output_processor_mixin.py streams a request when its output
+    length % stream_interval == 1, i.e. its first token, then every interval tokens, and when it
+    finishes): events of at least 5 new tokens after the first, the same result as unstreamed."""
+    params = greedy(max_new_tokens=23, min_new_tokens=23, stream_interval=5)
+    body = {"input_ids": PROMPTS[1], "sampling_params": params, "rid": "paced"}
+    full = generate(server, body)
+    events = sse_events(server, {**body, "stream": True})
+    sizes = [len(after["output_ids"]) - len(before["output_ids"])
+             for before, after in zip([{"output_ids": []}, *events], events)]
+    assert sizes[0] == 1 and sum(sizes) == 23 and all(n >= 5 for n in sizes[1:-1]), sizes
+    assert len(sizes) <= 1 + 22 // 5 + 1
+    assert events[-1]["output_ids"] == full["output_ids"] and events[-1]["text"] == full["text"]
+
+
 def test_finish_reason_matches_stop_string_and_stop_token(server):
     """FINISH_MATCHED_STR / FINISH_MATCHED_TOKEN: {"type": "stop", "matched": ...}; the text leaves the
     stop string out unless no_stop_trim; output_ids keep the matched stop token (its text is trimmed)."""
@@ -235,6 +251,8 @@ def test_finish_reason_matches_stop_string_and_stop_token(server):
         ({"input_ids": [1, 99999]}, "input_ids"),
         ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": 2}, "logprob_start_len"),
         ({"input_ids": [[1, 2], [3]], "sampling_params": [{"n": 2}, {"n": 1}]}, "sampling_params"),
+        ({"input_ids": [1, 2], "sampling_params": {"stream_interval": 0}}, "sampling_params.stream_interval"),
+        ({"input_ids": [1, 2], "sampling_params": {"stream_interval": "4"}}, "sampling_params.stream_interval"),
     ],
 )
 def test_unknown_and_unimplemented_fields_are_400_naming_them(server, body, param):

@@ -57,7 +57,7 @@ _UNSUPPORTED_FIELDS: dict[str, Any] = {
     "received_time": None, "cache_salt": None,
 }
 _UNSUPPORTED_SAMPLING: dict[str, Any] = {
-    "stop_regex": None, "custom_params": None, "stream_interval": None,
+    "stop_regex": None, "custom_params": None,
     "logit_bias": None, "sampling_seed": None,
 }
 _PER_PROMPT = ("return_logprob", "logprob_start_len", "top_logprobs_num")
@@ -87,6 +87,8 @@ class GenerateSamplingParams(BaseModel):
     spaces_between_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
+    # Tokens a streamed chunk waits for (SGLang's per-request --stream-interval; at least the server's)
+    stream_interval: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
     # Structured outputs (data_plane/structured_fields.py `from_sglang`)
     json_schema: str | dict[str, Any] | None = None
     regex: str | None = None
@@ -266,6 +268,7 @@ def engine_params(spec: PromptSpec, num_prompt_tokens: int,
         skip_special_tokens=sp.skip_special_tokens is not False,
         spaces_between_special_tokens=sp.spaces_between_special_tokens is not False,
         include_stop_str_in_output=bool(sp.no_stop_trim),
+        stream_interval=sp.stream_interval,
         structured_outputs=from_sglang(
             {"json_schema": sp.json_schema, "regex": sp.regex, "ebnf": sp.ebnf, "structural_tag": sp.structural_tag}
         ),

@@ -110,18 +110,23 @@ class Generation:
         lora_id: int | Sequence[int] = 0,
         request_ids: Sequence[str] | None = None,
         cache_salt: str | None = None,
+        final_only: bool = False,
     ) -> None:
         """One engine request per prompt; choices numbered prompt_index * n + i.
         `trace`: the request's RequestTracer when sampled for tracing, else None.
         `lora_id`: the LoRA adapter of every choice (0: the base model), or one per prompt.
         `request_ids`: the engine id of each prompt's request (default: `request_id`,
         or `request_id-<prompt_index>` for several prompts).
-        `cache_salt`: separates the requests' prefix-cache entries (AddRequest)."""
+        `cache_salt`: separates the requests' prefix-cache entries (AddRequest).
+        `final_only`: the response is sent whole once the requests end (not streamed), so the
+        engine may hold their tokens until then (SamplingParams.final_only)."""
         arrival_s = time.monotonic()
         lora_ids = [lora_id] * len(prompts) if isinstance(lora_id, int) else list(lora_id)
         self._submitting = True
         try:
             for prompt_index, (ids, prompt_params) in enumerate(zip(prompts, params)):
+                if final_only:
+                    prompt_params = attrs.evolve(prompt_params, final_only=True)
                 if request_ids is not None:
                     engine_id = request_ids[prompt_index]
                 else:

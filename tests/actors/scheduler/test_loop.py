@@ -279,6 +279,62 @@ def test_a_stream_interval_holds_tokens_after_the_first_until_enough_wait_or_the
     assert ended == [((17,), "abort")]
 
 
+def _run_tokens(loop, tokens) -> dict[str, list]:
+    """Feed every running request each of `tokens` in turn; each request's deltas (ids, finish)."""
+    batch = loop.before_wait(0.0)[0].message
+    seen: dict[str, list] = {}
+    for token in tokens:
+        loop.handle(_sampled(batch, token), 0.0)
+        sends = loop.before_wait(0.0)
+        for d in (d for s in sends if isinstance(s.message, TokenDeltas) for d in s.message.deltas):
+            seen.setdefault(d.request_id, []).append((d.new_token_ids, d.finish_reason))
+        batch = next((s.message for s in sends if isinstance(s.message, ExecuteBatch)), None)
+        if batch is None:
+            break
+    return seen
+
+
+def test_a_final_only_request_sends_its_first_token_then_the_rest_at_its_end():
+    """SamplingParams.final_only (vLLM's output_kind=FINAL_ONLY, v1/engine/output_processor.py
+    make_request_output; SGLang's scheduler_output_processor_mixin.py sends a request that does not
+    stream when it finishes): the first token at once (the detokenizer registers the request, a
+    traced request's first token time is kept), every other one held for the end, whatever the
+    server's --stream-interval; an abort sends what is held. A final-only request with a stop
+    string (matched in the detokenizer, which must see the tokens) keeps the stream interval."""
+    from trillium.sampling_params import SamplingParams
+
+    loop = build_loop(stream_interval=2)
+    final = SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True, final_only=True)
+    loop.handle(add_request("a", params=final), 0.0)
+    loop.handle(add_request("b", params=SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True,
+                                                       final_only=True)), 0.0)
+    loop.handle(add_request("s", params=SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True,
+                                                       final_only=True, stop=("x",))), 0.0)
+    seen = _run_tokens(loop, range(10, 20))
+    assert seen["a"] == [((10,), None), ((11, 12, 13, 14, 15, 16), "length")]
+    assert seen["b"] == [((10,), None)], "11-19 held"
+    assert seen["s"] == [((10,), None), ((11, 12), None), ((13, 14), None), ((15, 16), None), ((17, 18), None)]
+    loop.handle(AbortRequest(request_ids=("b",)), 0.0)
+    ended = [(d.new_token_ids, d.finish_reason) for s in loop.before_wait(0.0)
+             if isinstance(s.message, TokenDeltas) for d in s.message.deltas]
+    assert ended == [(tuple(range(11, 20)), "abort")]
+
+
+@pytest.mark.parametrize("server, asked, chunk", [(1, 3, 3), (3, None, 3), (3, 2, 3), (2, 4, 4)])
+def test_a_requests_stream_interval_is_at_least_the_servers(server, asked, chunk):
+    """SamplingParams.stream_interval (SGLang's sampling_params.stream_interval; vLLM's
+    SamplingParams.stream_interval, clamped as v1/engine/output_processor.py's
+    RequestState.from_new_request clamps it: max(request, engine))."""
+    from trillium.sampling_params import SamplingParams
+
+    loop = build_loop(stream_interval=server)
+    params = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True, stream_interval=asked)
+    loop.handle(add_request("a", params=params), 0.0)
+    seen = _run_tokens(loop, range(10, 10 + 1 + 2 * chunk))
+    assert [ids for ids, _ in seen["a"]] == [(10,), tuple(range(11, 11 + chunk)),
+                                             tuple(range(11 + chunk, 11 + 2 * chunk))]
+
+
 @pytest.mark.parametrize("stop", ["pause", "sleep"])
 def test_held_tokens_go_out_when_the_engine_stops_stepping(stop):
     """Rule 4 with --stream-interval: tokens a request made and holds are sent when the engine

@@ -57,7 +57,7 @@ from trillium.actors.scheduler.multi_step import extra_forwards, steps_ahead
 from trillium.actors.scheduler.policy import SiblingGate, make_policy
 from trillium.actors.scheduler.preemption import make_preemption
 from trillium.actors.scheduler.queue_timeout import NO_QUEUE_TIMEOUT, QueueTimeout
-from trillium.actors.scheduler.request import Request, RequestStatus
+from trillium.actors.scheduler.request import HOLD_TO_END, Request, RequestStatus
 from trillium.actors.scheduler.step_plan import StepPlan
 from trillium.speculative.scheduling import NO_DRAFTS, DraftBudget, build_draft_budget
 
@@ -143,7 +143,7 @@ class Scheduler:
         if msg.lora_id and msg.lora_id not in self.lora_ids:
             raise ValueError(f"request {msg.request_id}: LoRA adapter id {msg.lora_id} is not loaded")
         request = Request(msg, arrival_seq, self.config.max_model_len)
-        request.stream_interval = self.config.stream_interval
+        request.stream_interval = self._stream_interval(msg.sampling)
         request.times = self.events.times(msg.arrival_time)
         # WHY the bound, not every token: with a sliding window the blocks behind it are
         # freed as it runs, so a request longer than the cache still fits (block_pool.py).
@@ -269,6 +269,15 @@ class Scheduler:
             self._preempt(victim, plan)
             if victim is request:
                 return None
+
+    def _stream_interval(self, sampling) -> int:
+        """Tokens a request's delta waits for after its first (Request.delta): the request's
+        `stream_interval`, at least the server's (vLLM's clamp: the executor sends a multi-step
+        step's tokens ahead every --stream-interval forwards, so no request gets finer chunks);
+        a final-only request with no stop string holds them all for its end."""
+        if sampling.final_only and not sampling.stop:
+            return HOLD_TO_END
+        return max(sampling.stream_interval or 1, self.config.stream_interval)
 
     def release_held(self) -> None:
         """Every request's held tokens (--stream-interval) to the pending deltas: the engine is

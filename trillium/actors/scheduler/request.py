@@ -69,6 +69,10 @@ TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
 }
 del S
 
+# Request.stream_interval of a final-only request (SamplingParams.final_only): its tokens after the
+# first wait for its end, however many.
+HOLD_TO_END = 1 << 62
+
 
 class Request:
     """Mutable per-request state owned by the scheduler core."""
@@ -117,11 +121,13 @@ class Request:
         # Multi-step decode: tokens of the step in flight already sent to the client (AheadTokens).
         self.num_streamed_ahead = 0
         self.delivered = False  # its first delta (with the DetokenizeSpec) went out
-        # --stream-interval: a delta goes out once this many tokens wait (or the request ends);
-        # until then its tokens and logprobs are held here (`delta`).
+        # --stream-interval (or the request's own, HOLD_TO_END when final-only; set by the core): a
+        # delta goes out once this many tokens wait (or the request ends); until then its tokens
+        # and logprobs are held here (`delta`). WHY lists: a final-only request holds its whole
+        # output, one step's tokens at a time.
         self.stream_interval = 1
-        self._held_tokens: tuple[int, ...] = ()
-        self._held_logprobs: tuple[TokenLogprobs, ...] = ()
+        self._held_tokens: list[int] = []
+        self._held_logprobs: list[TokenLogprobs] = []
         self.stop_reason: int | str | None = None
         self.times = None  # scheduler/metrics.py RequestTimes, set by the core
         self.trace_context = msg.trace_context  # W3C carrier from the api, None when not traced
@@ -262,16 +268,18 @@ class Request:
         per token, or None), and on the first delta the DetokenizeSpec, prompt logprobs
         and queue time. None while held: with --stream-interval N above 1, tokens after the
         first wait here until N of them wait or the request ends (vLLM's rule), so the
-        detokenizer and the api handle one message per N tokens."""
+        detokenizer and the api handle one message per N tokens; a final-only request's
+        wait for its end."""
         if isinstance(logprobs, TokenLogprobs):
             logprobs = (logprobs,)
         logprobs = tuple(logprobs or ())
-        if self._held_tokens:
-            tokens, logprobs = self._held_tokens + tokens, self._held_logprobs + logprobs
-            self._held_tokens, self._held_logprobs = (), ()
-        if hold and status is None and self.delivered and len(tokens) < self.stream_interval:
-            self._held_tokens, self._held_logprobs = tokens, logprobs
+        if hold and status is None and self.delivered and len(self._held_tokens) + len(tokens) < self.stream_interval:
+            self._held_tokens.extend(tokens)
+            self._held_logprobs.extend(logprobs)
             return None
+        if self._held_tokens:
+            tokens, logprobs = (*self._held_tokens, *tokens), (*self._held_logprobs, *logprobs)
+            self._held_tokens, self._held_logprobs = [], []
         first = not self.delivered
         self.delivered = True
         return RequestDelta(

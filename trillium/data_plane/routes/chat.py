@@ -124,7 +124,7 @@ def blueprint(state: AppState) -> Blueprint:
     async def create_chat_completion():
         req = parse_request(ChatCompletionRequest, await request.get_data())
         ids = RequestIds("chatcmpl", request.headers, req.request_id)
-        turn = await start_chat_turn(state, req, ids, chat_renames(req))
+        turn = await start_chat_turn(state, req, ids, chat_renames(req), stream=bool(req.stream))
         # vLLM's get_chat_request_role: without a generation prompt the reply continues the last message.
         role = state.engine.response_role if turn.add_generation_prompt else req.messages[-1].role
         chat = _Chat(state, req, ids, turn.model, turn.prompt_ids, role, turn.reply)

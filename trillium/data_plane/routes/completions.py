@@ -176,7 +176,7 @@ def blueprint(state: AppState) -> Blueprint:
         completion.weight_version = generation.weight_version
         await generation.submit(ids.engine_id, prompts, checked, engine.resolved_eos_token_ids,
                                 priority=req.priority or 0, trace=trace, lora_id=state.lora_id(model),
-                                cache_salt=req.cache_salt)
+                                cache_salt=req.cache_salt, final_only=not req.stream)
         if req.stream:
             response = sse_response(_stream(state, generation, completion))
         else:

@@ -191,7 +191,8 @@ def blueprint(state: AppState) -> Blueprint:
         response.weight_version = generation.weight_version
         try:
             await generation.submit(req.prompts[0].rid, prompts, checked, engine.resolved_eos_token_ids,
-                                    trace=trace, lora_id=lora_ids, request_ids=[s.rid for s in req.prompts])
+                                    trace=trace, lora_id=lora_ids, request_ids=[s.rid for s in req.prompts],
+                                    final_only=not req.stream)
         except ValueError as exc:  # EngineClient.submit: a rid still in flight
             raise bad_request(f"rid: {exc}", "rid") from None
         if req.stream:

@@ -88,7 +88,7 @@ def blueprint(state: AppState) -> Blueprint:
         req = parse_request(MessagesRequest, await request.get_data())
         chat = chat_request(req, state.engine.chat)
         ids = RequestIds("msg", request.headers, None)
-        turn = await start_chat_turn(state, chat, ids, _RENAMES)
+        turn = await start_chat_turn(state, chat, ids, _RENAMES, stream=bool(req.stream))
         generation = turn.generation
         message = _Message(message_id(ids.base), turn.model, len(turn.prompt_ids), turn.reply, req.max_tokens)
         if req.stream:

@@ -91,7 +91,7 @@ class _Turn:
 async def _submit(state: AppState, req: ResponsesRequest, chat: ChatCompletionRequest, response_id: str,
                   ids: RequestIds, store: bool) -> _Turn:
     """The chat path's steps (chat_turn.py) for `chat`, and what the Response echoes."""
-    turn = await start_chat_turn(state, chat, ids, _ENGINE_RENAMES)
+    turn = await start_chat_turn(state, chat, ids, _ENGINE_RENAMES, stream=bool(req.stream))
     base = echo_fields(req, response_id, turn.model, turn.params, store, reasoning_effort(req.reasoning))
     base["weight_version"] = turn.generation.weight_version  # as chat's bodies report it (routes/chat.py)
     return _Turn(turn.generation, turn.reply, turn.prompt_ids, base)

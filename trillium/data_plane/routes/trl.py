@@ -53,7 +53,7 @@ def blueprint(state: AppState) -> Blueprint:
         trace = sample_request(engine.tracing, request.headers, engine.model_name)
         generation = state.admit(checked)
         await generation.submit(f"trl-{uuid.uuid4().hex}", prompts, checked, engine.resolved_eos_token_ids,
-                                trace=trace)
+                                trace=trace, final_only=True)  # TRL's reply lists whole completions
         num_sequences = len(prompts) * params.n
         completion_ids: list[list[int]] = [[] for _ in range(num_sequences)]
         rows: list[list[tuple[list[float], list[int]]]] = [[] for _ in range(num_sequences)]
