@@ -350,8 +350,9 @@ def test_stream_interval_flags_reach_the_scheduler_and_the_executor(checkpoint):
     four = resolved("--stream-interval", "4")
     assert SchedulerConfig.from_engine(four).stream_interval == 4
     assert EngineConfig.from_bytes(four.to_bytes()) == four  # what the executor gets
-    with pytest.raises(ValueError, match="--stream-interval must be >= 1"):
-        resolved("--stream-interval", "0")
+    for bad in ("0", "1025"):  # bounded: a chunk's tokens travel as one message
+        with pytest.raises(ValueError, match=r"--stream-interval must be in \[1, 1024\]"):
+            resolved("--stream-interval", bad)
     # vLLM v0's --multi-step-stream-outputs (vllm/engine/arg_utils.py, default True).
     assert resolved().multi_step_stream_outputs is True
     assert resolved("--num-scheduler-steps", "4", "--no-multi-step-stream-outputs").multi_step_stream_outputs is False

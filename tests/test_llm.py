@@ -65,6 +65,35 @@ def llama_llm(checkpoint):
         yield llm
 
 
+def test_generate_asks_for_final_only_outputs_with_the_same_tokens(llama_llm, monkeypatch):
+    """LLM.generate returns whole outputs, so its requests are final-only (vLLM's LLM asks
+    RequestOutputKind.FINAL_ONLY, vllm/entrypoints/llm.py): the scheduler holds their tokens in
+    chunks; the tokens and logprobs are those of the same request delivered a token at a time."""
+    import attrs
+
+    client = llama_llm._client
+    generate = client.generate
+    seen = []
+
+    async def recording(request_id, prompt_token_ids, params, *args, **kwargs):
+        seen.append(params.final_only)
+        if not forced_final_only:
+            params = attrs.evolve(params, final_only=False)  # the old way: a delta per token
+        return await generate(request_id, prompt_token_ids, params, *args, **kwargs)
+
+    monkeypatch.setattr(client, "generate", recording)
+    params = SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=70, ignore_eos=True, logprobs=1)
+    prompt = {"prompt_token_ids": list(range(10, 30))}
+    forced_final_only = True
+    held = llama_llm.generate([prompt], params)[0].outputs
+    forced_final_only = False
+    each = llama_llm.generate([prompt], params)[0].outputs
+    assert seen == [True, True]
+    assert [c.token_ids for c in held] == [c.token_ids for c in each] and len(held[0].token_ids) == 70
+    assert [c.text for c in held] == [c.text for c in each]
+    assert [c.cumulative_logprob for c in held] == pytest.approx([c.cumulative_logprob for c in each])
+
+
 def test_n_samples_share_the_prompt_and_differ(llama_llm):
     params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8, ignore_eos=True)
     prompt = {"prompt_token_ids": list(range(10, 80))}

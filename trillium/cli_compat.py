@@ -202,7 +202,8 @@ def add_serve_args(serve) -> None:
                              "faster for a few streams, smaller is smoother. With --num-scheduler-steps "
                              "K, a step's tokens stream every N of its forwards (N = K: once per "
                              "step). Text and tokens are unchanged; a stop string can take up to N "
-                             "tokens to be seen. Default 1: every token as it comes")
+                             "tokens to be seen. Default 1: every token as it comes; at most 1024. "
+                             "Unstreamed responses hold their tokens for chunks of at least 50")
     compat.add_argument("--disable-log-requests", action="store_true",
                         help="accepted: Trillium does not log request contents")
     compat.add_argument("--enable-log-requests", action="store_true",

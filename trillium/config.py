@@ -17,6 +17,7 @@ import re
 import attrs
 import cattrs
 
+from trillium.sampling_params import MAX_STREAM_INTERVAL
 from trillium.speculative.config import SpeculativeConfig, draft_kv_block_bytes, parse_speculative_config
 
 log = logging.getLogger(__name__)
@@ -239,8 +240,8 @@ class EngineConfig:
             raise ValueError("--max-loras and --max-lora-rank must be >= 1 (and --max-cpu-loras >= 0)")
         if self.max_queue_time_s < 0:
             raise ValueError(f"--max-queue-time-s must be >= 0, got {self.max_queue_time_s}")
-        if self.stream_interval < 1:
-            raise ValueError(f"--stream-interval must be >= 1, got {self.stream_interval}")
+        if not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
+            raise ValueError(f"--stream-interval must be in [1, {MAX_STREAM_INTERVAL}], got {self.stream_interval}")
         if self.collect_detailed_traces and not self.otlp_traces_endpoint:
             raise ValueError("--collect-detailed-traces needs --otlp-traces-endpoint")
         if self.speculative_config.enabled and self.tensor_parallel_size > 1:

@@ -327,7 +327,7 @@ class LLM:
 
     async def _run_one(self, index, text, ids, params: SamplingParams, priority, lora_id, results) -> None:
         request_id = str(next(self._ids))
-        # WHY final_only: generate returns whole outputs, so the engine holds the tokens for the end
+        # WHY final_only: generate returns whole outputs, so the engine may hold the tokens in chunks
         # (vLLM's LLM asks for FINAL_ONLY outputs too)
         streams = await self._client.generate(
             request_id, ids, attrs.evolve(params, final_only=True), tuple(self.tokenizer.eos_token_ids), priority=priority,

@@ -14,6 +14,12 @@ import attrs
 from trillium.structured_outputs import StructuredOutputsParams, validate_structured_outputs
 
 
+# The largest stream interval a request (stream_interval) or the server (--stream-interval) may
+# set. WHY a bound: the tokens held for a chunk travel as one message, and the detokenizer's work on
+# a message grows with the square of its text.
+MAX_STREAM_INTERVAL = 1024
+
+
 @attrs.frozen
 class SamplingParams:
     """What to sample and when to stop, vLLM's names and defaults.
@@ -74,8 +80,9 @@ class SamplingParams:
     # for this many new tokens after the first (SGLang's and vLLM's per-request field; as vLLM,
     # at least the server's --stream-interval). `final_only`: nobody reads the output before
     # the request ends (vLLM's output_kind=FINAL_ONLY; the api sets it for `stream: false`,
-    # trillium.LLM for every request), so the scheduler sends its first token and then holds
-    # the rest for its end, unless it has stop strings (matched downstream, in the detokenizer).
+    # trillium.LLM for every request), so the scheduler sends its first token, then chunks of 50
+    # (SGLang's rule for unstreamed requests), unless it has stop strings (matched downstream,
+    # in the detokenizer).
     stream_interval: int | None = None
     final_only: bool = False
 
@@ -137,9 +144,10 @@ class SamplingParams:
             bad("seed", f"must be an integer, got {self.seed!r}")
         if self.pooling_task not in (None, "embed", "classify", "token_embed", "token_classify"):
             bad("pooling_task", f"must be embed, classify, token_embed or token_classify, got {self.pooling_task!r}")
-        if self.stream_interval is not None and (not isinstance(self.stream_interval, int)
-                                                 or isinstance(self.stream_interval, bool) or self.stream_interval < 1):
-            bad("stream_interval", f"must be a positive integer, got {self.stream_interval!r}")
+        interval = self.stream_interval
+        if interval is not None and (not isinstance(interval, int) or isinstance(interval, bool)
+                                     or not 1 <= interval <= MAX_STREAM_INTERVAL):
+            bad("stream_interval", f"must be an integer in [1, {MAX_STREAM_INTERVAL}], got {interval!r}")
         if not isinstance(self.final_only, bool):
             bad("final_only", f"must be true or false, got {self.final_only!r}")
         if not isinstance(self.speculative, bool):

@@ -253,6 +253,7 @@ def test_finish_reason_matches_stop_string_and_stop_token(server):
         ({"input_ids": [[1, 2], [3]], "sampling_params": [{"n": 2}, {"n": 1}]}, "sampling_params"),
         ({"input_ids": [1, 2], "sampling_params": {"stream_interval": 0}}, "sampling_params.stream_interval"),
         ({"input_ids": [1, 2], "sampling_params": {"stream_interval": "4"}}, "sampling_params.stream_interval"),
+        ({"input_ids": [1, 2], "sampling_params": {"stream_interval": 1025}}, "sampling_params.stream_interval"),
     ],
 )
 def test_unknown_and_unimplemented_fields_are_400_naming_them(server, body, param):

@@ -73,7 +73,9 @@ async def start_chat_turn(state: AppState, chat: ChatCompletionRequest, ids: Req
                           renames: dict[str, str], *, stream: bool) -> ChatTurn:
     """The steps of the module docstring for `chat`, up to the submitted engine request.
     `renames`: engine parameter names -> the route's wire names, for check_prompt's 400s.
-    `stream`: the reply streams (else the engine may hold the tokens for the end: final_only)."""
+    `stream`: the reply streams (else the engine may hold its tokens in chunks: final_only). NOTE:
+    not for a reply whose thinking is split out: its reasoning_tokens count whole deltas of thinking
+    (chat_reply.py), so they must stay a token each."""
     engine = state.engine
     model = state.resolve_model(chat.model)
     trace = sample_request(engine.tracing, request.headers, model)  # None unless traced
@@ -94,5 +96,5 @@ async def start_chat_turn(state: AppState, chat: ChatCompletionRequest, ids: Req
     generation = state.admit([checked])
     await generation.submit(ids.engine_id, [prompt_ids], [checked], engine.resolved_eos_token_ids,
                             priority=chat.priority or 0, trace=trace, lora_id=state.lora_id(model),
-                            cache_salt=chat.cache_salt, final_only=not stream)
+                            cache_salt=chat.cache_salt, final_only=not stream and reply.reasoning is None)
     return ChatTurn(model, prompt_ids, checked, reply, generation, add_generation_prompt(chat))

@@ -88,7 +88,7 @@ class GenerateSamplingParams(BaseModel):
     no_stop_trim: bool | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
     # Tokens a streamed chunk waits for (SGLang's per-request --stream-interval; at least the server's)
-    stream_interval: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
+    stream_interval: Int64 | None = None  # SamplingParams.validate: 1 to MAX_STREAM_INTERVAL
     # Structured outputs (data_plane/structured_fields.py `from_sglang`)
     json_schema: str | dict[str, Any] | None = None
     regex: str | None = None

@@ -119,7 +119,7 @@ class Generation:
         or `request_id-<prompt_index>` for several prompts).
         `cache_salt`: separates the requests' prefix-cache entries (AddRequest).
         `final_only`: the response is sent whole once the requests end (not streamed), so the
-        engine may hold their tokens until then (SamplingParams.final_only)."""
+        engine may hold their tokens in chunks (SamplingParams.final_only)."""
         arrival_s = time.monotonic()
         lora_ids = [lora_id] * len(prompts) if isinstance(lora_id, int) else list(lora_id)
         self._submitting = True

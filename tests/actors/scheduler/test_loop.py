@@ -294,30 +294,31 @@ def _run_tokens(loop, tokens) -> dict[str, list]:
     return seen
 
 
-def test_a_final_only_request_sends_its_first_token_then_the_rest_at_its_end():
+def test_a_final_only_request_sends_its_first_token_then_chunks_of_50_then_its_end():
     """SamplingParams.final_only (vLLM's output_kind=FINAL_ONLY, v1/engine/output_processor.py
     make_request_output; SGLang's scheduler_output_processor_mixin.py sends a request that does not
-    stream when it finishes): the first token at once (the detokenizer registers the request, a
-    traced request's first token time is kept), every other one held for the end, whatever the
-    server's --stream-interval; an abort sends what is held. A final-only request with a stop
-    string (matched in the detokenizer, which must see the tokens) keeps the stream interval."""
+    stream every DEFAULT_FORCE_STREAM_INTERVAL = 50 tokens and when it finishes): the first token at
+    once (the detokenizer registers the request, a traced request's first token time is kept), then
+    chunks of 50 (a bound on a message's size) whatever the server's --stream-interval, and the end;
+    an abort sends what is held. A final-only request with a stop string (matched in the
+    detokenizer, which must see the tokens) keeps the stream interval."""
     from trillium.sampling_params import SamplingParams
 
     loop = build_loop(stream_interval=2)
     final = SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True, final_only=True)
     loop.handle(add_request("a", params=final), 0.0)
-    loop.handle(add_request("b", params=SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True,
+    loop.handle(add_request("b", params=SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True,
                                                        final_only=True)), 0.0)
-    loop.handle(add_request("s", params=SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True,
+    loop.handle(add_request("s", params=SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True,
                                                        final_only=True, stop=("x",))), 0.0)
-    seen = _run_tokens(loop, range(10, 20))
+    seen = _run_tokens(loop, range(10, 70))
     assert seen["a"] == [((10,), None), ((11, 12, 13, 14, 15, 16), "length")]
-    assert seen["b"] == [((10,), None)], "11-19 held"
-    assert seen["s"] == [((10,), None), ((11, 12), None), ((13, 14), None), ((15, 16), None), ((17, 18), None)]
+    assert seen["b"] == [((10,), None), (tuple(range(11, 61)), None)], "61-69 held"
+    assert seen["s"] == [((10,), None)] + [((t, t + 1), None) for t in range(11, 69, 2)]
     loop.handle(AbortRequest(request_ids=("b",)), 0.0)
     ended = [(d.new_token_ids, d.finish_reason) for s in loop.before_wait(0.0)
              if isinstance(s.message, TokenDeltas) for d in s.message.deltas]
-    assert ended == [(tuple(range(11, 20)), "abort")]
+    assert ended == [(tuple(range(61, 70)), "abort")]
 
 
 @pytest.mark.parametrize("server, asked, chunk", [(1, 3, 3), (3, None, 3), (3, 2, 3), (2, 4, 4)])

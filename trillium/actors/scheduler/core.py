@@ -57,7 +57,7 @@ from trillium.actors.scheduler.multi_step import extra_forwards, steps_ahead
 from trillium.actors.scheduler.policy import SiblingGate, make_policy
 from trillium.actors.scheduler.preemption import make_preemption
 from trillium.actors.scheduler.queue_timeout import NO_QUEUE_TIMEOUT, QueueTimeout
-from trillium.actors.scheduler.request import HOLD_TO_END, Request, RequestStatus
+from trillium.actors.scheduler.request import FINAL_ONLY_INTERVAL, Request, RequestStatus
 from trillium.actors.scheduler.step_plan import StepPlan
 from trillium.speculative.scheduling import NO_DRAFTS, DraftBudget, build_draft_budget
 
@@ -274,10 +274,11 @@ class Scheduler:
         """Tokens a request's delta waits for after its first (Request.delta): the request's
         `stream_interval`, at least the server's (vLLM's clamp: the executor sends a multi-step
         step's tokens ahead every --stream-interval forwards, so no request gets finer chunks);
-        a final-only request with no stop string holds them all for its end."""
+        a final-only request with no stop string, FINAL_ONLY_INTERVAL or more."""
+        interval = max(sampling.stream_interval or 1, self.config.stream_interval)
         if sampling.final_only and not sampling.stop:
-            return HOLD_TO_END
-        return max(sampling.stream_interval or 1, self.config.stream_interval)
+            return max(interval, FINAL_ONLY_INTERVAL)
+        return interval
 
     def release_held(self) -> None:
         """Every request's held tokens (--stream-interval) to the pending deltas: the engine is

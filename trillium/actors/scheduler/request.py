@@ -70,8 +70,11 @@ TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
 del S
 
 # Request.stream_interval of a final-only request (SamplingParams.final_only): its tokens after the
-# first wait for its end, however many.
-HOLD_TO_END = 1 << 62
+# first go out in chunks of this many (or at its end). WHY not all at its end: one message then
+# carries a whole output (and its logprobs) of any length, and the detokenizer's work on a message
+# grows with the square of its text; SGLang likewise sends an unstreamed request's output every
+# 50 tokens (scheduler_output_processor_mixin.py DEFAULT_FORCE_STREAM_INTERVAL).
+FINAL_ONLY_INTERVAL = 50
 
 
 class Request:
@@ -121,10 +124,9 @@ class Request:
         # Multi-step decode: tokens of the step in flight already sent to the client (AheadTokens).
         self.num_streamed_ahead = 0
         self.delivered = False  # its first delta (with the DetokenizeSpec) went out
-        # --stream-interval (or the request's own, HOLD_TO_END when final-only; set by the core): a
-        # delta goes out once this many tokens wait (or the request ends); until then its tokens
-        # and logprobs are held here (`delta`). WHY lists: a final-only request holds its whole
-        # output, one step's tokens at a time.
+        # --stream-interval (or the request's own, or FINAL_ONLY_INTERVAL; set by the core): a delta
+        # goes out once this many tokens wait (or the request ends); until then its tokens and
+        # logprobs are held here (`delta`), appended a step's tokens at a time.
         self.stream_interval = 1
         self._held_tokens: list[int] = []
         self._held_logprobs: list[TokenLogprobs] = []
@@ -268,8 +270,7 @@ class Request:
         per token, or None), and on the first delta the DetokenizeSpec, prompt logprobs
         and queue time. None while held: with --stream-interval N above 1, tokens after the
         first wait here until N of them wait or the request ends (vLLM's rule), so the
-        detokenizer and the api handle one message per N tokens; a final-only request's
-        wait for its end."""
+        detokenizer and the api handle one message per N tokens."""
         if isinstance(logprobs, TokenLogprobs):
             logprobs = (logprobs,)
         logprobs = tuple(logprobs or ())
