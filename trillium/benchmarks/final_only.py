@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _parse(argv)
     args.trillium_arg = args.server_arg
+    args.work_dir = str(Path(args.work_dir).resolve())  # WHY: the baseline server runs in another directory
     model = Path(args.work_dir) / "bench-model"
     if not (model / "config.json").exists():
         build_checkpoint(str(model), "bench", seed=0)
