@@ -330,8 +330,8 @@ class LLM:
         # WHY final_only: generate returns whole outputs, so the engine may hold the tokens in chunks
         # (vLLM's LLM asks for FINAL_ONLY outputs too)
         streams = await self._client.generate(
-            request_id, ids, attrs.evolve(params, final_only=True), tuple(self.tokenizer.eos_token_ids), priority=priority,
-            trace=self.tracing.sample(), lora_id=lora_id,
+            request_id, ids, attrs.evolve(params, final_only=True), tuple(self.tokenizer.eos_token_ids),
+            priority=priority, trace=self.tracing.sample(), lora_id=lora_id,
         )
         outputs = [CompletionOutput(index=i) for i in range(len(streams))]
         output = RequestOutput(request_id=request_id, prompt=text, prompt_token_ids=ids, outputs=outputs)

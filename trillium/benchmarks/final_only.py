@@ -1,9 +1,9 @@
 """Unstreamed requests against an earlier revision, both served at once (`bench/final_only.py`).
 
 A request whose response is sent whole (`stream: false`, trillium.LLM) is final-only
-(SamplingParams.final_only): the scheduler sends its first token and holds the rest for
-its end, so the detokenizer and the api handle two messages per request instead of one
-per token (README "Unstreamed requests"). This measures what that saves, against a
+(SamplingParams.final_only): the scheduler sends its first token, then its tokens in
+chunks of 50, so the detokenizer and the api handle one message per 50 tokens instead of
+one per token (README "Unstreamed requests"). This measures what that saves, against a
 revision from before it (--against REV, e.g. the commit before the change): that
 revision's `trillium` package is exported with `git archive` to a temporary directory
 and served from there with this checkout's virtual environment, beside this checkout's
@@ -147,8 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.stream:
             results["streamed"] = asyncio.run(_measure(urls, args, vocab, stream=True))
     flags = " ".join(args.server_arg) or "(defaults)"
-    print(f"\n{args.rounds} rounds x {args.requests} turns of {args.concurrency} request(s), prompt {args.input_len}, "
-          f"{args.output_len} out, bench model, {args.threads} threads, flags {flags}; python {sys.version.split()[0]}")
+    print(f"\n{args.rounds} rounds x {args.requests} turns of {args.concurrency} request(s), prompt "
+          f"{args.input_len}, {args.output_len} out, bench model, {args.threads} threads, flags {flags}; "
+          f"python {sys.version.split()[0]}")
     print(f"{'requests':<12}{'server':<16}{'tok/s median':>13}{'range':>16}{'ratio':>8}")
     for kind, rates in results.items():
         base = statistics.median(rates[commit[:10]])
