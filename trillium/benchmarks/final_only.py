@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import contextlib
 import io
-import json
 import os
 import statistics
 import subprocess
@@ -32,7 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from trillium.benchmarks.cpu_peers import _running, _trillium_spec, _vocab
+from trillium.benchmarks.cpu_peers import _running, _trillium_spec, _vocab, add_trillium_server_args
+from trillium.benchmarks.openai_client import run_workload, summarize
 from trillium.benchmarks.compare import build_workload
 
 
@@ -49,11 +49,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--stream", action="store_true", help="also streamed requests (a control)")
-    p.add_argument("--threads", type=int, default=2, help="--executor-threads of each server (default 2)")
-    p.add_argument("--work-dir", default=str(Path(tempfile.gettempdir()) / "trillium-cpu-peers"),
-                   help="where the bench model and the server logs go (cpu_peers's, shared)")
-    p.add_argument("--startup-timeout", type=float, default=900.0)
-    p.add_argument("--seed", type=int, default=0)
+    add_trillium_server_args(p)
     return p.parse_args(argv)
 
 
@@ -68,31 +64,26 @@ def _export(rev: str, into: Path) -> str:
     return commit
 
 
-async def _post(url: str, prompt: list[int], max_tokens: int, stream: bool) -> int:
-    """One /v1/completions request; the completion tokens it returned."""
+async def _post(url: str, prompt: list[int], max_tokens: int) -> int:
+    """One unstreamed /v1/completions request (openai_client's requests all stream); its completion tokens."""
     import aiohttp
 
     body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": stream}
-    if stream:
-        body["stream_options"] = {"include_usage": True}
+            "ignore_eos": True, "stream": False}
     async with aiohttp.ClientSession() as session:
         async with session.post(url + "/v1/completions", json=body) as response:
             if response.status != 200:
                 raise RuntimeError(f"{url}: {response.status} {await response.text()}")
-            if not stream:
-                return (await response.json())["usage"]["completion_tokens"]
-            tokens = 0
-            async for line in response.content:
-                if line.startswith(b"data: {"):
-                    usage = json.loads(line[6:]).get("usage")
-                    tokens = usage["completion_tokens"] if usage else tokens
-            return tokens
+            return (await response.json())["usage"]["completion_tokens"]
 
 
 async def _turn(url: str, batch, stream: bool) -> tuple[float, int]:
+    """`batch` at once: (seconds, completion tokens)."""
+    if stream:
+        elapsed, timings = await run_workload(url, "/v1/completions", "bench", batch)
+        return elapsed, summarize(elapsed, timings)["completion_tokens"]
     start = time.perf_counter()
-    got = await asyncio.gather(*(_post(url, prompt, out, stream) for prompt, out in batch))
+    got = await asyncio.gather(*(_post(url, prompt, out) for prompt, out in batch))
     return time.perf_counter() - start, sum(got)
 
 

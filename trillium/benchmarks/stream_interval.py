@@ -19,11 +19,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import tempfile
 from pathlib import Path
 
 from trillium.benchmarks import cpu_peers_report as report
-from trillium.benchmarks.cpu_peers import _round_requests, _running, _trillium_spec, _vocab
+from trillium.benchmarks.cpu_peers import _round_requests, _running, _trillium_spec, _vocab, add_trillium_server_args
 from trillium.benchmarks.openai_client import run_workload, summarize
 
 DEFAULT_CONFIGS = (
@@ -44,11 +43,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2, help="rounds of fresh prompts per workload and pass (default 2)")
     p.add_argument("--single-requests", type=int, default=4, help="one-stream requests per round (default 4)")
     p.add_argument("--all-at-once", action="store_true", help="also the mixed requests all at once (64)")
-    p.add_argument("--threads", type=int, default=2, help="--executor-threads of every server (default 2)")
-    p.add_argument("--work-dir", default=str(Path(tempfile.gettempdir()) / "trillium-cpu-peers"),
-                   help="where the bench model and the server logs go (cpu_peers's, shared)")
-    p.add_argument("--startup-timeout", type=float, default=900.0)
-    p.add_argument("--seed", type=int, default=0)
+    add_trillium_server_args(p)
     args = p.parse_args(argv)
     # The fields cpu_peers's request builder reads.
     args.input_len, args.output_len, args.num_prompts, args.cap_output_len = 128, 128, 64, 0
