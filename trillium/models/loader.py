@@ -31,6 +31,9 @@ shard (`tensor_parallel.py`) and each safetensors tensor is read through
 `get_slice`, so a rank reads only its rows or columns; a GGUF tensor is cut
 from the file's blocks before decoding (`gguf_tensor_parallel.py`), packed
 projections keeping the rank's blocks.
+
+On the CPU the loaded weights end in one arena advised for 2 MB pages
+(`weight_arena.py`), the order a forward reads them.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from trillium.kernels import gguf_cpu, int4_cpu
-from trillium.models import gguf_checkpoint
+from trillium.models import gguf_checkpoint, weight_arena
 from trillium.models.int4_checkpoint import QUANT_SUFFIXES, QuantSpec, quant_spec_of
 from trillium.models.checkpoint_files import find_gguf_file, safetensors_files
 from trillium.models.config import ModelConfig, dtype_name
@@ -194,12 +197,21 @@ def load_model(
             weights = _iter_gguf_shards(gguf_path, config, shard, packed_types, dequantized)
         _fill(model, weights, total, progress, Path(path), dequantized, sliced=True)
         model.eval()
+        _into_arena(model, device)
         return model, config
     model = cls.empty(config, dtype=config.dtype, device=device, max_positions=max_positions)
     model.gguf_activations = gguf_activations
     _fill(model, weights, total, progress, Path(path), dequantized, _int4_plan(path, config.dtype, device))
     model.eval()
+    _into_arena(model, device)
     return model, config
+
+
+def _into_arena(model: torch.nn.Module, device: torch.device | str) -> None:
+    """On the CPU, the weights in one huge-page-advised arena (weight_arena.py: a decode step streams
+    them ~7-13% faster); elsewhere they stay as loaded."""
+    if torch.device(device).type == "cpu":
+        weight_arena.pack(model)
 
 
 def _packed_types(path: str | Path, dtype: str, device: torch.device, dequantize: bool) -> frozenset[int]:

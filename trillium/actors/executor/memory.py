@@ -6,6 +6,8 @@
              parameter keeps its dtype and device but holds no storage.
              A weight update while asleep refills them (in host memory);
              until every weight has been refilled, waking "weights" is a 409.
+             On the CPU the refilled parameters go into one arena again
+             (models/weight_arena.py).
 
 Waking is per tag ("weights", "kv_cache"), in either order. The KV cache
 comes back zeroed (its content is gone; the scheduler reset its prefix
@@ -39,6 +41,7 @@ import torch
 from trillium.actors.protocol.execute import NO_TRANSFERS, KvTransfers
 from trillium.actors.protocol.admin import ControlError
 from trillium.actors.protocol.vocabulary import WakeTag
+from trillium.models import weight_arena
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +184,8 @@ class DeviceMemory:
     def weights_loaded(self, names: set[str]) -> None:
         self._missing -= names
         if not self._missing:
+            if self._shapes and self.device.type == "cpu":  # refilled one by one: into an arena again
+                weight_arena.pack(self.core.model, buffers=False)
             self._shapes = {}
 
     def forget_kv_scales(self) -> None:

@@ -1,0 +1,109 @@
+"""The weight arena (models/weight_arena.py): a CPU model's weights in one 2 MB-aligned block each for
+parameters and buffers, values and identities kept, tensors sharing a storage left together, and sleep level 2 still able to
+free the parameters' arena and pack the refill again.
+
+The speed it buys is measured, not tested: bench/weight_arena.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from support.paged_runner import random_sequences, run_schedule
+from trillium.actors.executor.core import ExecutorCore
+from trillium.actors.executor.memory import DeviceMemory
+from trillium.actors.protocol.vocabulary import WakeTag
+from trillium.config import EngineConfig
+from trillium.models import load_model, weight_arena
+from trillium.models.loader import reload_weights
+
+
+def _storages(tensors) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tensors}
+
+
+def _assert_packed(model: torch.nn.Module) -> None:
+    params, buffers = list(model.parameters()), list(model.buffers())
+    assert len(_storages(params)) == 1, "every parameter is a view of one arena"
+    assert len(_storages(buffers)) == 1, "every buffer is a view of another"
+    assert _storages(params) != _storages(buffers), "sleep level 2 frees the parameters' arena alone"
+    ptrs = sorted(t.data_ptr() for t in params)
+    assert ptrs[0] % weight_arena.HUGE_PAGE_BYTES == 0, "the arena starts on a 2 MB page"
+    assert all(p % weight_arena.ALIGN_BYTES == 0 for p in ptrs)
+    assert all(t.is_contiguous() for t in [*params, *buffers])
+
+
+def _unpack(model: torch.nn.Module) -> None:
+    """Each tensor in an allocation of its own again, as the loader left them before the arena."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.data = param.data.clone()
+        for buffer in model.buffers():
+            buffer.set_(buffer.clone())
+
+
+def test_loaded_weights_sit_in_arenas_with_the_same_values_and_outputs(checkpoint):
+    model, _ = load_model(checkpoint("qwen2"), progress=False)  # biases too
+    _assert_packed(model)
+    pointers = [t.data_ptr() for t in [*model.parameters(), *model.buffers()]]
+    assert weight_arena.pack(model) is None, "packed already: nothing moves"
+    assert [t.data_ptr() for t in [*model.parameters(), *model.buffers()]] == pointers
+
+    _unpack(model)
+    named = dict(model.named_parameters()) | dict(model.named_buffers())
+    assert len(_storages(named.values())) == len(named)
+    before = {name: t.clone() for name, t in named.items()}
+    seqs = random_sequences(model.config.vocab_size, seed=3)
+    outputs = run_schedule(model, seqs)
+    report = weight_arena.pack(model)
+    assert report.num_tensors == len(named)
+    assert report.arena_bytes >= sum(t.numel() * t.element_size() for t in named.values())
+    assert report.huge_page_bytes <= report.arena_bytes
+    _assert_packed(model)
+    for name, tensor in (dict(model.named_parameters()) | dict(model.named_buffers())).items():
+        assert tensor is named[name], f"{name}: the module keeps the same tensor object"
+        assert torch.equal(tensor, before[name]), name
+    for x, y in zip(outputs, run_schedule(model, seqs)):
+        assert torch.equal(x, y)
+
+
+def test_tensors_sharing_a_storage_are_left_together():
+    class Views(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            base = torch.arange(12.0)
+            self.a = torch.nn.Parameter(base[:6], requires_grad=False)
+            self.b = torch.nn.Parameter(base[6:], requires_grad=False)
+            self.c = torch.nn.Parameter(torch.ones(5), requires_grad=False)
+
+    module = Views()
+    shared = module.a.untyped_storage().data_ptr()
+    report = weight_arena.pack(module)
+    assert report.num_tensors == 1  # c alone
+    assert module.a.untyped_storage().data_ptr() == shared == module.b.untyped_storage().data_ptr()
+    assert torch.equal(torch.cat([module.a, module.b]), torch.arange(12.0))
+    assert module.c.data_ptr() % weight_arena.HUGE_PAGE_BYTES == 0 and torch.equal(module.c, torch.ones(5))
+    assert weight_arena.pack(torch.nn.Module()) is None
+
+
+def test_sleep_level_2_drops_the_arena_and_the_refill_packs_again(checkpoint):
+    path = checkpoint("llama")
+    config = EngineConfig.build(model=str(path), kv_cache_memory="4MiB", enforce_eager=True).resolve()
+    core = ExecutorCore(config)
+    _assert_packed(core.model)
+    buffers = {name: t.data_ptr() for name, t in core.model.named_buffers()}
+    memory = DeviceMemory(core)
+    slept = memory.sleep(2)
+    assert slept["freed_weight_bytes"] > 0
+    assert all(p.numel() == 0 for p in core.model.parameters())  # nothing of the parameters' arena is held
+    assert {name: t.data_ptr() for name, t in core.model.named_buffers()} == buffers  # buffers untouched
+
+    memory.before_weight_load()
+    reload_weights(core.model, path, progress=False)
+    memory.weights_loaded(set(core.model.checkpoint_weight_names()))
+    assert memory.num_missing_weights == 0
+    assert len(_storages(core.model.parameters())) == 1, "the refilled parameters are one arena again"
+    memory.wake_up((WakeTag.WEIGHTS, WakeTag.KV_CACHE))
+    model, _ = load_model(path, progress=False)
+    for (name, x), (_, y) in zip(core.model.state_dict().items(), model.state_dict().items()):
+        assert torch.equal(x, y), name
