@@ -31,7 +31,8 @@ inputs (Dynamo lifts parameters; a weight update or a sleep that swaps
 `param.data` is seen on the next step), the KV caches come from the context
 (set per call: wake re-allocates them).
 
-Per-step overhead: the graphs call the C++ ops of kernels/native_ops.py (the
+Per-step overhead: the graphs are Inductor's C++ wrapper code (no Python
+between ops), calling the C++ ops of kernels/native_ops.py (the
 packed and float linears, the attention) where that library builds, and each
 bucket's Dynamo bytecode is called directly, without evaluating its guards
 (direct_dispatch.py; a structural change of the model switches that off).
@@ -143,7 +144,8 @@ def _point_inductor_cache() -> str:
 class CompiledDecode(EagerForward):
     """Pure-decode steps of at most max(sizes) sequences through a graph compiled per bucket."""
 
-    def __init__(self, model: torch.nn.Module, sizes: tuple[int, ...]) -> None:
+    def __init__(self, model: torch.nn.Module, sizes: tuple[int, ...], cpp_wrapper: bool = True) -> None:
+        """`cpp_wrapper` False: Inductor's Python wrapper (bench/graph_wrapper.py's baseline)."""
         import torch._dynamo.config
         import torch._inductor.config
 
@@ -172,7 +174,11 @@ class CompiledDecode(EagerForward):
         # count) per code object, so a second engine in this process (tests, benchmarks) would
         # otherwise share, and exhaust, the first one's.
         decode_graph.__code__ = decode_graph.__code__.replace()
-        self._graph = torch.compile(decode_graph, dynamic=False)
+        # WHY Inductor's C++ wrapper: the graph is a chain of ~75 opaque ops at batch 1 (the bench
+        # model); its default Python wrapper calls each through torch.ops and checks each output's
+        # strides in Python, ~0.4 ms a step (bench/graph_wrapper.py on the 2-core AMD EPYC: 6.15 ->
+        # 5.79 ms, 1.06-1.10x). Cost: a cold compile takes ~1.6x as long (a cached start does not).
+        self._graph = torch.compile(decode_graph, dynamic=False, options={"cpp_wrapper": cpp_wrapper})
         # Each bucket's Dynamo bytecode, called without guard evaluation (direct_dispatch.py).
         self.direct = DirectDispatch(decode_graph, model)
         device = model.device

@@ -1,0 +1,71 @@
+"""Compiled decode with Inductor's C++ wrapper vs its Python wrapper, in one run (`bench/graph_wrapper.py`).
+
+One in-process executor (the `bench` model or --model) and two compiled
+forwards of its model at batch 1: the C++ wrapper the executor uses
+(executor/compiled_decode.py) and Inductor's default Python wrapper. Rounds
+alternate the two on the same executor, cache and scheduler core (no IPC):
+one request each, 128-token prompt, --tokens greedy tokens. Prints each
+wrapper's median ms per decode step and tok/s, and whether the greedy tokens
+agree; nothing is asserted. (Cold compile time: `bench/compiled_decode.py
+--cold-warm`; here the second compile would reuse the first one's kernels.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+
+from trillium.benchmarks.weight_arena import _decode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="checkpoint dir (default: build the bench model in a temp dir)")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="trillium-wrapper-"))
+    from trillium.actors.executor.compiled_decode import CompiledDecode
+    from trillium.actors.executor.core import ExecutorCore
+    from trillium.actors.scheduler.core import build_scheduler
+    from trillium.config import EngineConfig
+    from trillium.models.synthetic import build_checkpoint
+
+    torch.set_num_threads(args.threads)
+    model_dir = args.model
+    if model_dir is None:
+        model_dir = str(work / "bench")
+        build_checkpoint(model_dir, "bench", seed=0)
+    config = EngineConfig.build(model=model_dir, kv_cache_memory="64MiB", enforce_eager=True).resolve()
+    core = ExecutorCore(config)
+    sched = build_scheduler(config)
+    forwards = {}
+    for name, cpp in (("python", False), ("c++", True)):
+        forwards[name] = CompiledDecode(core.model, (1,), cpp_wrapper=cpp)
+        forwards[name].warm_up()
+    results = {name: {"step_s": [], "tokens": None} for name in forwards}
+    with torch.inference_mode():
+        for name, forward in forwards.items():
+            core.forward = forward
+            _decode(core, sched, f"warm-{name}", 16)
+        for round_ in range(args.rounds):
+            for name in (("python", "c++") if round_ % 2 == 0 else ("c++", "python")):
+                core.forward = forwards[name]
+                step_s, tokens = _decode(core, sched, f"r{round_}-{name}", args.tokens)
+                results[name]["step_s"].extend(step_s)
+                results[name]["tokens"] = results[name]["tokens"] or tokens
+    print(f"threads {args.threads}, {args.rounds} rounds, batch 1, prompt 128, {args.tokens} tokens")
+    print(f"{'wrapper':8} {'decode step ms':>15} {'tok/s':>7} {'graph steps':>12}")
+    for name, row in results.items():
+        step = statistics.median(row["step_s"])
+        print(f"{name:8} {step * 1e3:15.3f} {1 / step:7.1f} {forwards[name].num_compiled_steps:12d}")
+    ratio = statistics.median(results["python"]["step_s"]) / statistics.median(results["c++"]["step_s"])
+    same = results["python"]["tokens"] == results["c++"]["tokens"]
+    print(f"c++ / python wrapper decode speed: {ratio:.3f}x; greedy tokens identical: {same}")
+    return 0
