@@ -7,7 +7,9 @@ The speed it buys is measured, not tested: bench/weight_arena.py.
 
 from __future__ import annotations
 
+import pytest
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from support.paged_runner import random_sequences, run_schedule
 from trillium.actors.executor.core import ExecutorCore
@@ -31,6 +33,22 @@ def _assert_packed(model: torch.nn.Module) -> None:
     assert ptrs[0] % weight_arena.HUGE_PAGE_BYTES == 0, "the arena starts on a 2 MB page"
     assert all(p % weight_arena.ALIGN_BYTES == 0 for p in ptrs)
     assert all(t.is_contiguous() for t in [*params, *buffers])
+    if weight_arena._thp_mode() in ("always", "madvise"):
+        assert "hg" in _vm_flags(ptrs[0]), "the kernel recorded MADV_HUGEPAGE on the arena"
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping holding `address` (/proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(maxsplit=1)[0] if line.strip() else ""
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    pytest.fail(f"no mapping holds {address:#x}")
 
 
 def _unpack(model: torch.nn.Module) -> None:
@@ -93,9 +111,10 @@ def test_sleep_level_2_drops_the_arena_and_the_refill_packs_again(checkpoint):
     _assert_packed(core.model)
     buffers = {name: t.data_ptr() for name, t in core.model.named_buffers()}
     memory = DeviceMemory(core)
+    arena = StorageWeakRef(next(core.model.parameters()).untyped_storage())
     slept = memory.sleep(2)
     assert slept["freed_weight_bytes"] > 0
-    assert all(p.numel() == 0 for p in core.model.parameters())  # nothing of the parameters' arena is held
+    assert arena.expired(), "nothing holds the parameters' arena after sleep level 2"
     assert {name: t.data_ptr() for name, t in core.model.named_buffers()} == buffers  # buffers untouched
 
     memory.before_weight_load()

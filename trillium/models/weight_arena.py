@@ -6,12 +6,12 @@ The idea: a decode step at small batch reads every weight once, in order, and
 is bound by how fast those bytes stream from memory. Tensors allocated one by
 one sit on 4 KB pages wherever the heap put them; on the 2-core AMD EPYC we
 benchmark on (THP `madvise`, so nothing gets huge pages unless asked) the
-bench model's 33 linears of a batch-1 step read their 110 MB at 20.7-22.6
-GB/s that way, and at 22.6-24.2 GB/s from one arena on 2 MB pages, interleaved
-in one process (bench/weight_arena.py). WHY both: the hardware prefetcher
-stops at each 4 KB page boundary and every 4 KB costs a TLB entry; one
-contiguous range in layer order also lets one weight's stream run into the
-next. llama.cpp gets the same from its memory-mapped GGUF (the kernel maps
+bench model's 33 linears of a batch-1 step read their 110 MB at 23.3-23.9
+GB/s that way, and at 24.9-25.6 GB/s from one arena on 2 MB pages (a decode
+step 1.01-1.10x faster), interleaved in one process (bench/weight_arena.py).
+WHY both: the hardware prefetcher stops at each 4 KB page boundary and every
+4 KB costs a TLB entry; one contiguous range in layer order also lets one
+weight's stream run into the next. llama.cpp gets the same from its memory-mapped GGUF (the kernel maps
 the file's page cache with 2 MB folios where it can).
 
 What moves: every parameter, and every buffer, of the model that owns its
@@ -21,7 +21,8 @@ parameters in one arena, the buffers (a GGUF layer's packed blocks, the rope
 table) in another. A parameter keeps its identity (`param.data` is swapped, as
 sleep does: executor/memory.py); a buffer has its storage swapped in place
 (`set_`), so every module and graph holding it sees the arena. Values are
-copied bit-exactly. A weight update writes into the arena views in place;
+copied bit-exactly. A weight update writes into the arena views in place
+(a distributed one copies its shadow in on the CPU: executor/shadow_weights.py);
 sleep level 2 drops the parameters (their arena goes with the last view) and
 the refill after it packs them again.
 
@@ -30,8 +31,8 @@ before the first touch): with THP `never`, or on a system without it, the
 arena is plain 4 KB pages and the log says so. The report counts what the
 kernel actually gave (`AnonHugePages` of the range, /proc/self/smaps).
 Memory: the arena is filled tensor by tensor and each old storage is freed
-as soon as its tensor moved, so the peak is the weights plus one tensor
-(plus up to 4 MB of alignment).
+as soon as its tensor moved (and the heap trimmed after), so the peak is the
+weights plus one tensor (plus up to 4 MB of alignment).
 """
 
 from __future__ import annotations
@@ -64,9 +65,12 @@ def pack(model: torch.nn.Module, *, buffers: bool = True) -> ArenaReport | None:
     into another; None (nothing done) off the CPU or for a model with nothing that can move.
     WHY two arenas: sleep level 2 drops the parameters only (executor/memory.py), and a buffer
     (a GGUF layer's packed blocks, the rope table) sharing their arena would keep it all alive."""
-    groups = [_movable(model.named_parameters(remove_duplicate=False))]
+    params = list(model.named_parameters(remove_duplicate=False))
+    named_buffers = list(model.named_buffers(remove_duplicate=False))
+    users = _storage_users([*params, *named_buffers])
+    groups = [_movable(params, users)]
     if buffers:
-        groups.append(_movable(model.named_buffers(remove_duplicate=False)))
+        groups.append(_movable(named_buffers, users))
     thp_mode = _thp_mode()
     num_tensors = arena_bytes = huge_bytes = 0
     for tensors in groups:
@@ -88,8 +92,10 @@ def _pack(tensors: list[torch.Tensor]) -> tuple[int, int]:
         offsets.append(total)
         total += _round_up(tensor.numel() * tensor.element_size(), ALIGN_BYTES)
     span = _round_up(total, HUGE_PAGE_BYTES)
-    # WHY torch.empty: a large allocation is its own fresh mmap (untouched, so not yet resident),
-    # freed by torch when the last view of it goes.
+    # A large allocation (past glibc's mmap threshold) is a fresh mapping of its own, untouched until
+    # the copies below, so the advice applies before any page exists; a small one (a float model's
+    # buffers: the rope table) may come from the heap, where the advice is harmless. torch frees it
+    # when the last view goes.
     raw = torch.empty(span + HUGE_PAGE_BYTES, dtype=torch.uint8)
     start = _round_up(raw.data_ptr(), HUGE_PAGE_BYTES) - raw.data_ptr()
     _advise_huge_pages(raw.data_ptr() + start, span)
@@ -103,21 +109,28 @@ def _pack(tensors: list[torch.Tensor]) -> tuple[int, int]:
                 tensor.data = view  # its old storage goes now, before the next tensor fills
             else:
                 tensor.set_(storage, base // tensor.element_size(), tensor.shape, view.stride())
+    _trim_heap()  # the old storages of tensors below the mmap threshold went back to the heap
     return total, min(total, _huge_bytes(raw.data_ptr() + start))
 
 
-def _movable(named) -> list[torch.Tensor]:
-    """Of `named` (name, tensor) pairs, the tensors that own their whole storage on the CPU, in order,
-    each once (a tied weight is one tensor under two names)."""
-    distinct = {id(tensor): tensor for _, tensor in named}
-    candidates = [t for t in distinct.values() if t.device.type == "cpu" and t.numel() > 0 and not t.is_sparse]
+def _storage_users(named) -> dict[int, int]:
+    """Storage address -> how many distinct tensors (parameters and buffers together) use it."""
     users: dict[int, int] = {}
-    for tensor in candidates:
-        key = tensor.untyped_storage().data_ptr()
-        users[key] = users.get(key, 0) + 1
-    # two tensors on one storage (views of each other) stay where they are, together
-    return [t for t in candidates if users[t.untyped_storage().data_ptr()] == 1 and t.is_contiguous()
-            and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()]
+    for tensor in {id(t): t for _, t in named}.values():
+        if tensor.device.type == "cpu" and tensor.numel() > 0 and not tensor.is_sparse:
+            key = tensor.untyped_storage().data_ptr()
+            users[key] = users.get(key, 0) + 1
+    return users
+
+
+def _movable(named, users: dict[int, int]) -> list[torch.Tensor]:
+    """Of `named` (name, tensor) pairs, the tensors that own their whole storage on the CPU (no other
+    parameter or buffer uses it: views of each other stay where they are, together), in order, each
+    once (a tied weight is one tensor under two names)."""
+    distinct = {id(tensor): tensor for _, tensor in named}
+    return [t for t in distinct.values() if t.device.type == "cpu" and t.numel() > 0 and not t.is_sparse
+            and users[t.untyped_storage().data_ptr()] == 1 and t.is_contiguous() and t.storage_offset() == 0
+            and t.untyped_storage().nbytes() == t.numel() * t.element_size()]
 
 
 def _round_up(n: int, to: int) -> int:
@@ -146,13 +159,24 @@ def _advise_huge_pages(address: int, length: int) -> None:
         pass  # no libc madvise: 4 KB pages
 
 
+def _trim_heap() -> None:
+    """glibc's malloc_trim(0): free heap pages back to the OS (executor/memory.py does the same at sleep)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to trim
+
+
 def _huge_bytes(address: int) -> int:
     """AnonHugePages of the mapping holding `address` (/proc/self/smaps), 0 where unknown."""
     try:
         with open("/proc/self/smaps") as f:
             inside = False
             for line in f:
-                head = line.split(maxsplit=1)[0]
+                fields = line.split(maxsplit=1)
+                if not fields:
+                    continue
+                head = fields[0]
                 if "-" in head and not head.endswith(":"):
                     lo, hi = (int(x, 16) for x in head.split("-"))
                     inside = lo <= address < hi

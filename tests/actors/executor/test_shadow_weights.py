@@ -38,7 +38,9 @@ def test_a_full_update_swaps_every_parameter_without_touching_the_model_before(m
     before = _live(model)
     new = {name: torch.randn_like(t) for name, t in weights.items()}
     shadow = ShadowWeights(model)
-    for round_ in range(2):  # the second round reuses the old storage as its shadow
+    arena = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    assert len(arena) == 1  # the loader's arena (models/weight_arena.py)
+    for round_ in range(2):  # the second round reuses the shadow
         buffers, plan = _receive(shadow, new)
         assert not plan.separate
         assert all(rows is None for rows in plan.covered.values())
@@ -49,6 +51,7 @@ def test_a_full_update_swaps_every_parameter_without_touching_the_model_before(m
         twin.load_weights(new.items())
         for name, param in model.named_parameters():
             assert torch.equal(param, dict(twin.named_parameters())[name]), name
+        assert {p.untyped_storage().data_ptr() for p in model.parameters()} == arena, "copied in on the CPU"
         new = {name: torch.randn_like(t) for name, t in weights.items()}
 
 
