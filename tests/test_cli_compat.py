@@ -356,3 +356,21 @@ def test_stream_interval_flags_reach_the_scheduler_and_the_executor(checkpoint):
     # vLLM v0's --multi-step-stream-outputs (vllm/engine/arg_utils.py, default True).
     assert resolved().multi_step_stream_outputs is True
     assert resolved("--num-scheduler-steps", "4", "--no-multi-step-stream-outputs").multi_step_stream_outputs is False
+
+
+def test_compile_cpp_wrapper_max_batch_flag_reaches_the_executor(checkpoint):
+    """--compile-cpp-wrapper-max-batch (ours: compiled buckets up to N through Inductor's C++ wrapper,
+    executor/compiled_decode.py); negative, an error naming the flag."""
+    from trillium.cli import _engine_kwargs
+
+    model = str(checkpoint("llama"))
+
+    def resolved(*argv: str) -> EngineConfig:
+        return EngineConfig.build(model=model, **_engine_kwargs(parse(model, *argv))).resolve()
+
+    assert resolved().compile_cpp_wrapper_max_batch == 4
+    none = resolved("--compile-cpp-wrapper-max-batch", "0")
+    assert none.compile_cpp_wrapper_max_batch == 0
+    assert EngineConfig.from_bytes(none.to_bytes()) == none  # what the executor gets
+    with pytest.raises(ValueError, match="--compile-cpp-wrapper-max-batch must be >= 0"):
+        resolved("--compile-cpp-wrapper-max-batch", "-1")

@@ -214,6 +214,10 @@ class EngineConfig:
     # enforce_eager None resolves from TRILLIUM_ENFORCE_EAGER (1: eager; the test suite sets it), else False.
     enforce_eager: bool | None = None
     compile_batch_sizes: tuple[int, ...] | None = None
+    # Buckets up to this size compile with Inductor's C++ wrapper (no Python between the graph's ops:
+    # ~0.4 ms a step; its C++ takes ~1.5 min a bucket to build cold for SmolLM2 on 2 cores), larger ones
+    # with its Python wrapper (a step long enough that the 0.4 ms is ~1-4%). 0: the Python wrapper everywhere.
+    compile_cpp_wrapper_max_batch: int = 4
     # Speculative decoding (trillium/speculative/): vLLM's --speculative-config, parsed in `build`.
     speculative_config: SpeculativeConfig = attrs.field(factory=SpeculativeConfig)
     # vLLM's --async-scheduling (actors/scheduler/in_flight.py): the scheduler plans step N+1 while
@@ -263,6 +267,8 @@ class EngineConfig:
                              "other types dequantized), awq and gptq (4-bit safetensors checkpoints, read from config.json)")
         if self.gguf_activations not in (None, "int8", "float32"):
             raise ValueError(f"--gguf-activations {self.gguf_activations!r}: choose int8 or float32")
+        if self.compile_cpp_wrapper_max_batch < 0:
+            raise ValueError(f"--compile-cpp-wrapper-max-batch must be >= 0, got {self.compile_cpp_wrapper_max_batch}")
         if self.compile_batch_sizes is not None and any(n < 1 for n in self.compile_batch_sizes):
             raise ValueError(f"--compile-batch-sizes must be positive, got {list(self.compile_batch_sizes)}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import torch
 
-from trillium.benchmarks.weight_arena import _decode
+from trillium.benchmarks.weight_arena import decode_steps
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="checkpoint dir (default: build the bench model in a temp dir)")
-    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=8, choices=range(1, 1001), metavar="N")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
@@ -46,18 +46,18 @@ def main(argv: list[str] | None = None) -> int:
     core = ExecutorCore(config)
     sched = build_scheduler(config)
     forwards = {}
-    for name, cpp in (("python", False), ("c++", True)):
-        forwards[name] = CompiledDecode(core.model, (1,), cpp_wrapper=cpp)
+    for name, cpp_max in (("python", 0), ("c++", 1)):
+        forwards[name] = CompiledDecode(core.model, (1,), cpp_wrapper_max_batch=cpp_max)
         forwards[name].warm_up()
     results = {name: {"step_s": [], "tokens": None} for name in forwards}
     with torch.inference_mode():
         for name, forward in forwards.items():
             core.forward = forward
-            _decode(core, sched, f"warm-{name}", 16)
+            decode_steps(core, sched, f"warm-{name}", 16)
         for round_ in range(args.rounds):
             for name in (("python", "c++") if round_ % 2 == 0 else ("c++", "python")):
                 core.forward = forwards[name]
-                step_s, tokens = _decode(core, sched, f"r{round_}-{name}", args.tokens)
+                step_s, tokens = decode_steps(core, sched, f"r{round_}-{name}", args.tokens)
                 results[name]["step_s"].extend(step_s)
                 results[name]["tokens"] = results[name]["tokens"] or tokens
     print(f"threads {args.threads}, {args.rounds} rounds, batch 1, prompt 128, {args.tokens} tokens")

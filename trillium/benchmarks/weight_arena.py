@@ -61,7 +61,9 @@ def _linears_s(model: torch.nn.Module) -> tuple[float, int]:
     return time.perf_counter() - start, sum(w.numel() * 4 for w in weights)
 
 
-def _decode(core, sched, request_id: str, tokens: int) -> tuple[list[float], list[int]]:
+def decode_steps(core, sched, request_id: str, tokens: int) -> tuple[list[float], list[int]]:
+    """One greedy request (128-token prompt) through the scheduler and executor cores, in process:
+    (seconds of each decode step, the sampled tokens). Also bench/graph_wrapper.py's."""
     from trillium.actors.protocol.requests import AddRequest
     from trillium.sampling_params import SamplingParams
 
@@ -85,7 +87,7 @@ def _decode(core, sched, request_id: str, tokens: int) -> tuple[list[float], lis
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="checkpoint dir (default: build the bench model in a temp dir)")
-    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=8, choices=range(1, 1001), metavar="N")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
@@ -106,19 +108,19 @@ def main(argv: list[str] | None = None) -> int:
     layouts = _Layouts(core.model)
     results = {"arena": {"linear_s": [], "step_s": [], "tokens": None},
                "plain": {"linear_s": [], "step_s": [], "tokens": None}}
+    weight_bytes = _linears_s(core.model)[1]
     with torch.inference_mode():
         for layout in results:  # warm both
             layouts.use(layout)
-            _decode(core, sched, f"warm-{layout}", 16)
+            decode_steps(core, sched, f"warm-{layout}", 16)
             _linears_s(core.model)
         for round_ in range(args.rounds):
             for layout in (("arena", "plain") if round_ % 2 == 0 else ("plain", "arena")):
                 layouts.use(layout)
                 row = results[layout]
                 for _ in range(20):
-                    seconds, weight_bytes = _linears_s(core.model)
-                    row["linear_s"].append(seconds)
-                step_s, tokens = _decode(core, sched, f"r{round_}-{layout}", args.tokens)
+                    row["linear_s"].append(_linears_s(core.model)[0])
+                step_s, tokens = decode_steps(core, sched, f"r{round_}-{layout}", args.tokens)
                 row["step_s"].extend(step_s)
                 row["tokens"] = row["tokens"] or tokens
     layouts.use("arena")

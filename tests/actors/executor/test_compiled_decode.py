@@ -1,9 +1,10 @@
 """Compiled decode (executor/compiled_decode.py): the one test that compiles.
 
-A real ExecutorCore with `enforce_eager=False` and one bucket (4) against an
-eager core on the same checkpoint, both driven by the real scheduler core:
-greedy tokens identical to eager and to transformers (3 requests: decode
-steps of 3 rows padded to 4, then 1-2 rows as they finish), then a live
+A real ExecutorCore with `enforce_eager=False` and two buckets (2 through
+Inductor's C++ wrapper, 4 through its Python wrapper) against an eager core on
+the same checkpoint, both driven by the real scheduler core: greedy tokens
+identical to eager and to transformers (3 requests: decode steps of 3 rows
+padded to 4, then 1-2 rows as they finish, in bucket 2), then a live
 weight update (in-place copy, and a `param.data` swap as shadow weights and
 sleep do) must change the compiled tokens exactly as it changes eager ones:
 the graph holds no stale weights. The same run under --async-scheduling (two
@@ -11,7 +12,7 @@ steps in flight, each result taken after the next step was planned) gives the
 same tokens, every decode step in the graph, and no recompile. With ngram
 speculation (k=3), verify steps of 4 tokens (the last token and 3 drafts) run
 the same bucket's graph, greedy output identical to eager speculation and to
-plain decoding. A GGUF checkpoint kept packed (Q4_1 / Q4_0 / Q8_0 blocks through `trillium::gguf_linear`) compiles too: the same tokens as
+plain decoding. A GGUF checkpoint kept packed (Q4_1 / Q4_0 / Q8_0 blocks through `trillium::gguf_linear`) compiles too (C++ wrapper): the same tokens as
 eager, and a reload copying other blocks in is seen by the graph.
 
 Mirrors vLLM's habit of compiling decode at fixed batch sizes and padding a
@@ -41,16 +42,17 @@ PROMPTS = {"a": [5, 9, 13, 2, 7], "b": list(range(10, 40)), "c": [3] * 21}
 MAX_TOKENS = {"a": 8, "b": 6, "c": 4}  # finish at different steps: decode batches of 3, 2, 1
 
 
-def _config(path, enforce_eager: bool, **extra) -> EngineConfig:
+def _config(path, enforce_eager: bool, sizes=(4,), cpp_max=2, **extra) -> EngineConfig:
+    """Buckets `sizes`, those up to `cpp_max` through Inductor's C++ wrapper, the others its Python one."""
     return EngineConfig.build(model=str(path), kv_cache_memory="4MiB", enforce_eager=enforce_eager,
-                              compile_batch_sizes=(4,), **extra).resolve()
+                              compile_batch_sizes=sizes, compile_cpp_wrapper_max_batch=cpp_max, **extra).resolve()
 
 
 @pytest.fixture(scope="module")
 def cores(checkpoint):
     path = checkpoint("llama")
     torch.set_num_threads(1)
-    return ExecutorCore(_config(path, False)), ExecutorCore(_config(path, True)), path
+    return ExecutorCore(_config(path, False, sizes=(2, 4))), ExecutorCore(_config(path, True)), path
 
 
 def _greedy(core: ExecutorCore, prompts=PROMPTS, speculative: bool = True, async_scheduling: bool = False,
@@ -84,7 +86,8 @@ def test_compiled_greedy_matches_eager_and_transformers_then_follows_weight_upda
 
     compiled, eager, path = cores
     assert isinstance(compiled.forward, CompiledDecode) and not isinstance(eager.forward, CompiledDecode)
-    assert compiled.forward.compile_s.keys() == {4}
+    # bucket 2 (steps of 1-2 rows) through Inductor's C++ wrapper, bucket 4 (3 rows) its Python one
+    assert compiled.forward.compile_s.keys() == {2, 4} and compiled.forward.cpp_wrapper_sizes == (2,)
     graphs = counters["stats"]["unique_graphs"]  # compiled at start; nothing recompiles after
     before = _greedy(compiled)
     assert compiled.forward.num_compiled_steps >= 7  # every decode step of the run (3, 2, 2, 1, 1, 1, 1 rows)
@@ -213,7 +216,7 @@ def test_packed_gguf_decode_compiles_with_eager_tokens(checkpoint, tmp_path):
         return Q.Q8_0 if name.startswith(("token_embd", "output.")) else Q.Q4_0 if ".ffn_down." in name else Q.Q4_1
 
     gguf = write_gguf(checkpoint("llama"), tmp_path / "model.gguf", quantize=mix)
-    compiled, eager = ExecutorCore(_config(gguf, False)), ExecutorCore(_config(gguf, True))
+    compiled, eager = ExecutorCore(_config(gguf, False, cpp_max=4)), ExecutorCore(_config(gguf, True))
     assert isinstance(compiled.forward, CompiledDecode)
     packed = [m for m in compiled.model.modules() if isinstance(m, GgufLinear)]
     assert {m.format_name for m in packed} >= {"Q4_1", "Q4_0", "Q8_0"}
@@ -229,7 +232,7 @@ def test_packed_gguf_decode_compiles_with_eager_tokens(checkpoint, tmp_path):
     assert compiled.forward.num_compiled_steps > steps
     assert after != before
     assert after == _greedy(eager)
-    assert compiled.forward.direct.invalidated is None  # blocks copied in: nothing structural
+    assert compiled.forward.direct_invalidated is None  # blocks copied in: nothing structural
 
     # A structural change (install_packed on a reload of other formats: layer 0's down_proj Q4_0 ->
     # Q8_0, a new module). The guard-free bytecode would run the old format's graph on it, so the
@@ -239,7 +242,7 @@ def test_packed_gguf_decode_compiles_with_eager_tokens(checkpoint, tmp_path):
         weight = gguf_cpu.dequantize(mlp.down_proj.blocks, mlp.down_proj.ggml_type, mlp.down_proj.in_features)
         blocks = torch.from_numpy(np.ascontiguousarray(quantize(weight.numpy() * -2.0, Q.Q8_0)))
         mlp.down_proj = GgufLinear(blocks, int(Q.Q8_0), mlp.down_proj.in_features, None, mlp.down_proj.activations)
-    assert compiled.forward.direct.invalidated and "down_proj" in compiled.forward.direct.invalidated
+    assert compiled.forward.direct_invalidated and "down_proj" in compiled.forward.direct_invalidated
     steps, direct = compiled.forward.num_compiled_steps, compiled.forward.num_direct_steps
     swapped = _greedy(compiled)
     assert swapped != after

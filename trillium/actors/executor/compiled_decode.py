@@ -31,8 +31,10 @@ inputs (Dynamo lifts parameters; a weight update or a sleep that swaps
 `param.data` is seen on the next step), the KV caches come from the context
 (set per call: wake re-allocates them).
 
-Per-step overhead: the graphs are Inductor's C++ wrapper code (no Python
-between ops), calling the C++ ops of kernels/native_ops.py (the
+Per-step overhead: the small buckets' graphs (up to
+--compile-cpp-wrapper-max-batch, default 4) are Inductor's C++ wrapper code (no
+Python between ops), the others its Python wrapper; all call the C++ ops of
+kernels/native_ops.py (the
 packed and float linears, the attention) where that library builds, and each
 bucket's Dynamo bytecode is called directly, without evaluating its guards
 (direct_dispatch.py; a structural change of the model switches that off).
@@ -83,14 +85,17 @@ def build_forward(config: EngineConfig, model: torch.nn.Module) -> EagerForward:
     if reason:
         log.info("compiled decode off (%s): running eager", reason)
         return EagerForward(model)
-    try:
-        forward = CompiledDecode(model, config.compile_batch_sizes)
-        forward.warm_up()
-    except Exception as exc:  # no C++ compiler, an Inductor failure: serve eager, loudly
-        log.warning("compiled decode failed at start (%s: %s); running eager (--enforce-eager skips the try)",
-                    type(exc).__name__, exc)
-        return EagerForward(model)
-    return forward
+    tries = [config.compile_cpp_wrapper_max_batch, 0] if config.compile_cpp_wrapper_max_batch else [0]
+    for cpp_max in tries:
+        try:
+            forward = CompiledDecode(model, config.compile_batch_sizes, cpp_wrapper_max_batch=cpp_max)
+            forward.warm_up()
+            return forward
+        except Exception as exc:  # no C++ compiler, an Inductor failure: the Python wrapper, then eager, loudly
+            then = "trying Inductor's Python wrapper only" if cpp_max else "running eager (--enforce-eager skips the try)"
+            log.warning("compiled decode failed at start (C++ wrapper up to batch %d; %s: %s); %s",
+                        cpp_max, type(exc).__name__, exc, then)
+    return EagerForward(model)
 
 
 def _unsupported(config: EngineConfig, model: torch.nn.Module) -> str:
@@ -144,8 +149,9 @@ def _point_inductor_cache() -> str:
 class CompiledDecode(EagerForward):
     """Pure-decode steps of at most max(sizes) sequences through a graph compiled per bucket."""
 
-    def __init__(self, model: torch.nn.Module, sizes: tuple[int, ...], cpp_wrapper: bool = True) -> None:
-        """`cpp_wrapper` False: Inductor's Python wrapper (bench/graph_wrapper.py's baseline)."""
+    def __init__(self, model: torch.nn.Module, sizes: tuple[int, ...], cpp_wrapper_max_batch: int = 4) -> None:
+        """Buckets up to `cpp_wrapper_max_batch` compile with Inductor's C++ wrapper, the rest with its
+        Python wrapper (0: Python everywhere; bench/graph_wrapper.py compares the two)."""
         import torch._dynamo.config
         import torch._inductor.config
 
@@ -166,21 +172,20 @@ class CompiledDecode(EagerForward):
         if _load_native():
             self.context.native_step = native_ops.Step()
         slots = graph_kv_slots(self.context, len(model.model.layers))
-
-        def decode_graph(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            return model(input_ids, positions, slots, None)
-
-        # WHY a copy of the code object: Dynamo keeps its compiled entries (and its recompile
-        # count) per code object, so a second engine in this process (tests, benchmarks) would
-        # otherwise share, and exhaust, the first one's.
-        decode_graph.__code__ = decode_graph.__code__.replace()
-        # WHY Inductor's C++ wrapper: the graph is a chain of ~75 opaque ops at batch 1 (the bench
-        # model); its default Python wrapper calls each through torch.ops and checks each output's
-        # strides in Python, ~0.4 ms a step (bench/graph_wrapper.py on the 2-core AMD EPYC: 6.15 ->
-        # 5.79 ms, 1.06-1.10x). Cost: a cold compile takes ~1.6x as long (a cached start does not).
-        self._graph = torch.compile(decode_graph, dynamic=False, options={"cpp_wrapper": cpp_wrapper})
-        # Each bucket's Dynamo bytecode, called without guard evaluation (direct_dispatch.py).
-        self.direct = DirectDispatch(decode_graph, model)
+        # WHY Inductor's C++ wrapper for the small buckets: the graph is a chain of opaque ops (~75 at
+        # batch 1 for the bench model, ~270 for SmolLM2); the Python wrapper calls each through
+        # torch.ops and checks each output's strides in Python, ~0.4 ms a step for the bench model
+        # (bench/graph_wrapper.py on the 2-core AMD EPYC: 6.15 -> 5.79 ms, 1.06-1.10x). WHY not every
+        # bucket: its C++ is slow to build (cold, 2 cores: the bench model's buckets 1-8 43 s against
+        # 27; SmolLM2's 7 buckets 636 s against 131), and a large bucket's step is long enough that
+        # the 0.4 ms is 1-4% of it. A cached start is as fast either way.
+        self.cpp_wrapper_sizes = tuple(n for n in self.compiled_sizes if n <= cpp_wrapper_max_batch)
+        self._graphs: dict[int, tuple] = {}  # bucket -> (compiled function, its DirectDispatch)
+        for cpp in (True, False):
+            buckets = [n for n in self.compiled_sizes if (n in self.cpp_wrapper_sizes) == cpp]
+            if buckets:
+                compiled = self._compile(model, slots, cpp)
+                self._graphs.update((n, compiled) for n in buckets)
         device = model.device
         # Padded inputs, one pair per bucket, reused every step.
         self._ids = {n: torch.zeros(n, dtype=torch.int64, device=device) for n in self.compiled_sizes}
@@ -189,6 +194,24 @@ class CompiledDecode(EagerForward):
         self.num_compiled_steps = 0
         self.num_compiled_verify_steps = 0  # of which speculative verify steps (several rows a sequence)
         self.num_direct_steps = 0  # of which run without Dynamo's guard evaluation (direct_dispatch.py)
+
+    @staticmethod
+    def _compile(model: torch.nn.Module, slots, cpp_wrapper: bool) -> tuple:
+        def decode_graph(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            return model(input_ids, positions, slots, None)
+
+        # WHY a copy of the code object: Dynamo keeps its compiled entries (and its recompile
+        # count) per code object, so a second engine in this process (tests, benchmarks), or the
+        # other wrapper's buckets, would otherwise share, and exhaust, the first one's.
+        decode_graph.__code__ = decode_graph.__code__.replace()
+        graph = torch.compile(decode_graph, dynamic=False, options={"cpp_wrapper": cpp_wrapper})
+        # Each bucket's Dynamo bytecode, called without guard evaluation (direct_dispatch.py).
+        return graph, DirectDispatch(decode_graph, model)
+
+    @property
+    def direct_invalidated(self) -> str | None:
+        """Why the guard-free path is off (a structural change of the model), None while it is on."""
+        return next((d.invalidated for _, d in self._graphs.values() if d.invalidated), None)
 
     @property
     def native(self) -> bool:
@@ -204,12 +227,14 @@ class CompiledDecode(EagerForward):
         for size in self.compiled_sizes:
             start = time.perf_counter()
             self.context.meta = None  # warm-up: the attention op touches no cache
-            with self.direct.capture(size):
-                self._graph(self._ids[size], self._positions[size])
+            graph, direct = self._graphs[size]
+            with direct.capture(size):
+                graph(self._ids[size], self._positions[size])
             self.compile_s[size] = time.perf_counter() - start
-        log.info("compiled decode for batch sizes %s in %.1f s (%s; cache %s)",
+        log.info("compiled decode for batch sizes %s in %.1f s (%s; C++ wrapper for %s; cache %s)",
                  ",".join(map(str, self.compiled_sizes)), sum(self.compile_s.values()),
-                 ", ".join(f"{n}: {s:.1f} s" for n, s in self.compile_s.items()), self.cache_path)  # fmt: skip
+                 ", ".join(f"{n}: {s:.1f} s" for n, s in self.compile_s.items()),
+                 ",".join(map(str, self.cpp_wrapper_sizes)) or "none", self.cache_path)  # fmt: skip
         return self.compile_s
 
     def bucket(self, meta: AttentionMetadata, lora) -> int:
@@ -242,9 +267,10 @@ class CompiledDecode(EagerForward):
             if native_step is not None:
                 native_step.set(kv_caches, meta)  # False: this step's attention runs the Python op
             # the bytecode was captured under inference mode (warm_up); grad mode goes through the guards
-            graph = None if torch.is_grad_enabled() else self.direct.get(size)
+            guarded, direct = self._graphs[size]
+            graph = None if torch.is_grad_enabled() else direct.get(size)
             self.num_direct_steps += graph is not None
-            graph = graph or self._graph
+            graph = graph or guarded
             with padded_rows.live_rows(num_tokens):  # the packed kernels skip the padding rows
                 hidden = graph(ids, pos)
         finally:
