@@ -45,11 +45,12 @@ def test_gguf_linear_equals_the_python_op(qtype: Q, activations: str) -> None:
         x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
         for b in (None, bias):
             args = (x, blocks, int(qtype), k, b, activations)
+            native = (*args[:-1], activations == gguf_cpu.INT8)  # the C++ op takes the choice as a bool
             want = torch.ops.trillium.gguf_linear(*args)
-            assert torch.equal(torch.ops.trillium_native.gguf_linear(*args), want)
+            assert torch.equal(torch.ops.trillium_native.gguf_linear(*native), want)
             for live in range(1, rows):  # padding rows: the live ones computed, the rest zero (+ bias)
                 with padded_rows.live_rows(live):
-                    got, python = torch.ops.trillium_native.gguf_linear(*args), torch.ops.trillium.gguf_linear(*args)
+                    got, python = torch.ops.trillium_native.gguf_linear(*native), torch.ops.trillium.gguf_linear(*args)
                 assert torch.equal(got[:live], want[:live]) and torch.equal(got[:live], python[:live])
                 assert torch.equal(got[live:], torch.zeros(rows - live, n) if b is None else b.expand(rows - live, n))
 
@@ -74,15 +75,15 @@ def test_linears_refuse_what_they_do_not_take() -> None:
     blocks = _blocks(n, k, Q.Q4_0, seed=3)
     x = torch.randn(2, k)
     with pytest.raises(RuntimeError, match="packed weights must be"):
-        torch.ops.trillium_native.gguf_linear(x, blocks[:, :-1].contiguous(), int(Q.Q4_0), k, None, "int8")
-    with pytest.raises(RuntimeError, match="activations must be"):
-        torch.ops.trillium_native.gguf_linear(x, blocks, int(Q.Q4_0), k, None, "int4")
+        torch.ops.trillium_native.gguf_linear(x, blocks[:, :-1].contiguous(), int(Q.Q4_0), k, None, True)
+    with pytest.raises(RuntimeError, match="no int8-activation kernel"):
+        torch.ops.trillium_native.gguf_linear(x, blocks, int(Q.Q4_K), k, None, True)  # K-quants: float32 only
     with pytest.raises(RuntimeError, match="no packed CPU kernel"):
-        torch.ops.trillium_native.gguf_linear(x, blocks, 99, k, None, "float32")
+        torch.ops.trillium_native.gguf_linear(x, blocks, 99, k, None, False)
     with pytest.raises(RuntimeError, match="x must be float32"):
-        torch.ops.trillium_native.gguf_linear(x.double(), blocks, int(Q.Q4_0), k, None, "float32")
+        torch.ops.trillium_native.gguf_linear(x.double(), blocks, int(Q.Q4_0), k, None, False)
     with pytest.raises(RuntimeError, match="up to 64 live rows"):
-        torch.ops.trillium_native.gguf_linear(torch.randn(65, k), blocks, int(Q.Q4_0), k, None, "int8")
+        torch.ops.trillium_native.gguf_linear(torch.randn(65, k), blocks, int(Q.Q4_0), k, None, True)
     with pytest.raises(RuntimeError, match="up to 64 live rows"):
         torch.ops.trillium_native.cpu_linear(torch.randn(65, k), torch.randn(n, k), None)
     with pytest.raises(RuntimeError, match="weight must be contiguous"):

@@ -5,7 +5,7 @@
  * compiler against torch's own headers and libraries); the schemas and fake implementations are
  * Python's (native_ops.py), this file gives the CPU kernels:
  *
- *   trillium_native::gguf_linear(x, blocks, ggml_type, in_features, bias, activations)
+ *   trillium_native::gguf_linear(x, blocks, ggml_type, in_features, bias, int8)
  *       trillium::gguf_linear's packed path (models/packed_linear.py): gguf_cpu.c's kernels
  *   trillium_native::cpu_linear(x, weight, bias)
  *       trillium::cpu_linear's few-rows path (models/llama.py): dense_cpu.c's kernel
@@ -95,10 +95,8 @@ at::Tensor rows_out(long m, long n, long rows) {
 }
 
 at::Tensor gguf_linear(const at::Tensor &x_in, const at::Tensor &blocks, int64_t ggml_type, int64_t in_features,
-                       const std::optional<at::Tensor> &bias, c10::string_view activations) {
+                       const std::optional<at::Tensor> &bias, bool int8) {
     TORCH_CHECK(g_gguf_float32 != nullptr, "trillium_native: the GGUF kernels are not bound");
-    const bool int8 = activations == "int8";
-    TORCH_CHECK(int8 || activations == "float32", "activations must be 'float32' or 'int8'");
     const long row_bytes = g_gguf_row_bytes(static_cast<int>(ggml_type), in_features, int8);
     TORCH_CHECK(row_bytes > 0, "ggml type ", ggml_type, int8 ? " has no int8-activation kernel" : " has no packed CPU kernel",
                 " for K=", in_features);

@@ -9,7 +9,7 @@
         .clear()                         after the call: the pointers are dead from here on
         .handle                          the int the graph passes the op
 
-    torch.ops.trillium_native.gguf_linear(x, blocks, ggml_type, in_features, bias, activations)
+    torch.ops.trillium_native.gguf_linear(x, blocks, ggml_type, in_features, bias, int8)
     torch.ops.trillium_native.cpu_linear(x, weight, bias)
     torch.ops.trillium_native.graph_attention(q, k, v, context, step, layer, scale, sliding_window, softcap)
     torch.ops.trillium_native.rms_norm(x, weight, eps)                     float32 (rowwise_cpu.c; else the twin)
@@ -178,7 +178,10 @@ class Step:
 # The schemas and fake implementations are here, so they exist (and Inductor can trace callers)
 # whether or not the C++ library builds; native_ops.cpp registers the CPU kernels.
 _LIB = torch.library.Library("trillium_native", "DEF")
-_LIB.define("gguf_linear(Tensor x, Tensor blocks, int ggml_type, int in_features, Tensor? bias, str activations) "
+# WHY a bool and not trillium::gguf_linear's str: Inductor's C++ wrapper calls an op whose arguments
+# are tensors and numbers through torch's stable C ABI; a str sends it to the boxed path instead (a
+# vector of IValues and a std::string built at every call, and the dispatcher's headers to compile).
+_LIB.define("gguf_linear(Tensor x, Tensor blocks, int ggml_type, int in_features, Tensor? bias, bool int8) "
             "-> Tensor")
 _LIB.define("cpu_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
 _LIB.define("graph_attention(Tensor q, Tensor k, Tensor v, int context, int step, int layer, float scale, "
@@ -189,7 +192,7 @@ _LIB.define("rotary_embedding(Tensor positions, Tensor q, Tensor k, Tensor cos_s
 
 
 @torch.library.register_fake("trillium_native::gguf_linear")
-def _(x, blocks, ggml_type, in_features, bias, activations):
+def _(x, blocks, ggml_type, in_features, bias, int8):
     return x.new_empty((x.shape[0], blocks.shape[0]))
 
 

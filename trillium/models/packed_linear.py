@@ -97,8 +97,12 @@ class GgufLinear(nn.Module):
         flat = x.reshape(-1, self.in_features)
         if torch.compiler.is_compiling():  # the same kernels behind one opaque op; the packed rows from C++
             native = native_ops.loaded() and flat.shape[0] <= _packed_rows(self.activations)  # kernels/native_ops.py
-            op = torch.ops.trillium_native.gguf_linear if native else torch.ops.trillium.gguf_linear
-            out = op(flat, self.blocks, self.ggml_type, self.in_features, self.bias, self.activations)
+            if native:  # int8 activations as a bool (native_ops.py says why)
+                out = torch.ops.trillium_native.gguf_linear(flat, self.blocks, self.ggml_type, self.in_features,
+                                                            self.bias, self.activations == gguf_cpu.INT8)
+            else:
+                out = torch.ops.trillium.gguf_linear(flat, self.blocks, self.ggml_type, self.in_features, self.bias,
+                                                     self.activations)
         else:
             out = _gguf_linear(flat, self.blocks, self.ggml_type, self.in_features, self.bias, self.activations)
         return out.view(*x.shape[:-1], self.out_features)
