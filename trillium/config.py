@@ -215,7 +215,7 @@ class EngineConfig:
     enforce_eager: bool | None = None
     compile_batch_sizes: tuple[int, ...] | None = None
     # Buckets up to this size compile with Inductor's C++ wrapper (no Python between the graph's ops:
-    # ~0.4 ms a step; its C++ takes ~1.5 min a bucket to build cold for SmolLM2 on 2 cores), larger ones
+    # ~0.4 ms a step; its C++ takes 70-90 s a bucket to build cold for SmolLM2 on 2 cores), larger ones
     # with its Python wrapper (a step long enough that the 0.4 ms is ~1-4%). 0: the Python wrapper everywhere.
     compile_cpp_wrapper_max_batch: int = 4
     # Speculative decoding (trillium/speculative/): vLLM's --speculative-config, parsed in `build`.

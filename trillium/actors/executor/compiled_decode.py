@@ -177,8 +177,9 @@ class CompiledDecode(EagerForward):
         # torch.ops and checks each output's strides in Python, ~0.4 ms a step for the bench model
         # (bench/graph_wrapper.py on the 2-core AMD EPYC: 6.15 -> 5.79 ms, 1.06-1.10x). WHY not every
         # bucket: its C++ is slow to build (cold, 2 cores: the bench model's buckets 1-8 43 s against
-        # 27; SmolLM2's 7 buckets 636 s against 131), and a large bucket's step is long enough that
-        # the 0.4 ms is 1-4% of it. A cached start is as fast either way.
+        # 27; SmolLM2's 70-90 s a bucket against ~15, all 7 buckets 326 s at the default 4, 111 s at
+        # 0), and a large bucket's step is long enough that the 0.4 ms is 1-4% of it. A cached start
+        # is as fast either way.
         self.cpp_wrapper_sizes = tuple(n for n in self.compiled_sizes if n <= cpp_wrapper_max_batch)
         self._graphs: dict[int, tuple] = {}  # bucket -> (compiled function, its DirectDispatch)
         for cpp in (True, False):
