@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     if model_dir is None:
         model_dir = str(Path(tempfile.mkdtemp(prefix="trillium-arena-")) / "bench")
         build_checkpoint(model_dir, "bench", seed=0)
-    config = EngineConfig.build(model=model_dir, kv_cache_memory="64MiB", compile_batch_sizes=(1,)).resolve()
+    config = EngineConfig.build(model=model_dir, kv_cache_memory="64MiB", enforce_eager=False,
+                                compile_batch_sizes=(1,)).resolve()
     core = ExecutorCore(config)
     sched = build_scheduler(config)
     layouts = _Layouts(core.model)

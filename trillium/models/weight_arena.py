@@ -11,8 +11,9 @@ GB/s that way, and at 24.9-25.6 GB/s from one arena on 2 MB pages (a decode
 step 1.01-1.10x faster), interleaved in one process (bench/weight_arena.py).
 WHY both: the hardware prefetcher stops at each 4 KB page boundary and every
 4 KB costs a TLB entry; one contiguous range in layer order also lets one
-weight's stream run into the next. llama.cpp gets the same from its memory-mapped GGUF (the kernel maps
-the file's page cache with 2 MB folios where it can).
+weight's stream run into the next. llama.cpp gets the same from its
+memory-mapped GGUF (the kernel maps the file's page cache with 2 MB folios
+where it can).
 
 What moves: every parameter, and every buffer, of the model that owns its
 whole storage (contiguous, not shared with another tensor), each 64-byte

@@ -34,9 +34,9 @@ inputs (Dynamo lifts parameters; a weight update or a sleep that swaps
 Per-step overhead: the small buckets' graphs (up to
 --compile-cpp-wrapper-max-batch, default 4) are Inductor's C++ wrapper code (no
 Python between ops), the others its Python wrapper; all call the C++ ops of
-kernels/native_ops.py (the
-packed and float linears, the attention) where that library builds, and each
-bucket's Dynamo bytecode is called directly, without evaluating its guards
+kernels/native_ops.py (the packed and float linears, the attention) where that
+library builds, and each bucket's Dynamo bytecode is called directly, without
+evaluating its guards
 (direct_dispatch.py; a structural change of the model switches that off).
 
 Cache on disk: Inductor's FX-graph and AOTAutograd caches live under

@@ -23,9 +23,10 @@ class ShadowWeights:
     then swapped in (`param.data`, old storage becomes the shadow's), with no
     copy at all; on the CPU it is copied in instead (the 0.035 s, no page
     faults: both sides are resident), so the live weights stay in the
-    huge-page arena the loader put them in (models/weight_arena.py). Nothing in the live model is touched until every tensor has
-    arrived and the update was validated, so a transfer that fails half way
-    leaves the old weights serving.
+    huge-page arena the loader put them in (models/weight_arena.py).
+    Nothing in the live model is touched until every tensor has arrived and
+    the update was validated, so a transfer that fails half way leaves the
+    old weights serving.
 
     Tensors that cannot land in the shadow (another dtype than the model's,
     a name the model ignores or lacks, a wrong shape, a parameter asleep
