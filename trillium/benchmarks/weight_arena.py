@@ -125,12 +125,14 @@ def main(argv: list[str] | None = None) -> int:
                 row["step_s"].extend(step_s)
                 row["tokens"] = row["tokens"] or tokens
     layouts.use("arena")
-    print(f"threads {args.threads}, {args.rounds} rounds, {weight_bytes / 1e6:.1f} MB of float32 linears")
+    print(f"threads {args.threads}, {args.rounds} rounds, {weight_bytes / 1e6:.1f} MB of float32 linears"
+          + ("" if weight_bytes else " (packed weights: the decode step only)"))
     print(f"{'layout':8} {'linears ms':>11} {'GB/s':>6} {'decode step ms':>15} {'tok/s':>7}")
     for layout, row in results.items():
         linear = statistics.median(row["linear_s"])
         step = statistics.median(row["step_s"])
-        print(f"{layout:8} {linear * 1e3:11.3f} {weight_bytes / linear / 1e9:6.1f} {step * 1e3:15.3f} {1 / step:7.1f}")
+        linears = f"{linear * 1e3:11.3f} {weight_bytes / linear / 1e9:6.1f}" if weight_bytes else f"{'-':>11} {'-':>6}"
+        print(f"{layout:8} {linears} {step * 1e3:15.3f} {1 / step:7.1f}")
     ratio = statistics.median(results["plain"]["step_s"]) / statistics.median(results["arena"]["step_s"])
     same = results["arena"]["tokens"] == results["plain"]["tokens"]
     print(f"arena / plain decode speed: {ratio:.3f}x; greedy tokens identical: {same}")
