@@ -19,13 +19,13 @@ from pathlib import Path
 
 import torch
 
-from trillium.benchmarks.weight_arena import decode_steps
+from trillium.benchmarks.weight_arena import decode_steps, rounds_arg
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="checkpoint dir (default: build the bench model in a temp dir)")
-    parser.add_argument("--rounds", type=int, default=8, choices=range(1, 1001), metavar="N")
+    parser.add_argument("--rounds", type=rounds_arg, default=8, metavar="N", help="alternated rounds, 1-1000 (default 8)")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)

@@ -61,6 +61,14 @@ def _linears_s(model: torch.nn.Module) -> tuple[float, int]:
     return time.perf_counter() - start, sum(w.numel() * 4 for w in weights)
 
 
+def rounds_arg(text: str) -> int:
+    """argparse type of --rounds: an int in 1..1000."""
+    value = int(text)
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"must be in 1..1000, got {value}")
+    return value
+
+
 def decode_steps(core, sched, request_id: str, tokens: int) -> tuple[list[float], list[int]]:
     """One greedy request (128-token prompt) through the scheduler and executor cores, in process:
     (seconds of each decode step, the sampled tokens). Also bench/graph_wrapper.py's."""
@@ -87,7 +95,7 @@ def decode_steps(core, sched, request_id: str, tokens: int) -> tuple[list[float]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="checkpoint dir (default: build the bench model in a temp dir)")
-    parser.add_argument("--rounds", type=int, default=8, choices=range(1, 1001), metavar="N")
+    parser.add_argument("--rounds", type=rounds_arg, default=8, metavar="N", help="alternated rounds, 1-1000 (default 8)")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
