@@ -7,7 +7,6 @@ The speed it buys is measured, not tested: bench/weight_arena.py.
 
 from __future__ import annotations
 
-import pytest
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -39,16 +38,9 @@ def _assert_packed(model: torch.nn.Module) -> None:
 
 def _vm_flags(address: int) -> list[str]:
     """The VmFlags of the mapping holding `address` (/proc/self/smaps)."""
-    inside = False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split(maxsplit=1)[0] if line.strip() else ""
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= address < hi
-            elif inside and head == "VmFlags:":
-                return line.split()[1:]
-    pytest.fail(f"no mapping holds {address:#x}")
+    flags = weight_arena.smaps_field(address, "VmFlags:")
+    assert flags is not None, f"no mapping holds {address:#x}"
+    return flags
 
 
 def _unpack(model: torch.nn.Module) -> None:

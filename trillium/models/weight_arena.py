@@ -110,7 +110,7 @@ def _pack(tensors: list[torch.Tensor]) -> tuple[int, int]:
                 tensor.data = view  # its old storage goes now, before the next tensor fills
             else:
                 tensor.set_(storage, base // tensor.element_size(), tensor.shape, view.stride())
-    _trim_heap()  # the old storages of tensors below the mmap threshold went back to the heap
+    trim_host_heap()  # the old storages of tensors below the mmap threshold went back to the heap
     return total, min(total, _huge_bytes(raw.data_ptr() + start))
 
 
@@ -160,29 +160,35 @@ def _advise_huge_pages(address: int, length: int) -> None:
         pass  # no libc madvise: 4 KB pages
 
 
-def _trim_heap() -> None:
-    """glibc's malloc_trim(0): free heap pages back to the OS (executor/memory.py does the same at sleep)."""
+def trim_host_heap() -> None:
+    """glibc's malloc_trim(0): free heap pages back to the OS (also executor/memory.py's, at sleep)."""
     try:
-        ctypes.CDLL(None).malloc_trim(0)
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass  # not glibc: nothing to trim
 
 
-def _huge_bytes(address: int) -> int:
-    """AnonHugePages of the mapping holding `address` (/proc/self/smaps), 0 where unknown."""
+def smaps_field(address: int, key: str) -> list[str] | None:
+    """The values of `key` ("AnonHugePages:", "VmFlags:") in the /proc/self/smaps entry of the mapping
+    holding `address`; None where there is no such mapping, field or file."""
     try:
         with open("/proc/self/smaps") as f:
             inside = False
             for line in f:
-                fields = line.split(maxsplit=1)
+                fields = line.split()
                 if not fields:
                     continue
-                head = fields[0]
-                if "-" in head and not head.endswith(":"):
-                    lo, hi = (int(x, 16) for x in head.split("-"))
+                if "-" in fields[0] and not fields[0].endswith(":"):
+                    lo, hi = (int(x, 16) for x in fields[0].split("-"))
                     inside = lo <= address < hi
-                elif inside and head == "AnonHugePages:":
-                    return int(line.split()[1]) * 1024
+                elif inside and fields[0] == key:
+                    return fields[1:]
     except (OSError, ValueError):
         pass
-    return 0
+    return None
+
+
+def _huge_bytes(address: int) -> int:
+    """AnonHugePages of the mapping holding `address`, 0 where unknown."""
+    values = smaps_field(address, "AnonHugePages:")
+    return int(values[0]) * 1024 if values else 0

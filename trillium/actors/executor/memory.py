@@ -31,7 +31,6 @@ executor's torch thread, between steps.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import logging
 import os
@@ -53,13 +52,6 @@ def resident_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:
         return 0
-
-
-def _trim_host_heap() -> None:
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc: nothing to trim
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> int:
@@ -228,7 +220,7 @@ class DeviceMemory:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        _trim_host_heap()
+        weight_arena.trim_host_heap()
 
     def _device_allocated(self) -> int:
         if self.device.type == "cuda":
