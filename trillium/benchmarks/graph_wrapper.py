@@ -12,39 +12,18 @@ agree; nothing is asserted. (Cold compile time: `bench/compiled_decode.py
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import tempfile
-from pathlib import Path
 
 import torch
 
-from trillium.benchmarks.weight_arena import decode_steps, rounds_arg
+from trillium.benchmarks.weight_arena import decode_steps, in_process_engine, in_process_parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", help="checkpoint dir (default: build the bench model in a temp dir)")
-    parser.add_argument("--rounds", type=rounds_arg, default=8, metavar="N", help="alternated rounds, 1-1000 (default 8)")
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args(argv)
-
-    work = Path(tempfile.mkdtemp(prefix="trillium-wrapper-"))
+    args = in_process_parser(__doc__).parse_args(argv)
     from trillium.actors.executor.compiled_decode import CompiledDecode
-    from trillium.actors.executor.core import ExecutorCore
-    from trillium.actors.scheduler.core import build_scheduler
-    from trillium.config import EngineConfig
-    from trillium.models.synthetic import build_checkpoint
 
-    torch.set_num_threads(args.threads)
-    model_dir = args.model
-    if model_dir is None:
-        model_dir = str(work / "bench")
-        build_checkpoint(model_dir, "bench", seed=0)
-    config = EngineConfig.build(model=model_dir, kv_cache_memory="64MiB", enforce_eager=True).resolve()
-    core = ExecutorCore(config)
-    sched = build_scheduler(config)
+    core, sched = in_process_engine(args, enforce_eager=True)  # the two compiled forwards are set below
     forwards = {}
     for name, cpp_max in (("python", 0), ("c++", 1)):
         forwards[name] = CompiledDecode(core.model, (1,), cpp_wrapper_max_batch=cpp_max)

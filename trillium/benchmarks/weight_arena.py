@@ -92,14 +92,18 @@ def decode_steps(core, sched, request_id: str, tokens: int) -> tuple[list[float]
     return step_s[1:], out  # decode steps (the first one is the prefill)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def in_process_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of an in-process decode bench (this one and bench/graph_wrapper.py)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="checkpoint dir (default: build the bench model in a temp dir)")
     parser.add_argument("--rounds", type=rounds_arg, default=8, metavar="N", help="alternated rounds, 1-1000 (default 8)")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args(argv)
+    return parser
 
+
+def in_process_engine(args: argparse.Namespace, **engine_args):
+    """(executor core, scheduler core) on --model (or the bench model, built in a temp dir), --threads."""
     from trillium.actors.executor.core import ExecutorCore
     from trillium.actors.scheduler.core import build_scheduler
     from trillium.config import EngineConfig
@@ -108,12 +112,15 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     model_dir = args.model
     if model_dir is None:
-        model_dir = str(Path(tempfile.mkdtemp(prefix="trillium-arena-")) / "bench")
+        model_dir = str(Path(tempfile.mkdtemp(prefix="trillium-bench-")) / "bench")
         build_checkpoint(model_dir, "bench", seed=0)
-    config = EngineConfig.build(model=model_dir, kv_cache_memory="64MiB", enforce_eager=False,
-                                compile_batch_sizes=(1,)).resolve()
-    core = ExecutorCore(config)
-    sched = build_scheduler(config)
+    config = EngineConfig.build(model=model_dir, kv_cache_memory="64MiB", **engine_args).resolve()
+    return ExecutorCore(config), build_scheduler(config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = in_process_parser(__doc__).parse_args(argv)
+    core, sched = in_process_engine(args, enforce_eager=False, compile_batch_sizes=(1,))
     layouts = _Layouts(core.model)
     results = {"arena": {"linear_s": [], "step_s": [], "tokens": None},
                "plain": {"linear_s": [], "step_s": [], "tokens": None}}
