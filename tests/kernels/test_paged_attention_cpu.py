@@ -37,7 +37,7 @@ SHAPES = [
     # several 64-key chunks per row (split-K, merged): lengths at, just past and well past chunk ends
     (9, 3, 64, 16, [300, 64, 65, 129]),
     (6, 3, 40, 5, [200, 1, 128]),
-    # the AVX-512 fixed-head-dim path (D 64 / 128): keys in groups of 16 within blocks of 5, 16 or 32
+    # the fixed-head-dim paths (D 64 / 128; AVX-512: keys in groups of 16, AVX2: of 8) within blocks of 5, 16 or 32
     (4, 2, 128, 5, [70, 3, 129]),
     (6, 2, 64, 32, [100, 17, 64, 1]),
 ]

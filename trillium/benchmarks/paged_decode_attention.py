@@ -14,9 +14,10 @@ gather plan is built once per step, as in the engine); microseconds per
 call, the fastest step of all rounds (on a loaded machine the fastest is the
 least disturbed) and the median.
 
-Large batches (`--against REV`): the float32 kernel against the same file at git revision REV
-(trillium/benchmarks/revisions.py), 16 and 64 rows of ~400 keys with a cache of their own per layer
-(8 layers, more than the caches hold, as a served batch of long requests), ms per forward of 8
+Against a revision (`--against REV`): the float32 kernel against the same file at git revision REV
+(trillium/benchmarks/revisions.py), 1 row (one stream) and 16 and 64 rows (a served batch of long
+requests) of ~400 keys with a cache of their own per layer (8 layers: the 16- and 64-row batches
+hold more than the caches do), ms per forward of 8
 layers and the KV bytes per second read, medians of alternated rounds, and whether the two builds'
 outputs are the same bits.
 
@@ -94,10 +95,11 @@ def against(rev: str, rounds: int) -> None:
         print(f"\n--against {rev}: {exc}")
         return
     rng = random.Random(1)
-    print(f"\nlarge batches, float32, a cache per layer (ms per forward of {LAYERS} layers, KV GB/s): "
+    print(f"\nfloat32, a cache per layer (ms per forward of {LAYERS} layers, KV GB/s): "
           f"this tree against {rev}")
     print(f"{'batch':>6}{'ctx':>6}{'this ms':>10}{'GB/s':>7}{rev[:10]:>12}{'GB/s':>7}{'speed-up':>9}  same bits")
-    for batch in (16, 64):
+    for batch in (1, 16, 64):
+        repeats = 50 if batch == 1 else 5  # one row's forward is ~0.3 ms: more of them per timing
         q, _, _, _, tables, lens = _step_inputs(batch, 400, torch.float32, rng)
         blocks = sum(len(t) for t in tables) + 1
         caches = [(torch.randn(blocks, BLOCK, KV_HEADS, HEAD_DIM), torch.randn(blocks, BLOCK, KV_HEADS, HEAD_DIM))
@@ -113,10 +115,10 @@ def against(rev: str, rounds: int) -> None:
                         stack.enter_context(using(paged_attention_cpu, old))
                     outs[name] = paged_attention_cpu.decode_attention(q, *caches[0], meta, HEAD_DIM**-0.5)
                     start = time.perf_counter()
-                    for _ in range(5):
+                    for _ in range(repeats):
                         for k, v in caches:
                             paged_attention_cpu.decode_attention(q, k, v, meta, HEAD_DIM**-0.5)
-                    times[name].append((time.perf_counter() - start) / 5)
+                    times[name].append((time.perf_counter() - start) / repeats)
         new, base = statistics.median(times["this"]), statistics.median(times[rev])
         print(f"{batch:>6}{400:>6}{new * 1e3:>10.2f}{nbytes / new / 1e9:>7.1f}{base * 1e3:>12.2f}"
               f"{nbytes / base / 1e9:>7.1f}{base / new:>8.2f}x  {torch.equal(outs['this'], outs[rev])}")
@@ -196,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the bench model (built there if missing)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=None, help="torch (and kernel) threads; default torch's")
     parser.add_argument("--against", default=None, metavar="REV",
-                        help="also time large batches against the kernel at git revision REV (e.g. HEAD~1)")
+                        help="also time 1, 16 and 64 rows against the kernel at git revision REV (e.g. HEAD~1)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
