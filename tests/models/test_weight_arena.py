@@ -1,6 +1,7 @@
 """The weight arena (models/weight_arena.py): a CPU model's weights in one 2 MB-aligned block each for
 parameters and buffers, values and identities kept, tensors sharing a storage left together, and sleep level 2 still able to
-free the parameters' arena and pack the refill again.
+free the parameters' arena and pack the refill again; and `huge_page_zeros`, which the CPU KV caches come from
+(aligned, advised, zeroed, freed by sleep and allocated the same way on waking).
 
 The speed it buys is measured, not tested: bench/weight_arena.py.
 """
@@ -118,3 +119,42 @@ def test_sleep_level_2_drops_the_arena_and_the_refill_packs_again(checkpoint):
     model, _ = load_model(path, progress=False)
     for (name, x), (_, y) in zip(core.model.state_dict().items(), model.state_dict().items()):
         assert torch.equal(x, y), name
+
+
+def test_huge_page_zeros_are_zeros_aligned_and_advised():
+    """huge_page_zeros: a zeroed tensor of the shape and dtype asked, from 2 MB on in a 2 MB-aligned block
+    advised for huge pages; below 2 MB plain torch.zeros (the advice would buy nothing)."""
+    for dtype in (torch.float32, torch.bfloat16, torch.float8_e4m3fn):
+        shape = (3 << 20) // dtype.itemsize // 64, 4, 16  # 3 MB: not a whole number of 2 MB pages
+        tensor = weight_arena.huge_page_zeros(shape, dtype)
+        assert tensor.shape == shape and tensor.dtype == dtype and tensor.is_contiguous()
+        assert tensor.data_ptr() % weight_arena.HUGE_PAGE_BYTES == 0
+        assert not tensor.float().any()
+        if weight_arena._thp_mode() in ("always", "madvise"):
+            assert "hg" in _vm_flags(tensor.data_ptr())
+        tensor.fill_(1)  # the whole range is writable, the slack around it untouched
+        assert tensor.float().sum().item() == tensor.numel()
+    small = weight_arena.huge_page_zeros((16, 16), torch.float32)
+    assert small.shape == (16, 16) and not small.any()
+
+
+def test_cpu_kv_caches_sit_on_2mb_pages_and_sleep_still_frees_them(checkpoint):
+    """The executor's KV caches on the CPU (kv_cache.allocate_kv_caches): each a 2 MB-aligned block
+    advised for huge pages, zeroed; sleep frees them and waking allocates them the same way again."""
+    config = EngineConfig.build(model=str(checkpoint("llama")), kv_cache_memory="64MiB", enforce_eager=True).resolve()
+    core = ExecutorCore(config)
+
+    def check(caches) -> list[torch.Tensor]:
+        tensors = [t for c in caches for t in (c.k_cache, c.v_cache)]
+        assert all(t.numel() * t.element_size() >= weight_arena.HUGE_PAGE_BYTES for t in tensors)  # the premise
+        assert all(t.data_ptr() % weight_arena.HUGE_PAGE_BYTES == 0 and not t.any() for t in tensors)
+        if weight_arena._thp_mode() in ("always", "madvise"):
+            assert all("hg" in _vm_flags(t.data_ptr()) for t in tensors)
+        return tensors
+
+    refs = [StorageWeakRef(t.untyped_storage()) for t in check(core.kv_caches)]
+    memory = DeviceMemory(core)
+    memory.sleep(1)
+    assert all(ref.expired() for ref in refs), "sleep frees the KV caches' blocks"
+    memory.wake_up((WakeTag.KV_CACHE,))
+    check(core.kv_caches)

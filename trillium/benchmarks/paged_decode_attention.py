@@ -21,6 +21,10 @@ hold more than the caches do), ms per forward of 8
 layers and the KV bytes per second read, medians of alternated rounds, and whether the two builds'
 outputs are the same bits.
 
+KV pages (`--kv-pages`): the same kernel over the same float32 caches (1, 16 and 64 rows of ~400
+keys, a cache per layer) on 4 KB pages and on 2 MB pages (`weight_arena.huge_page_zeros`, as the
+engine allocates its CPU caches), alternated; ms per forward of 8 layers, medians.
+
 End to end: one in-process engine on the `bench` model (compiled decode at
 buckets 1 and 16 unless --enforce-eager), the mode flipped between rounds
 (the switch is read per call): single stream (128-token prompt, 128 greedy
@@ -114,14 +118,44 @@ def against(rev: str, rounds: int) -> None:
                     if name == rev:
                         stack.enter_context(using(paged_attention_cpu, old))
                     outs[name] = paged_attention_cpu.decode_attention(q, *caches[0], meta, HEAD_DIM**-0.5)
-                    start = time.perf_counter()
-                    for _ in range(repeats):
-                        for k, v in caches:
-                            paged_attention_cpu.decode_attention(q, k, v, meta, HEAD_DIM**-0.5)
-                    times[name].append((time.perf_counter() - start) / repeats)
+                    times[name].append(_forward_s(q, caches, meta, repeats))
         new, base = statistics.median(times["this"]), statistics.median(times[rev])
         print(f"{batch:>6}{400:>6}{new * 1e3:>10.2f}{nbytes / new / 1e9:>7.1f}{base * 1e3:>12.2f}"
               f"{nbytes / base / 1e9:>7.1f}{base / new:>8.2f}x  {torch.equal(outs['this'], outs[rev])}")
+
+
+def _forward_s(q: torch.Tensor, caches, meta, repeats: int) -> float:
+    """Seconds of one forward's attention (the kernel over every layer's cache), averaged over `repeats`."""
+    start = time.perf_counter()
+    for _ in range(repeats):
+        for k, v in caches:
+            paged_attention_cpu.decode_attention(q, k, v, meta, HEAD_DIM**-0.5)
+    return (time.perf_counter() - start) / repeats
+
+
+def kv_pages(rounds: int) -> None:
+    """The same kernel over the same float32 caches on 4 KB pages (torch.randn) and on 2 MB pages (a copy
+    in weight_arena.huge_page_zeros, as the engine allocates them), alternated."""
+    from trillium.models.weight_arena import huge_page_zeros
+
+    rng = random.Random(2)
+    print(f"\nfloat32 KV caches on 4 KB against 2 MB pages, a cache per layer (ms per forward of {LAYERS} layers)")
+    print(f"{'batch':>6}{'ctx':>6}{'4 KB ms':>10}{'2 MB ms':>10}{'speed-up':>9}")
+    for batch in (1, 16, 64):
+        repeats = 50 if batch == 1 else 5
+        q, _, _, _, tables, lens = _step_inputs(batch, 400, torch.float32, rng)
+        blocks = sum(len(t) for t in tables) + 1
+        shape = (blocks, BLOCK, KV_HEADS, HEAD_DIM)
+        small = [(torch.randn(shape), torch.randn(shape)) for _ in range(LAYERS)]
+        huge = [(huge_page_zeros(shape, torch.float32).copy_(k), huge_page_zeros(shape, torch.float32).copy_(v))
+                for k, v in small]
+        meta = AttentionMetadata.build([1] * batch, lens, tables, BLOCK)
+        times: dict[str, list[float]] = {"4 KB": [], "2 MB": []}
+        for round_ in range(rounds * 2):
+            for name in (("4 KB", "2 MB") if round_ % 2 == 0 else ("2 MB", "4 KB")):
+                times[name].append(_forward_s(q, small if name == "4 KB" else huge, meta, repeats))
+        plain, advised = statistics.median(times["4 KB"]), statistics.median(times["2 MB"])
+        print(f"{batch:>6}{400:>6}{plain * 1e3:>10.2f}{advised * 1e3:>10.2f}{plain / advised:>8.2f}x")
 
 
 def micro(rounds: int, steps: int) -> None:
@@ -199,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch (and kernel) threads; default torch's")
     parser.add_argument("--against", default=None, metavar="REV",
                         help="also time 1, 16 and 64 rows against the kernel at git revision REV (e.g. HEAD~1)")
+    parser.add_argument("--kv-pages", action="store_true",
+                        help="also time float32 caches on 4 KB against 2 MB pages (1, 16 and 64 rows)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -209,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     micro(args.rounds, args.steps)
     if args.against:
         against(args.against, args.rounds)
+    if args.kv_pages:
+        kv_pages(args.rounds)
     if not args.skip_e2e:
         end_to_end(args.rounds, args.enforce_eager, args.model_dir)
     return 0

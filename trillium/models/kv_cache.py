@@ -42,6 +42,7 @@ import torch
 from trillium import kernels
 from trillium.kernels.fp8 import fp8_max, is_fp8
 from trillium.models.config import ModelConfig, torch_dtype
+from trillium.models.weight_arena import huge_page_zeros
 
 # Resolved --kv-cache-dtype names ("auto" resolves to the model dtype's name).
 FP8_KV_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
@@ -134,10 +135,14 @@ def allocate_kv_caches(
     """
     shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
     dtype = kv_cache_torch_dtype(dtype)
+    on_cpu = torch.device(device).type == "cpu"
     caches = []
     for _ in range(config.num_layers):
-        k_cache = torch.zeros(shape, dtype=dtype, device=device)
-        v_cache = torch.zeros(shape, dtype=dtype, device=device)
+        if on_cpu:  # on 2 MB pages, as the weights (weight_arena.huge_page_zeros says why)
+            k_cache, v_cache = huge_page_zeros(shape, dtype), huge_page_zeros(shape, dtype)
+        else:
+            k_cache = torch.zeros(shape, dtype=dtype, device=device)
+            v_cache = torch.zeros(shape, dtype=dtype, device=device)
         if is_fp8(dtype):
             ones = [torch.ones((), dtype=torch.float32, device=device) for _ in range(2)]
             caches.append(KvCache(k_cache, v_cache, *ones, calibrated=False))

@@ -1,6 +1,7 @@
 """A CPU model's weights in one arena of memory, advised for 2 MB (transparent huge) pages.
 
     pack(model) -> ArenaReport | None      after loading, before the first forward
+    huge_page_zeros(shape, dtype) -> Tensor a zeroed CPU tensor on 2 MB pages (the KV caches: kv_cache.py)
 
 The idea: a decode step at small batch reads every weight once, in order, and
 is bound by how fast those bytes stream from memory. Tensors allocated one by
@@ -92,14 +93,7 @@ def _pack(tensors: list[torch.Tensor]) -> tuple[int, int]:
     for tensor in tensors:
         offsets.append(total)
         total += _round_up(tensor.numel() * tensor.element_size(), ALIGN_BYTES)
-    span = _round_up(total, HUGE_PAGE_BYTES)
-    # A large allocation (past glibc's mmap threshold) is a fresh mapping of its own, untouched until
-    # the copies below, so the advice applies before any page exists; a small one (a float model's
-    # buffers: the rope table) may come from the heap, where the advice is harmless. torch frees it
-    # when the last view goes.
-    raw = torch.empty(span + HUGE_PAGE_BYTES, dtype=torch.uint8)
-    start = _round_up(raw.data_ptr(), HUGE_PAGE_BYTES) - raw.data_ptr()
-    _advise_huge_pages(raw.data_ptr() + start, span)
+    raw, start = _huge_page_block(total)
     storage = raw.untyped_storage()
     with torch.no_grad():
         for tensor, offset in zip(tensors, offsets):
@@ -112,6 +106,46 @@ def _pack(tensors: list[torch.Tensor]) -> tuple[int, int]:
                 tensor.set_(storage, base // tensor.element_size(), tensor.shape, view.stride())
     trim_host_heap()  # the old storages of tensors below the mmap threshold went back to the heap
     return total, min(total, _huge_bytes(raw.data_ptr() + start))
+
+
+def huge_page_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed CPU tensor in a block of its own advised for 2 MB pages (below 2 MB: torch.zeros).
+
+    WHY for the KV caches: a decode step's attention streams each sequence's blocks as the linears
+    stream the weights; on 4 KB pages every page is a TLB entry and a stop for the prefetcher. On
+    the 2-core AMD EPYC we benchmark on, the bench model's attention over 400 keys a row (8
+    layers, 2 threads, the same kernel on both alternately) ran 1.06x (1 row), 1.03x (16) and
+    1.08x (64 rows) faster from caches on 2 MB pages. No memory is added: the zeros touch every
+    page of the tensor either way; the alignment slack around it is never touched.
+    """
+    nbytes = _prod(shape) * dtype.itemsize
+    if nbytes < HUGE_PAGE_BYTES:
+        return torch.zeros(shape, dtype=dtype)
+    raw, start = _huge_page_block(nbytes)
+    tensor = raw[start:start + nbytes].view(dtype).view(shape)
+    tensor.zero_()
+    return tensor
+
+
+def _huge_page_block(nbytes: int) -> tuple[torch.Tensor, int]:
+    """A fresh uint8 block holding a 2 MB-aligned range of `nbytes` (rounded up to 2 MB) advised for
+    huge pages: (the block, where the range starts in it)."""
+    span = _round_up(nbytes, HUGE_PAGE_BYTES)
+    # A large allocation (past glibc's mmap threshold) is a fresh mapping of its own, untouched until
+    # the caller fills it, so the advice applies before any page exists; a small one (a float model's
+    # buffers: the rope table) may come from the heap, where the advice is harmless. torch frees it
+    # when the last view goes.
+    raw = torch.empty(span + HUGE_PAGE_BYTES, dtype=torch.uint8)
+    start = _round_up(raw.data_ptr(), HUGE_PAGE_BYTES) - raw.data_ptr()
+    _advise_huge_pages(raw.data_ptr() + start, span)
+    return raw, start
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    n = 1
+    for dim in shape:
+        n *= int(dim)
+    return n
 
 
 def _storage_users(named) -> dict[int, int]:
@@ -154,7 +188,7 @@ def _advise_huge_pages(address: int, length: int) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         if libc.madvise(address, length, MADV_HUGEPAGE) != 0:
-            log.info("madvise(MADV_HUGEPAGE) on the weight arena failed (errno %d): 4 KB pages",
+            log.info("madvise(MADV_HUGEPAGE) failed (errno %d): 4 KB pages",
                      ctypes.get_errno())
     except (OSError, AttributeError):
         pass  # no libc madvise: 4 KB pages
