@@ -136,7 +136,7 @@ def _forward_s(q: torch.Tensor, caches, meta, repeats: int) -> float:
 def kv_pages(rounds: int) -> None:
     """The same kernel over the same float32 caches on 4 KB pages (torch.randn) and on 2 MB pages (a copy
     in weight_arena.huge_page_zeros, as the engine allocates them), alternated."""
-    from trillium.models.weight_arena import huge_page_zeros
+    from trillium.models.weight_arena import HUGE_PAGE_BYTES, huge_page_zeros
 
     rng = random.Random(2)
     print(f"\nfloat32 KV caches on 4 KB against 2 MB pages, a cache per layer (ms per forward of {LAYERS} layers)")
@@ -144,7 +144,8 @@ def kv_pages(rounds: int) -> None:
     for batch in (1, 16, 64):
         repeats = 50 if batch == 1 else 5
         q, _, _, _, tables, lens = _step_inputs(batch, 400, torch.float32, rng)
-        blocks = sum(len(t) for t in tables) + 1
+        block_bytes = BLOCK * KV_HEADS * HEAD_DIM * 4  # a pool of at least 2 MB a cache, as the engine's
+        blocks = max(sum(len(t) for t in tables) + 1, -(-HUGE_PAGE_BYTES // block_bytes))
         shape = (blocks, BLOCK, KV_HEADS, HEAD_DIM)
         small = [(torch.randn(shape), torch.randn(shape)) for _ in range(LAYERS)]
         huge = [(huge_page_zeros(shape, torch.float32).copy_(k), huge_page_zeros(shape, torch.float32).copy_(v))

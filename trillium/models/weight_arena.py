@@ -114,8 +114,9 @@ def huge_page_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     WHY for the KV caches: a decode step's attention streams each sequence's blocks as the linears
     stream the weights; on 4 KB pages every page is a TLB entry and a stop for the prefetcher. On
     the 2-core AMD EPYC we benchmark on, the bench model's attention over 400 keys a row (8
-    layers, 2 threads, the same kernel on both alternately) ran 1.06x (1 row), 1.03x (16) and
-    1.08x (64 rows) faster from caches on 2 MB pages. No memory is added: the zeros touch every
+    layers, 2 threads, the same kernel on both alternately: bench/paged_decode_attention.py
+    --kv-pages) ran 1.06-1.09x (1 row), 1.03-1.10x (16) and 1.06-1.08x (64 rows) faster from
+    caches on 2 MB pages. No memory is added: the zeros touch every
     page of the tensor either way; the alignment slack around it is never touched.
     """
     nbytes = _prod(shape) * dtype.itemsize
