@@ -16,13 +16,17 @@ csrc/cpu/attention.cpp `paged_attention_v1_impl`).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import attrs
 import pytest
 import torch
 
 from support.paged_batches import dense_causal_attention, make_paged_batch
 from trillium import kernels
+from trillium.benchmarks.revisions import using
 from trillium.kernels import AttentionMetadata, paged_attention_cpu, reference
+from trillium.kernels.c_library import CLibrary
 from trillium.kernels.fp8 import quantize_fp8
 
 pytestmark = pytest.mark.skipif(not paged_attention_cpu.available(), reason="no C compiler for the kernel")
@@ -40,6 +44,7 @@ SHAPES = [
     # the fixed-head-dim paths (D 64 / 128; AVX-512: keys in groups of 16, AVX2: of 8) within blocks of 5, 16 or 32
     (4, 2, 128, 5, [70, 3, 129]),
     (6, 2, 64, 32, [100, 17, 64, 1]),
+    (4, 4, 64, 1, [20, 9, 1]),  # blocks of one key, no GQA sharing
 ]
 
 
@@ -186,3 +191,30 @@ def test_mixed_step_decode_rows_attend_as_their_decode_steps(verify):
     assert kinds is not None and kinds[1].num_seqs == sum(n <= limit for n in qlens)
     decode_only = make_paged_batch([1, 1], [5, 9], num_heads=8, num_kv_heads=4, head_dim=64, block_size=16)
     assert paged_attention_cpu.mixed_split(decode_only.meta) is None  # not mixed: the kernel takes it whole
+
+
+_CPU_FLAGS = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+_BUILDS = {"plain C": ("-O3",), "AVX2": ("-O3", "-mavx2", "-mfma")}
+
+
+@pytest.mark.parametrize("build", [b for b in _BUILDS if b == "plain C" or " avx2 " in _CPU_FLAGS])
+def test_builds_without_avx512_match_the_oracle_and_each_row_alone(build):
+    """The same source built for a CPU without AVX-512 (AVX2: attend_chunk_fixed8 at head dims 64 / 128) or
+    without AVX2 (the plain loops), as a machine of that kind builds it: every shape matches the float64
+    oracle, and a row's output is the same bits in a batch and alone (verify rows rest on it), whichever
+    build this machine's own is."""
+    lib = CLibrary(paged_attention_cpu._SOURCE, f"the CPU paged decode attention kernel ({build})",
+                   paged_attention_cpu._declare,
+                   flags=(*_BUILDS[build], "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC", "-std=c11"))
+    assert lib.get() is not None
+    with using(paged_attention_cpu, lib):
+        for shape in SHAPES:
+            batch = _batch(shape, seed=len(shape[4]))
+            out = paged_attention_cpu.decode_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+            torch.testing.assert_close(out.double(), dense_causal_attention(batch), atol=2e-5, rtol=1e-5)
+            tables, lens = batch.meta.block_tables.tolist(), shape[4]
+            row = len(lens) - 1
+            one = AttentionMetadata.build([1], [lens[row]], [tables[row]], batch.k_cache.shape[1])
+            alone = paged_attention_cpu.decode_attention(batch.q[row : row + 1], batch.k_cache, batch.v_cache, one,
+                                                         batch.scale)
+            assert torch.equal(alone[0], out[row]), shape

@@ -132,8 +132,13 @@ def test_huge_page_zeros_are_zeros_aligned_and_advised():
         assert not tensor.float().any()
         if weight_arena._thp_mode() in ("always", "madvise"):
             assert "hg" in _vm_flags(tensor.data_ptr())
-        tensor.fill_(1)  # the whole range is writable, the slack around it untouched
+            tail = tensor.data_ptr() + weight_arena.HUGE_PAGE_BYTES  # the last, partial 2 MB: not advised
+            assert "hg" not in _vm_flags(tail), "only the whole 2 MB pages are advised (no memory added)"
+        tensor.fill_(1)  # the whole range is writable
         assert tensor.float().sum().item() == tensor.numel()
+        address = tensor.data_ptr()
+        del tensor
+        assert weight_arena.smaps_field(address, "VmFlags:") is None, "a mapping of its own, unmapped when freed"
     small = weight_arena.huge_page_zeros((16, 16), torch.float32)
     assert small.shape == (16, 16) and not small.any()
 

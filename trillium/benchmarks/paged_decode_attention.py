@@ -112,8 +112,8 @@ def against(rev: str, rounds: int) -> None:
         nbytes = sum(lens) * KV_HEADS * HEAD_DIM * 4 * 2 * LAYERS
         times: dict[str, list[float]] = {"this": [], rev: []}
         outs = {}
-        for _ in range(rounds * 2):
-            for name in times:
+        for round_ in range(rounds * 2):
+            for name in (list(times) if round_ % 2 == 0 else list(times)[::-1]):  # each first in turn
                 with contextlib.ExitStack() as stack:
                     if name == rev:
                         stack.enter_context(using(paged_attention_cpu, old))
@@ -136,11 +136,12 @@ def _forward_s(q: torch.Tensor, caches, meta, repeats: int) -> float:
 def kv_pages(rounds: int) -> None:
     """The same kernel over the same float32 caches on 4 KB pages (torch.randn) and on 2 MB pages (a copy
     in weight_arena.huge_page_zeros, as the engine allocates them), alternated."""
-    from trillium.models.weight_arena import HUGE_PAGE_BYTES, huge_page_zeros
+    from trillium.models.weight_arena import HUGE_PAGE_BYTES, _huge_bytes, _thp_mode, huge_page_zeros
 
     rng = random.Random(2)
-    print(f"\nfloat32 KV caches on 4 KB against 2 MB pages, a cache per layer (ms per forward of {LAYERS} layers)")
-    print(f"{'batch':>6}{'ctx':>6}{'4 KB ms':>10}{'2 MB ms':>10}{'speed-up':>9}")
+    print(f"\nfloat32 KV caches on 4 KB against 2 MB pages, a cache per layer (ms per forward of {LAYERS} layers; "
+          f"THP {_thp_mode() or 'unknown'}; MB on huge pages as /proc/self/smaps counts them)")
+    print(f"{'batch':>6}{'ctx':>6}{'4 KB ms':>10}{'2 MB ms':>10}{'speed-up':>9}{'huge MB':>16}")
     for batch in (1, 16, 64):
         repeats = 50 if batch == 1 else 5
         q, _, _, _, tables, lens = _step_inputs(batch, 400, torch.float32, rng)
@@ -156,7 +157,9 @@ def kv_pages(rounds: int) -> None:
             for name in (("4 KB", "2 MB") if round_ % 2 == 0 else ("2 MB", "4 KB")):
                 times[name].append(_forward_s(q, small if name == "4 KB" else huge, meta, repeats))
         plain, advised = statistics.median(times["4 KB"]), statistics.median(times["2 MB"])
-        print(f"{batch:>6}{400:>6}{plain * 1e3:>10.2f}{advised * 1e3:>10.2f}{plain / advised:>8.2f}x")
+        huge_mb = [sum(_huge_bytes(t.data_ptr()) for pair in side for t in pair) / 1e6 for side in (small, huge)]
+        print(f"{batch:>6}{400:>6}{plain * 1e3:>10.2f}{advised * 1e3:>10.2f}{plain / advised:>8.2f}x"
+              f"{huge_mb[0]:>7.0f} / {huge_mb[1]:<6.0f}")
 
 
 def micro(rounds: int, steps: int) -> None:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import math
+import mmap
 import sys
 
 import attrs
@@ -110,36 +111,45 @@ def _pack(tensors: list[torch.Tensor]) -> tuple[int, int]:
 
 
 def huge_page_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A zeroed CPU tensor in a block of its own advised for 2 MB pages (below 2 MB: torch.zeros).
+    """A zeroed CPU tensor in a mapping of its own whose whole 2 MB pages are advised for huge pages
+    (below 2 MB: torch.zeros).
 
     WHY for the KV caches: a decode step's attention streams each sequence's blocks as the linears
     stream the weights; on 4 KB pages every page is a TLB entry and a stop for the prefetcher. On
     the 2-core AMD EPYC we benchmark on, the bench model's attention over 400 keys a row (8
     layers, 2 threads, the same kernel on both alternately: bench/paged_decode_attention.py
     --kv-pages) ran 1.06-1.09x (1 row), 1.03-1.10x (16) and 1.06-1.08x (64 rows) faster from
-    caches on 2 MB pages. No memory is added: the zeros touch every page of the tensor either
-    way, and the alignment slack around it (under 4 MB) is never written.
+    caches on 2 MB pages. No memory is added: the zeros touch every page of the tensor either way,
+    only the 2 MB pages it fills are advised (its tail stays on 4 KB pages), and the alignment
+    slack around it is never touched.
     """
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < HUGE_PAGE_BYTES:
         return torch.zeros(shape, dtype=dtype)
-    raw, start = _huge_page_block(nbytes)
+    raw, start = _huge_page_block(nbytes, whole_pages_only=True)
     tensor = raw[start:start + nbytes].view(dtype).view(shape)
     tensor.zero_()
     return tensor
 
 
-def _huge_page_block(nbytes: int) -> tuple[torch.Tensor, int]:
-    """A fresh uint8 block holding a 2 MB-aligned range of `nbytes` (rounded up to 2 MB) advised for
-    huge pages: (the block, where the range starts in it)."""
+def _huge_page_block(nbytes: int, *, whole_pages_only: bool = False) -> tuple[torch.Tensor, int]:
+    """A uint8 block over a private anonymous mapping of its own, holding a 2 MB-aligned range of
+    `nbytes` advised for huge pages before any page of it exists: (the block, where the range starts
+    in it). The range's last partial 2 MB page is advised too unless `whole_pages_only`.
+
+    WHY a mapping of its own (not torch.empty): glibc serves allocations below its mmap threshold,
+    which rises to 32 MB once a large block is freed, from the heap, where pages may already exist
+    (the advice would not apply) and the advice would outlive the tensor (later small allocations
+    there faulting in 2 MB pages). The mapping is unmapped with the block's last view."""
     span = _round_up(nbytes, HUGE_PAGE_BYTES)
-    # A large allocation (past glibc's mmap threshold) is a fresh mapping of its own, untouched until
-    # the caller fills it, so the advice applies before any page exists; a small one (a float model's
-    # buffers: the rope table) may come from the heap, where the advice is harmless. torch frees it
-    # when the last view goes.
-    raw = torch.empty(span + HUGE_PAGE_BYTES, dtype=torch.uint8)
+    if not hasattr(mmap, "MAP_ANONYMOUS"):  # not a POSIX system: torch's allocator, 4 KB pages
+        return torch.empty(span + HUGE_PAGE_BYTES, dtype=torch.uint8), 0
+    block = mmap.mmap(-1, span + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    raw = torch.frombuffer(block, dtype=torch.uint8)  # holds the mapping while any view lives
     start = _round_up(raw.data_ptr(), HUGE_PAGE_BYTES) - raw.data_ptr()
-    _advise_huge_pages(raw.data_ptr() + start, span)
+    advised = nbytes - nbytes % HUGE_PAGE_BYTES if whole_pages_only else span
+    if advised:
+        _advise_huge_pages(raw.data_ptr() + start, advised)
     return raw, start
 
 
