@@ -100,6 +100,24 @@ static inline void prefetch_block(const Cache *c, long block) {
     }
 }
 
+/* A work item's state before its first key: each head's running max -inf, its sum 0, its
+ * accumulator (h_all heads of d values) zeros. */
+static inline void start_item(long h_all, long d, float *restrict acc, float *restrict m, float *restrict l) {
+    for (long h = 0; h < h_all; h++) { m[h] = -INFINITY; l[h] = 0.0f; }
+    memset(acc, 0, (size_t)(h_all * d) * sizeof(float));
+}
+
+/* Block bi of a row's keys start .. end-1 (its blocks: start / bs onwards while bi * bs < end): the
+ * cache slot of the block's first key in that range, *nk its keys there; the next block is
+ * prefetched while this one is read. */
+static inline long block_first_slot(const Cache *c, const int32_t *table, long bi, long start, long end, long *nk) {
+    const long bs = c->bs;
+    if ((bi + 1) * bs < end) prefetch_block(c, table[bi + 1]);
+    const long lo = start > bi * bs ? start - bi * bs : 0, hi = end - bi * bs < bs ? end - bi * bs : bs;
+    *nk = hi - lo;
+    return (long)table[bi] * bs + lo;
+}
+
 /* Gemma-style soft-capping of a head's nk scores, when the model has it. */
 static inline void softcap_scores(const Cache *c, float *restrict sh, long nk) {
     if (c->softcap > 0.0f)
@@ -207,16 +225,13 @@ static void attend_chunk(const Cache *c, const int32_t *table, long start, long 
                          const float *q, float *restrict acc, float *restrict m, float *restrict l,
                          float *restrict s, float *restrict buf) {
     const long bs = c->bs, d = c->d, g = c->g, kh = c->kh, h_all = kh * g;
-    for (long h = 0; h < h_all; h++) { m[h] = -INFINITY; l[h] = 0.0f; }
-    memset(acc, 0, (size_t)(h_all * d) * sizeof(float));
+    start_item(h_all, d, acc, m, l);
     for (long bi = start / bs; bi * bs < end; bi++) {
-        const long slot0 = (long)table[bi] * bs;
-        if ((bi + 1) * bs < end) prefetch_block(c, table[bi + 1]);
-        const long lo = start > bi * bs ? start - bi * bs : 0, hi = end - bi * bs < bs ? end - bi * bs : bs;
-        const long nk = hi - lo;
+        long nk;
+        const long first = block_first_slot(c, table, bi, start, end, &nk);
         for (long t = 0; t < nk; t++)
             for (long kvh = 0; kvh < kh; kvh++) {
-                const float *kr = kv_row(c->k, c->lut, slot0 + lo + t, kvh, kh, d, buf);
+                const float *kr = kv_row(c->k, c->lut, first + t, kvh, kh, d, buf);
                 for (long j = 0; j < g; j++) {
                     const long h = kvh * g + j;
                     const float *qh = q + h * d;
@@ -229,7 +244,7 @@ static void attend_chunk(const Cache *c, const int32_t *table, long start, long 
         block_softmax(c, nk, s, acc, m, l);
         for (long t = 0; t < nk; t++)
             for (long kvh = 0; kvh < kh; kvh++) {
-                const float *vr = kv_row(c->v, c->lut, slot0 + lo + t, kvh, kh, d, buf);
+                const float *vr = kv_row(c->v, c->lut, first + t, kvh, kh, d, buf);
                 for (long j = 0; j < g; j++) {
                     const long h = kvh * g + j;
                     const float p = s[h * bs + t];
@@ -256,14 +271,11 @@ static inline __attribute__((always_inline)) void attend_chunk_fixed(const Cache
                                                                      const long D) {
     const long bs = c->bs, g = c->g, kh = c->kh, h_all = kh * g;
     const float *kc = (const float *)c->k, *vc = (const float *)c->v;
-    for (long h = 0; h < h_all; h++) { m[h] = -INFINITY; l[h] = 0.0f; }
-    memset(acc, 0, (size_t)(h_all * D) * sizeof(float));
+    start_item(h_all, D, acc, m, l);
     for (long bi = start / bs; bi * bs < end; bi++) {
-        const long slot0 = (long)table[bi] * bs;
-        if ((bi + 1) * bs < end) prefetch_block(c, table[bi + 1]);
-        const long lo = start > bi * bs ? start - bi * bs : 0, hi = end - bi * bs < bs ? end - bi * bs : bs;
-        const long nk = hi - lo;
-        const float *kb = kc + (slot0 + lo) * kh * D, *vb = vc + (slot0 + lo) * kh * D;
+        long nk;
+        const long first = block_first_slot(c, table, bi, start, end, &nk);
+        const float *kb = kc + first * kh * D, *vb = vc + first * kh * D;
         for (long h = 0; h < h_all; h++) {
             const long kvh = h / g;
             __m512 qv[D / 16];
@@ -397,14 +409,11 @@ static inline __attribute__((always_inline)) void attend_chunk_fixed8(const Cach
                                                                       const long D) {
     const long bs = c->bs, g = c->g, kh = c->kh, h_all = kh * g;
     const float *kc = (const float *)c->k, *vc = (const float *)c->v;
-    for (long h = 0; h < h_all; h++) { m[h] = -INFINITY; l[h] = 0.0f; }
-    memset(acc, 0, (size_t)(h_all * D) * sizeof(float));
+    start_item(h_all, D, acc, m, l);
     for (long bi = start / bs; bi * bs < end; bi++) {
-        const long slot0 = (long)table[bi] * bs;
-        if ((bi + 1) * bs < end) prefetch_block(c, table[bi + 1]);
-        const long lo = start > bi * bs ? start - bi * bs : 0, hi = end - bi * bs < bs ? end - bi * bs : bs;
-        const long nk = hi - lo;
-        const float *kb = kc + (slot0 + lo) * kh * D, *vb = vc + (slot0 + lo) * kh * D;
+        long nk;
+        const long first = block_first_slot(c, table, bi, start, end, &nk);
+        const float *kb = kc + first * kh * D, *vb = vc + first * kh * D;
         for (long h = 0; h < h_all; h++) {
             const float *qh = q + h * D;
             const long kvh = h / g;
