@@ -103,29 +103,40 @@ def against(rev: str, rounds: int) -> None:
           f"this tree against {rev}")
     print(f"{'batch':>6}{'ctx':>6}{'this ms':>10}{'GB/s':>7}{rev[:10]:>12}{'GB/s':>7}{'speed-up':>9}  same bits")
     for batch in (1, 16, 64):
-        repeats = 50 if batch == 1 else 5  # one row's forward is ~0.3 ms: more of them per timing
         q, _, _, _, tables, lens = _step_inputs(batch, 400, torch.float32, rng)
         blocks = sum(len(t) for t in tables) + 1
         caches = [(torch.randn(blocks, BLOCK, KV_HEADS, HEAD_DIM), torch.randn(blocks, BLOCK, KV_HEADS, HEAD_DIM))
                   for _ in range(LAYERS)]
         meta = AttentionMetadata.build([1] * batch, lens, tables, BLOCK)
         nbytes = sum(lens) * KV_HEADS * HEAD_DIM * 4 * 2 * LAYERS
-        times: dict[str, list[float]] = {"this": [], rev: []}
         outs = {}
-        for round_ in range(rounds * 2):
-            for name in (list(times) if round_ % 2 == 0 else list(times)[::-1]):  # each first in turn
-                with contextlib.ExitStack() as stack:
-                    if name == rev:
-                        stack.enter_context(using(paged_attention_cpu, old))
-                    outs[name] = paged_attention_cpu.decode_attention(q, *caches[0], meta, HEAD_DIM**-0.5)
-                    times[name].append(_forward_s(q, caches, meta, repeats))
-        new, base = statistics.median(times["this"]), statistics.median(times[rev])
+
+        def run(name: str) -> float:
+            with contextlib.ExitStack() as stack:
+                if name == rev:
+                    stack.enter_context(using(paged_attention_cpu, old))
+                outs[name] = paged_attention_cpu.decode_attention(q, *caches[0], meta, HEAD_DIM**-0.5)
+                return _forward_s(q, caches, meta)
+
+        new, base = _alternated_medians(run, ("this", rev), rounds)
         print(f"{batch:>6}{400:>6}{new * 1e3:>10.2f}{nbytes / new / 1e9:>7.1f}{base * 1e3:>12.2f}"
               f"{nbytes / base / 1e9:>7.1f}{base / new:>8.2f}x  {torch.equal(outs['this'], outs[rev])}")
 
 
-def _forward_s(q: torch.Tensor, caches, meta, repeats: int) -> float:
-    """Seconds of one forward's attention (the kernel over every layer's cache), averaged over `repeats`."""
+def _alternated_medians(run, names: tuple[str, str], rounds: int) -> tuple[float, float]:
+    """Median seconds of run(name) for each of the two names, over rounds * 2 alternations, each
+    name first in turn (a machine whose speed drifts meets both alike)."""
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(rounds * 2):
+        for name in (names if round_ % 2 == 0 else names[::-1]):
+            times[name].append(run(name))
+    return statistics.median(times[names[0]]), statistics.median(times[names[1]])
+
+
+def _forward_s(q: torch.Tensor, caches, meta) -> float:
+    """Seconds of one forward's attention (the kernel over every layer's cache), averaged over several
+    (50 for one row, whose forward is ~0.3 ms; 5 otherwise)."""
+    repeats = 50 if q.shape[0] == 1 else 5
     start = time.perf_counter()
     for _ in range(repeats):
         for k, v in caches:
@@ -143,7 +154,6 @@ def kv_pages(rounds: int) -> None:
           f"THP {_thp_mode() or 'unknown'}; MB on huge pages as /proc/self/smaps counts them)")
     print(f"{'batch':>6}{'ctx':>6}{'4 KB ms':>10}{'2 MB ms':>10}{'speed-up':>9}{'huge MB':>16}")
     for batch in (1, 16, 64):
-        repeats = 50 if batch == 1 else 5
         q, _, _, _, tables, lens = _step_inputs(batch, 400, torch.float32, rng)
         block_bytes = BLOCK * KV_HEADS * HEAD_DIM * 4  # a pool of at least 2 MB a cache, as the engine's
         blocks = max(sum(len(t) for t in tables) + 1, -(-HUGE_PAGE_BYTES // block_bytes))
@@ -152,11 +162,8 @@ def kv_pages(rounds: int) -> None:
         huge = [(huge_page_zeros(shape, torch.float32).copy_(k), huge_page_zeros(shape, torch.float32).copy_(v))
                 for k, v in small]
         meta = AttentionMetadata.build([1] * batch, lens, tables, BLOCK)
-        times: dict[str, list[float]] = {"4 KB": [], "2 MB": []}
-        for round_ in range(rounds * 2):
-            for name in (("4 KB", "2 MB") if round_ % 2 == 0 else ("2 MB", "4 KB")):
-                times[name].append(_forward_s(q, small if name == "4 KB" else huge, meta, repeats))
-        plain, advised = statistics.median(times["4 KB"]), statistics.median(times["2 MB"])
+        plain, advised = _alternated_medians(lambda name: _forward_s(q, small if name == "4 KB" else huge, meta),
+                                             ("4 KB", "2 MB"), rounds)
         huge_mb = [sum(_huge_bytes(t.data_ptr()) for pair in side for t in pair) / 1e6 for side in (small, huge)]
         print(f"{batch:>6}{400:>6}{plain * 1e3:>10.2f}{advised * 1e3:>10.2f}{plain / advised:>8.2f}x"
               f"{huge_mb[0]:>7.0f} / {huge_mb[1]:<6.0f}")
