@@ -22,11 +22,17 @@ prometheus:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; } >/dev/null \
 	    || echo "warning: could not install prometheus; tests/observability will skip"; }
 
+# WHY two pytest workers (pytest-xdist): one run alone keeps ~1.1 of 2 cores busy (one-thread tests,
+# servers waiting on their actors); two halve the wall time. --dist loadfile keeps a file on one worker,
+# so a module's fixtures (a server, the SmolLM2 reference model) are built once. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+PYTEST_RUN = $(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile
+
 test: venv prometheus
-	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+	$(PYTEST_RUN) $(PYTEST_ARGS)
 
 test-fast: venv prometheus
-	$(PY) -m pytest -q -ra -m "not heavy" $(PYTEST_ARGS)
+	$(PYTEST_RUN) -m "not heavy" $(PYTEST_ARGS)
 
 serve: venv
 	$(VENV)/bin/trillium serve $(ARGS)
