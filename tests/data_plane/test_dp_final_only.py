@@ -7,7 +7,8 @@ This checks the routes ask for it: the engine client's `generate` is wrapped to 
 request's flag. vLLM's LLM asks FINAL_ONLY for its offline requests and its servers stream with
 DELTA (vllm/sampling_params.py RequestOutputKind); SGLang streams only `stream: true` requests.
 A chat reply whose thinking is split out (--reasoning-parser) is not final-only: its
-`reasoning_tokens` count whole deltas of thinking, so they stay a token each.
+`reasoning_tokens` are found by decoding the delta where the thinking ends (chat_reply.py), which
+stays a chunk of tokens rather than a whole reply.
 """
 
 from __future__ import annotations

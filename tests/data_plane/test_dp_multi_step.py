@@ -18,12 +18,14 @@ import json
 import httpx
 import pytest
 
-from support.data_plane_server import ServerHarness, stream_then_leave
+from support.data_plane_server import MESSAGES_TEMPLATE, MODEL_NAME, ServerHarness, stream_then_leave
+from trillium.data_plane.chat_options import ChatOptions
 
 
 def _harness(checkpoint, **engine_args):
     path = checkpoint("llama", max_position_embeddings=2048)  # dp_server's checkpoint: built once
-    return ServerHarness(path, {"default": {}}, max_num_seqs=8, **engine_args).start()
+    thinking = {"chat": ChatOptions.build(chat_template=MESSAGES_TEMPLATE, reasoning_parser="qwen3")}
+    return ServerHarness(path, {"default": {}, "thinking": thinking}, max_num_seqs=8, **engine_args).start()
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +127,32 @@ async def test_a_stop_string_ends_the_text_where_it_would_unstreamed(interval_se
     choices, _, whole = await _chunks(interval_server, {**body, "stop": [stop]})
     assert whole["choices"][0]["finish_reason"] == "stop"
     assert "".join(c["text"] for c in choices) == whole["choices"][0]["text"] == text[: text.index(stop)]
+
+
+async def test_reasoning_tokens_count_through_the_end_of_thinking_in_a_chunk_of_answer(interval_server):
+    """A thinking budget forces </think> after 5 thinking tokens (the template's "<think>\n" spent one),
+    the answer follows; with chunks of 3+ tokens the chunk that ends the thinking holds answer tokens
+    too. completion_tokens_details.reasoning_tokens counts every token through the one completing
+    </think>, streamed and unstreamed alike (vLLM counts on token ids: vllm/reasoning/basic_parsers.py
+    count_reasoning_tokens)."""
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Tell me about the river"}],
+            "max_tokens": 24, "temperature": 0, "logprobs": True, "thinking_token_budget": 5,
+            "chat_template_kwargs": {"enable_thinking": True}}
+    async with httpx.AsyncClient(base_url=interval_server.url("thinking"), timeout=60) as http:
+        whole = await http.post("/v1/chat/completions", json=body)
+        assert whole.status_code == 200, whole.text
+        usage = None
+        async with http.stream("POST", "/v1/chat/completions", json={
+                **body, "stream": True, "stream_options": {"include_usage": True}}) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    usage = json.loads(line[6:]).get("usage") or usage
+    choice = whole.json()["choices"][0]
+    tokens = [t["token"] for t in choice["logprobs"]["content"]]
+    through = next(i for i in range(1, len(tokens) + 1) if "</think>" in "".join(tokens[:i]))
+    assert choice["message"]["content"] and through < len(tokens)  # an answer follows the thinking
+    assert whole.json()["usage"]["completion_tokens_details"]["reasoning_tokens"] == through
+    assert usage["completion_tokens_details"]["reasoning_tokens"] == through
 
 
 @pytest.fixture(scope="module")

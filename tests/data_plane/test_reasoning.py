@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 
 from trillium.data_plane.chat_options import ChatOptions, load_chat_template
@@ -58,14 +59,23 @@ def test_prompt_that_closed_the_thinking():
     assert not prompt_ends_reasoning("<|im_start|>assistant\n")
 
 
+def _decode(ids) -> str:
+    return "".join(map(chr, ids))
+
+
+def _ids(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
 def _run(reply_format: ReplyFormat, text: str, chunk: int):
     """Stream `text` through a ChoiceReply (one 'token' per character) and read a whole one."""
+    reply_format = attrs.evolve(reply_format, decode=_decode)
     streamed = ChoiceReply(reply_format)
-    deltas = [streamed.feed(text[i:i + chunk], len(text[i:i + chunk])) for i in range(0, len(text), chunk)]
+    deltas = [streamed.feed(text[i:i + chunk], _ids(text[i:i + chunk])) for i in range(0, len(text), chunk)]
     deltas.append(streamed.finish())
     whole = ChoiceReply(reply_format)
     for i in range(0, len(text), chunk):
-        whole.record(text[i:i + chunk], len(text[i:i + chunk]))
+        whole.record(text[i:i + chunk], _ids(text[i:i + chunk]))
     return deltas, streamed, whole.message()
 
 
@@ -86,9 +96,33 @@ def test_thinking_then_a_tool_call():
         entries = [e for d in deltas for e in d.get("tool_calls", [])]
         assert entries[0]["function"]["name"] == "get_weather"
         assert json.loads("".join(e["function"]["arguments"] for e in entries)) == {"city": "Paris"}
-        # a 'token' per character: the deltas up to the one closing </think>, if it has no answer text
-        # (34 characters of thinking; in chunks of 4 the ninth chunk also holds "\n\n")
-        assert streamed.reasoning_tokens == {1: 34, 4: 32}[chunk]
+        # a 'token' per character: every one through the one closing </think> (34 characters of thinking
+        # and markers), also in chunks of 4, whose ninth chunk holds the end of </think> and "\n\n"
+        assert streamed.reasoning_tokens == 34
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 4, 9])
+def test_reasoning_tokens_do_not_depend_on_how_tokens_are_grouped_into_deltas(chunk):
+    """Tokens of several characters, </think> split over two of them (and over two deltas when chunk
+    is 1 or 4): the count is every token through the one completing the marker, however the engine
+    groups tokens into deltas (--stream-interval, multi-step chunks; 9: the reply in one delta)."""
+    pieces = ["<think>", "I ", "need", " it", ".</", "think", ">\n", "\nHi", "!"]
+    vocab = {i: p for i, p in enumerate(pieces)}
+    fmt = ReplyFormat(ReasoningParser("qwen3"), True, True, ToolPlan(),
+                      decode=lambda ids: "".join(vocab[i] for i in ids))
+    for record in (True, False):  # a non-streamed and a streamed reply count alike
+        reply = ChoiceReply(fmt)
+        for start in range(0, len(pieces), chunk):
+            ids = list(range(start, min(start + chunk, len(pieces))))
+            text = "".join(pieces[i] for i in ids)
+            reply.record(text, ids) if record else reply.feed(text, ids)
+        assert reply.reasoning_tokens == 7
+        assert reply.message()[0]["reasoning_content"] == "I need it."
+
+
+def test_split_thinking_needs_a_decoder():
+    with pytest.raises(ValueError, match="decode"):
+        ChoiceReply(ReplyFormat(ReasoningParser("qwen3"), True, True, ToolPlan()))
 
 
 def test_include_reasoning_false_and_no_parser():

@@ -13,13 +13,18 @@ Built once per request in the chat route from the request, the server's
 fields of its streamed delta (`reasoning_content` / `reasoning`, `content`,
 `tool_calls`), `finish()` the last ones; a non-streamed reply `record`s each
 delta and asks `message()` at the end.
-`reasoning_tokens` counts the tokens of deltas that were all thinking (the
-end-of-thinking marker included).
+`reasoning_tokens` counts the reply's tokens up to the one that completes the
+end-of-thinking marker (all of them while the thinking has not ended), as
+vLLM's reasoning parsers count them (vllm/reasoning/basic_parsers.py
+`count_reasoning_tokens`): a delta that is all thinking counts whole; in the
+delta where the thinking ends, `ReplyFormat.decode` finds the token that
+completes the marker, so a delta of many tokens (--stream-interval,
+--num-scheduler-steps, a final-only reply) counts the same as one token a delta.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
@@ -40,6 +45,9 @@ class ReplyFormat:
     reports_reasoning: bool = False  # a --reasoning-parser is set: the message has reasoning fields
     include_reasoning: bool = True
     tools: ToolPlan = ToolPlan()
+    # token ids -> their text as the request's deltas carry it (the tokenizer's decode with its
+    # skip_special_tokens); needed where thinking is split out (`reasoning` set), to count its tokens
+    decode: Callable[[Sequence[int]], str] | None = None
 
     @property
     def has_tools(self) -> bool:
@@ -102,38 +110,64 @@ async def constrain(params: SamplingParams, reply: ReplyFormat,
     return attrs.evolve(params, **changes) if changes else params
 
 
+# Token ids kept from before a delta to decode its own in context (a leading space, a character split
+# across tokens), as incremental detokenizers do.
+DECODE_CONTEXT = 6
+
+
 class ChoiceReply:
     def __init__(self, reply: ReplyFormat) -> None:
+        if reply.reasoning is not None and reply.decode is None:
+            raise ValueError("ReplyFormat.decode is needed to count the tokens of split-out thinking")
         self._format = reply
         self._reasoning = ReasoningStream() if reply.reasoning is not None else None
         parser = reply.tools.parser
         self._tools = ToolCallStream(parser, reply.tools.max_calls) if parser is not None else None
         self._texts: list[str] = []
+        self._context: list[int] = []  # the last DECODE_CONTEXT token ids of the thinking so far
         self.reasoning_tokens = 0
 
     @property
     def called_tools(self) -> bool:
         return self._tools is not None and self._tools.num_calls > 0
 
-    def feed(self, text: str, num_tokens: int) -> dict[str, Any]:
+    def feed(self, text: str, token_ids: Sequence[int]) -> dict[str, Any]:
         """A streamed delta's fields."""
-        reasoning, content = self.record(text, num_tokens)
+        reasoning, content = self.record(text, token_ids)
         return self._fields(reasoning, content, final=False)
 
-    def record(self, text: str, num_tokens: int) -> tuple[str, str]:
-        """Take a delta's text (all a non-streamed reply needs); its (reasoning, content) pieces."""
+    def record(self, text: str, token_ids: Sequence[int]) -> tuple[str, str]:
+        """Take a delta (its text is all a non-streamed reply needs); its (reasoning, content) pieces."""
         self._texts.append(text)
         if self._reasoning is None or self._reasoning.ended:
             return "", text
         reasoning, content = self._reasoning.feed(text)
-        if not content:
-            self.reasoning_tokens += num_tokens
+        if not content:  # all thinking (or the marker ends exactly here)
+            self.reasoning_tokens += len(token_ids)
+            self._context = (self._context + list(token_ids))[-DECODE_CONTEXT:]
+        else:
+            self.reasoning_tokens += self._tokens_through(token_ids, len(text) - len(content))
         return reasoning, content
 
-    def feed_last(self, text: str, num_tokens: int, finished: bool) -> dict[str, Any]:
+    def _tokens_through(self, token_ids: Sequence[int], num_chars: int) -> int:
+        """How many of a delta's tokens it takes to reach `num_chars` characters of its text: the fewest
+        whose decoded text (after the thinking's last tokens) is that long. A binary search: a delta can
+        be a whole final-only reply."""
+        decode, context = self._format.decode, self._context
+        base = len(decode(context))
+        low, high = 1, len(token_ids)
+        while low < high:
+            mid = (low + high) // 2
+            if len(decode(context + list(token_ids[:mid]))) - base >= num_chars:
+                high = mid
+            else:
+                low = mid + 1
+        return high
+
+    def feed_last(self, text: str, token_ids: Sequence[int], finished: bool) -> dict[str, Any]:
         """`feed`, followed on a choice's last delta by `finish`'s fields (text joined, tool
         call entries appended): what one streamed chunk carries."""
-        fields = self.feed(text, num_tokens)
+        fields = self.feed(text, token_ids)
         if not finished:
             return fields
         for key, value in self.finish().items():

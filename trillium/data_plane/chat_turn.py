@@ -19,6 +19,8 @@ request), and the order of the steps decides which 400 a bad body gets.
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 from quart import request
 
@@ -74,8 +76,9 @@ async def start_chat_turn(state: AppState, chat: ChatCompletionRequest, ids: Req
     """The steps of the module docstring for `chat`, up to the submitted engine request.
     `renames`: engine parameter names -> the route's wire names, for check_prompt's 400s.
     `stream`: the reply streams (else the engine may hold its tokens in chunks: final_only). NOTE:
-    not for a reply whose thinking is split out: its reasoning_tokens count whole deltas of thinking
-    (chat_reply.py), so they must stay a token each."""
+    not for a reply whose thinking is split out: its reasoning_tokens are found by decoding the delta
+    where the thinking ends (chat_reply.py), which stays a chunk of tokens, not a whole reply, so that
+    work stays small on the api's event loop."""
     engine = state.engine
     model = state.resolve_model(chat.model)
     trace = sample_request(engine.tracing, request.headers, model)  # None unless traced
@@ -86,6 +89,9 @@ async def start_chat_turn(state: AppState, chat: ChatCompletionRequest, ids: Req
     prompt_text, prompt_ids = await render_chat_prompt(state, chat, tools)
     reply = reply_format(chat, engine.chat, tools, prompt_text)
     params = await constrain(params, reply, state.tokenizer.encode_plain)
+    if reply.reasoning is not None:
+        reply = attrs.evolve(reply, decode=functools.partial(state.tokenizer.tokenizer.decode,
+                                                             skip_special_tokens=params.skip_special_tokens))
     prompt_ids = truncate_prompt(prompt_ids, chat.truncate_prompt_tokens, chat.truncation_side,
                                  engine.max_model_len)
     words = await bad_words_token_ids(chat.bad_words, state.tokenizer.encode_plain)

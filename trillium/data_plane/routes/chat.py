@@ -146,7 +146,7 @@ async def _respond(generation: Generation, chat: _Chat):
         async with generation.feed(nursery) as feed:
             async for choice, delta in feed:
                 chat.add(choice, delta)
-                chat.choice_reply(choice.index).record(delta.text, len(delta.new_token_ids))
+                chat.choice_reply(choice.index).record(delta.text, delta.new_token_ids)
     rejected = [c.rejection for c in generation.choices if c.rejection]
     if rejected:
         raise rejection_error(rejected[0])
@@ -183,7 +183,7 @@ async def _stream(state: AppState, generation: Generation, chat: _Chat):
                 return
             entries = chat.add(choice, delta)
             reply = chat.choice_reply(choice.index)
-            fields = reply.feed_last(delta.text, len(delta.new_token_ids), delta.finished)
+            fields = reply.feed_last(delta.text, delta.new_token_ids, delta.finished)
             # vLLM: with return_token_ids every token id goes out, text or not.
             token_ids = list(delta.new_token_ids) if chat.return_token_ids else None
             if not fields and not delta.finished and not entries and not token_ids:

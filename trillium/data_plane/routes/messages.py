@@ -125,7 +125,7 @@ async def _respond(generation: Generation, message: _Message):
     async with trio.open_nursery() as nursery:
         async with generation.feed(nursery) as feed:
             async for _, delta in feed:
-                message.reply.record(delta.text, len(delta.new_token_ids))
+                message.reply.record(delta.text, delta.new_token_ids)
     rejected = [c.rejection for c in generation.choices if c.rejection]
     if rejected:
         raise rejection_error(rejected[0])
@@ -144,7 +144,7 @@ async def _stream(state: AppState, generation: Generation, message: _Message):
             if choice.rejection:
                 yield _error_event(rejection_error(choice.rejection))
                 return
-            fields = message.reply.feed_last(delta.text, len(delta.new_token_ids), delta.finished)
+            fields = message.reply.feed_last(delta.text, delta.new_token_ids, delta.finished)
             for event in blocks.feed(fields):
                 yield event
         if not generation.finished:

@@ -102,7 +102,7 @@ async def _collect(turn: _Turn) -> dict:
     async with trio.open_nursery() as nursery:
         async with turn.generation.feed(nursery) as feed:
             async for _, delta in feed:
-                turn.reply.record(delta.text, len(delta.new_token_ids))
+                turn.reply.record(delta.text, delta.new_token_ids)
     choice = turn.generation.choices[0]
     if choice.rejection:
         raise rejection_error(choice.rejection)
@@ -120,7 +120,7 @@ async def _stream(state: AppState, turn: _Turn, store: ResponseStore | None, mes
             if choice.rejection:
                 yield error_event(rejection_error(choice.rejection))
                 return
-            for event in events.feed(turn.reply.feed_last(delta.text, len(delta.new_token_ids), delta.finished)):
+            for event in events.feed(turn.reply.feed_last(delta.text, delta.new_token_ids, delta.finished)):
                 yield event
     if not turn.generation.finished:
         yield error_event(internal_error())
