@@ -19,7 +19,7 @@ vLLM's reasoning parsers count them (vllm/reasoning/basic_parsers.py
 `count_reasoning_tokens`): a delta that is all thinking counts whole; in the
 delta where the thinking ends, `ReplyFormat.decode` finds the token that
 completes the marker, so a delta of many tokens (--stream-interval,
---num-scheduler-steps, a final-only reply) counts the same as one token a delta.
+--num-scheduler-steps) counts the same as one token a delta.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ class ChoiceReply:
     def _tokens_through(self, token_ids: Sequence[int], num_chars: int) -> int:
         """How many of a delta's tokens it takes to reach `num_chars` characters of its text: the fewest
         whose decoded text (after the thinking's last tokens) is that long. A binary search: a delta can
-        be a whole final-only reply."""
+        hold up to --stream-interval's 1024 tokens, or a multi-step chunk."""
         decode, context = self._format.decode, self._context
         base = len(decode(context))
         low, high = 1, len(token_ids)

@@ -554,7 +554,8 @@ int trillium_paged_decode_attention(const float *q, long b, long h, long d, long
         float qs[h * d], s[h * bs], buf[d];
         /* Items are claimed one ahead (dynamic: lengths differ): a thread knows the item it reads next,
          * so while it reads this one's last block it prefetches that one's first. WHY: an item is
-         * 64 keys, 4 blocks of 16, and its first block read cold cost as much as the other three. */
+         * 64 keys, 4 blocks of 16, so a quarter of the blocks were read cold: with the slices alone
+         * 64 rows took 30.1 ms a forward, with items 4x as long 25.4, claimed ahead 25.1. */
         long it = __atomic_fetch_add(&handed_out, 1, __ATOMIC_RELAXED);
         while (it < items) {
             const long next = __atomic_fetch_add(&handed_out, 1, __ATOMIC_RELAXED);
