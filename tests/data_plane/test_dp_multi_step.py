@@ -133,8 +133,7 @@ async def test_reasoning_tokens_count_through_the_end_of_thinking_in_a_chunk_of_
     """A thinking budget forces </think> after 5 thinking tokens (the template's "<think>\n" spent one),
     the answer follows; with chunks of 3+ tokens the chunk that ends the thinking holds answer tokens
     too. completion_tokens_details.reasoning_tokens counts every token through the one completing
-    </think>, streamed and unstreamed alike (vLLM counts on token ids: vllm/reasoning/basic_parsers.py
-    count_reasoning_tokens)."""
+    </think>, streamed and unstreamed alike (README "reasoning_tokens": Trillium's rule)."""
     body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Tell me about the river"}],
             "max_tokens": 24, "temperature": 0, "logprobs": True, "thinking_token_budget": 5,
             "chat_template_kwargs": {"enable_thinking": True}}

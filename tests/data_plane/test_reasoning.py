@@ -120,6 +120,22 @@ def test_reasoning_tokens_do_not_depend_on_how_tokens_are_grouped_into_deltas(ch
         assert reply.message()[0]["reasoning_content"] == "I need it."
 
 
+def test_reasoning_tokens_follow_the_tokens_not_the_deltas_text():
+    """A delta's text need not be its tokens' text: here "</" is held back (it could begin a stop
+    string) and arrives with the next delta, whose last token has no text (an end-of-sequence token).
+    The count is the tokens through the one completing </think>: 4, not the 5 of the delta's tokens."""
+    pieces = ["hm", "</", "think", ">", "", "ok"]
+    fmt = ReplyFormat(ReasoningParser("deepseek_r1"), True, True, ToolPlan(),
+                      decode=lambda ids: "".join(pieces[i] for i in ids))
+    reply = ChoiceReply(fmt)
+    reply.feed("hm", [0])
+    reply.feed("", [1])
+    reply.feed("</think>", [2, 3, 4])
+    reply.feed("ok", [5])
+    assert reply.reasoning_tokens == 4
+    assert reply.finish() == {} and reply.message()[0]["content"] == "ok"
+
+
 def test_split_thinking_needs_a_decoder():
     with pytest.raises(ValueError, match="decode"):
         ChoiceReply(ReplyFormat(ReasoningParser("qwen3"), True, True, ToolPlan()))

@@ -9,17 +9,20 @@ Built once per request in the chat route from the request, the server's
     constrain(params, ...)   -> SamplingParams with the tool grammar, and any
                                 constraint held back until the thinking ends
 
-`ChoiceReply` follows one choice's text: `feed(text, num_tokens)` returns the
+`ChoiceReply` follows one choice's text: `feed(text, token_ids)` returns the
 fields of its streamed delta (`reasoning_content` / `reasoning`, `content`,
 `tool_calls`), `finish()` the last ones; a non-streamed reply `record`s each
 delta and asks `message()` at the end.
-`reasoning_tokens` counts the reply's tokens up to the one that completes the
-end-of-thinking marker (all of them while the thinking has not ended), as
-vLLM's reasoning parsers count them (vllm/reasoning/basic_parsers.py
-`count_reasoning_tokens`): a delta that is all thinking counts whole; in the
-delta where the thinking ends, `ReplyFormat.decode` finds the token that
-completes the marker, so a delta of many tokens (--stream-interval,
---num-scheduler-steps) counts the same as one token a delta.
+`reasoning_tokens` counts the reply's tokens through the one that completes the
+end-of-thinking marker (the marker's tokens included; all of them while the
+thinking has not ended). A delta that is all thinking counts whole; in the
+delta where the thinking ends, `ReplyFormat.decode` finds the first of its
+tokens whose text (decoded after the thinking's last tokens) holds the marker,
+so a delta of many tokens (--stream-interval, --num-scheduler-steps) counts the
+same as one token a delta. WHY the marker's presence and not character counts:
+the delta's text need not be its tokens' text (a stop string's held-back
+characters, a decoder's clean-up of spaces, a character split across tokens),
+but the marker is in both.
 """
 
 from __future__ import annotations
@@ -110,9 +113,9 @@ async def constrain(params: SamplingParams, reply: ReplyFormat,
     return attrs.evolve(params, **changes) if changes else params
 
 
-# Token ids kept from before a delta to decode its own in context (a leading space, a character split
-# across tokens), as incremental detokenizers do.
-DECODE_CONTEXT = 6
+# Token ids of the thinking kept from before a delta: enough for a marker begun there (a token at least a
+# character each).
+DECODE_CONTEXT = len(END)
 
 
 class ChoiceReply:
@@ -124,7 +127,7 @@ class ChoiceReply:
         parser = reply.tools.parser
         self._tools = ToolCallStream(parser, reply.tools.max_calls) if parser is not None else None
         self._texts: list[str] = []
-        self._context: list[int] = []  # the last DECODE_CONTEXT token ids of the thinking so far
+        self._context: list[int] = []  # the thinking's last DECODE_CONTEXT token ids
         self.reasoning_tokens = 0
 
     @property
@@ -142,23 +145,22 @@ class ChoiceReply:
         if self._reasoning is None or self._reasoning.ended:
             return "", text
         reasoning, content = self._reasoning.feed(text)
-        if not content:  # all thinking (or the marker ends exactly here)
+        if self._reasoning.ended:  # the thinking ends in this delta
+            self.reasoning_tokens += self._tokens_through_end(token_ids)
+        else:
             self.reasoning_tokens += len(token_ids)
             self._context = (self._context + list(token_ids))[-DECODE_CONTEXT:]
-        else:
-            self.reasoning_tokens += self._tokens_through(token_ids, len(text) - len(content))
         return reasoning, content
 
-    def _tokens_through(self, token_ids: Sequence[int], num_chars: int) -> int:
-        """How many of a delta's tokens it takes to reach `num_chars` characters of its text: the fewest
-        whose decoded text (after the thinking's last tokens) is that long. A binary search: a delta can
+    def _tokens_through_end(self, token_ids: Sequence[int]) -> int:
+        """The fewest of a delta's tokens whose text, decoded after the thinking's last tokens, holds the
+        end-of-thinking marker (all of them if none does; 0 for no tokens). A binary search: a delta can
         hold up to --stream-interval's 1024 tokens, or a multi-step chunk."""
         decode, context = self._format.decode, self._context
-        base = len(decode(context))
         low, high = 1, len(token_ids)
         while low < high:
             mid = (low + high) // 2
-            if len(decode(context + list(token_ids[:mid]))) - base >= num_chars:
+            if END in decode(context + list(token_ids[:mid])):
                 high = mid
             else:
                 low = mid + 1

@@ -25,12 +25,13 @@
  * row: each slot's [KH, D] row is read once, front to back, as the blocks lie. Per head, online
  * softmax one block at a time: the block's scores, the running max raised once per block, the
  * accumulators rescaled once per block (not per key); the GQA group's heads share each K / V row.
- * Chunks are split across OpenMP threads (claimed one at a time from a shared counter, as lengths
- * differ), so one long sequence still keeps every thread busy. A row of one chunk is finished as
+ * Chunks are split across OpenMP threads (claimed from a shared counter, as lengths differ), so one
+ * long sequence still keeps every thread busy. A row of one chunk is finished as
  * before (acc / l); several chunks are merged in key order (flash-decoding's split-K: each chunk's
  * acc and l rescaled to the largest max). While a block is read the next one's K and V rows are
  * prefetched into L2 a slice per head (prefetch_slice), and while a chunk's last block is read, the
- * first block of the chunk the thread takes next (claimed one ahead). On the 2-core AMD EPYC (Zen 3)
+ * first block of the chunk the thread takes next (claimed one ahead, where there are at least two
+ * chunks a thread). On the 2-core AMD EPYC (Zen 3)
  * we benchmark on, 8 layers of the bench model, 400 keys a row, 2 threads, against the whole next
  * block prefetched into L1 at each block's start and nothing across chunks: 64 rows 30.3 -> 25.1 ms a
  * forward, 1 thread 60.6 -> 50.3 (the same blocks read from cache: ~19 ms, so the rest is waiting on
@@ -549,6 +550,9 @@ int trillium_paged_decode_attention(const float *q, long b, long h, long d, long
     /* WHY a floor: below ~64K multiply-adds a thread team's wake-up costs more than it saves. */
     const int threads = keys * h * d < (1L << 16) ? 1 : num_threads;
     long handed_out = 0;  /* work items claimed so far (atomically, by every thread) */
+    /* WHY only with two items a thread or more: a thread claiming ahead may take the item another thread
+     * (not started yet) would have run, so with as many items as threads one could run two and another none. */
+    const int ahead = items >= 2L * threads;
 #pragma omp parallel num_threads(threads)
     {
         float qs[h * d], s[h * bs], buf[d];
@@ -558,7 +562,7 @@ int trillium_paged_decode_attention(const float *q, long b, long h, long d, long
          * 64 rows took 30.1 ms a forward, with items 4x as long 25.4, claimed ahead 25.1. */
         long it = __atomic_fetch_add(&handed_out, 1, __ATOMIC_RELAXED);
         while (it < items) {
-            const long next = __atomic_fetch_add(&handed_out, 1, __ATOMIC_RELAXED);
+            const long next = ahead ? __atomic_fetch_add(&handed_out, 1, __ATOMIC_RELAXED) : items;
             long tab, start, end, after = -1;
             const long r = item_span(it, item_row, first, seq_lens, row_seq, window, &tab, &start, &end);
             if (next < items) {
@@ -570,7 +574,7 @@ int trillium_paged_decode_attention(const float *q, long b, long h, long d, long
                 memcpy(qs + j * d, q + r * q_row_stride + j * q_head_stride, (size_t)d * sizeof(float));
             float *p = parts + it * part;
             attend(&c, table + tab * table_stride, start, end, after, qs, p, p + h * d, p + h * d + h, s, buf);
-            it = next;
+            it = ahead ? next : __atomic_fetch_add(&handed_out, 1, __ATOMIC_RELAXED);
         }
 #pragma omp barrier
         /* finish each row: one chunk as acc / l; several merged in key order at the largest max */
