@@ -43,6 +43,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -276,9 +277,18 @@ def _specs(args: argparse.Namespace, models: dict, llama: str | None, vllm: str 
     return specs
 
 
+def _exit_on_sigterm() -> None:
+    """A SIGTERM (timeout, kill) raises SystemExit in the main thread, so it unwinds through `_running` and no
+    server outlives the run. WHY here and not in each benchmark's main: final_only.py had no handler, and a
+    `timeout` left both its servers running. Only where SIGTERM still has its default action."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 @contextlib.contextmanager
 def _running(spec: ServerSpec, args: argparse.Namespace):
     """Start the server in its own process group, yield once /health answers 200, then stop the group."""
+    _exit_on_sigterm()
     log_path = Path(args.work_dir) / f"{spec.name.replace(' ', '_').replace('(', '').replace(')', '').replace(',', '')}.log"
     log = open(log_path, "w")
     started = time.perf_counter()
@@ -438,8 +448,7 @@ def run(args: argparse.Namespace) -> tuple[dict, dict[str, str], list[dict]]:
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     began = time.perf_counter()
-    # WHY: a SIGTERM (timeout, kill) unwinds through _running, so no server outlives the run.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    _exit_on_sigterm()
     try:
         results, skipped, servers = run(args)
     except BenchError as e:
