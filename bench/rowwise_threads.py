@@ -1,6 +1,7 @@
 """The float32 row-wise ops (rowwise_cpu.c: RMSNorm, SiLU-and-mul, rope) at one thread and at N, in one run.
 
 Run: .venv/bin/python bench/rowwise_threads.py [--threads N] [--rows 64,256,1024] [--rounds 5]
+     .venv/bin/python bench/rowwise_threads.py --against REV   (REV's rowwise_cpu.c against today's, N threads)
 
 The bench model's shapes (hidden 512, intermediate 1376, 8 / 4 heads of 64): per row count, one
 layer's calls (two norms, one SiLU-and-mul, rope on q and k) through `rowwise_cpu`, microseconds,
@@ -40,12 +41,18 @@ def main() -> None:
     p.add_argument("--rows", default="64,256,1024", help="rows (tokens) per call, comma-separated")
     p.add_argument("--rounds", type=int, default=5, help="alternations of 1 and N threads; medians reported")
     p.add_argument("--repeats", type=int, default=50, help="calls timed per measurement")
+    p.add_argument("--against", default=None, metavar="REV",
+                   help="instead of 1 thread against N: rowwise_cpu.c as it was at git revision REV against "
+                        "today's, both at N threads (a kernel change old against new, same bits checked)")
     args = p.parse_args()
     if args.threads < 2:
         raise SystemExit(f"--threads {args.threads}: give 2 or more (the baseline column is 1 thread)")
     if not rowwise_cpu.available():
         raise SystemExit(f"the row-wise kernels did not build: {rowwise_cpu.unavailable_reason()}")
     gen = torch.Generator().manual_seed(0)
+    if args.against:
+        _against(args, gen)
+        return
     print(f"rowwise_cpu.c, bench model shapes, 1 thread against {args.threads}; us per call (layer's calls)")
     print(f"{'rows':>5} {'op':<14} {'1 thread':>9} {f'{args.threads} threads':>11} {'speed-up':>9} same bits")
     for rows in (int(r) for r in args.rows.split(",")):
@@ -65,6 +72,38 @@ def main() -> None:
             same = all(torch.equal(a, b) for a, b in zip(one_out, many_out))
             print(f"{rows:>5} {name:<14} {one * 1e6:>9.1f} {many * 1e6:>11.1f} {one / many:>8.2f}x {same}")
     torch.set_num_threads(args.threads)
+
+
+def _against(args: argparse.Namespace, gen: torch.Generator) -> None:
+    """REV's library and today's alternated at N threads: us per call, speed-up, same bits."""
+    import contextlib
+
+    from trillium.benchmarks.revisions import library_at, using
+
+    try:
+        old = library_at(rowwise_cpu, args.against)
+    except RuntimeError as exc:
+        raise SystemExit(f"--against {args.against}: {exc}") from None
+    torch.set_num_threads(args.threads)
+    label = args.against[:12]
+    print(f"rowwise_cpu.c, bench model shapes, {args.threads} threads, {label} against today's; us per call")
+    print(f"{'rows':>5} {'op':<14} {label:>12} {'today':>9} {'speed-up':>9} same bits")
+    for rows in (int(r) for r in args.rows.split(",")):
+        for name, call in _layer_calls(rows, gen).items():
+            times: dict[str, list[float]] = {"old": [], "new": []}
+            outs = {}
+            for _ in range(args.rounds):
+                for which in times:
+                    with using(rowwise_cpu, old) if which == "old" else contextlib.nullcontext():
+                        outs[which] = call()
+                        start = time.perf_counter()
+                        for _ in range(args.repeats):
+                            call()
+                        times[which].append((time.perf_counter() - start) / args.repeats)
+            before, now = (statistics.median(times[w]) for w in times)
+            old_out, new_out = (out if isinstance(out, tuple) else (out,) for out in outs.values())
+            same = all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(old_out, new_out))
+            print(f"{rows:>5} {name:<14} {before * 1e6:>12.1f} {now * 1e6:>9.1f} {before / now:>8.2f}x {same}")
 
 
 if __name__ == "__main__":

@@ -59,6 +59,25 @@ def test_silu_saturates_and_propagates_nan() -> None:
     assert norm[1].isnan().all() and not norm[0].isnan().any()  # a NaN spoils its row only
 
 
+def test_silu_vector_lanes_and_scalar_tail_give_the_same_bits() -> None:
+    """SiLU-and-mul runs 8 lanes at a time (AVX2) and the last inter % 8 elements of a row one by one:
+    the same gate and up values must give the same bits in a lane as in the tail, random values over
+    many scales and the edges of exp's range (clamps, overflow to inf, denormal products, NaN)."""
+    gen = torch.Generator().manual_seed(7)
+    edges = torch.tensor([88.3762626647949, 88.37627, 88.4, 89.0, 87.3365447504, 87.34, 88.0, 100.0, 104.0,
+                          -88.3762626647949, -87.3365447504, -87.34, -88.7, -104.0, 0.0, -0.0, 1e-30, -1e-30,
+                          1e-45, 3.4e38, -3.4e38, float("inf"), -float("inf"), float("nan")])
+    values = torch.cat([edges, *(torch.randn(4000, generator=gen) * scale for scale in (1e-3, 0.3, 3, 30, 90))])
+    values = torch.cat([values, values.new_zeros(-len(values) % 7)]).view(-1, 7)  # 7 per row: lanes 0-6, tail 8-14
+    ups = torch.randn(values.shape, generator=gen) * 1e-30 ** torch.randint(0, 2, values.shape, generator=gen)
+    inter = 15
+    x = torch.zeros(len(values), 2 * inter)
+    x[:, 0:7], x[:, 8:15] = values, values
+    x[:, inter : inter + 7], x[:, inter + 8 : 2 * inter] = ups, ups
+    got = rowwise_cpu.silu_and_mul(x)
+    assert torch.equal(got[:, 0:7].view(torch.int32), got[:, 8:15].view(torch.int32))
+
+
 def test_rope_is_the_reference_bit_for_bit() -> None:
     gen = torch.Generator().manual_seed(3)
     qkv = torch.randn(9, (4 + 2 * 2) * 34, generator=gen)
