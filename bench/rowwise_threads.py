@@ -45,7 +45,7 @@ def main() -> None:
                    help="instead of 1 thread against N: rowwise_cpu.c as it was at git revision REV against "
                         "today's, both at N threads (a kernel change old against new, same bits checked)")
     args = p.parse_args()
-    if args.threads < 2:
+    if args.threads < 2 and not args.against:
         raise SystemExit(f"--threads {args.threads}: give 2 or more (the baseline column is 1 thread)")
     if not rowwise_cpu.available():
         raise SystemExit(f"the row-wise kernels did not build: {rowwise_cpu.unavailable_reason()}")

@@ -28,7 +28,7 @@
  * Two builds of the tiles. The 256-bit one below is tuned on a Zen 4 (512-bit ops in two halves).
  * With TRILLIUM_DENSE_512 (dense_cpu.py passes it on an Intel CPU with AVX-512, where 512-bit FMAs
  * run at full width) the tiles are 512-bit and two-dimensional (see WIDE_ROWS), and dense_cpu.py
- * sends it up to 64 rows instead of 16. Either build keeps the rule above: a row's result does not
+ * sends it up to 64 rows (the 256-bit build too on AVX2 without AVX-512; 16 on a Zen 4). Either build keeps the rule above: a row's result does not
  * depend on the rows or weight rows beside it, nor on the threads.
  */
 #include <stddef.h>
@@ -50,7 +50,7 @@
  * bench/dense_linear.py on the 2-core Intel Xeon (AVX-512) we benchmark on, ms per step of the
  * bench model's 33 linears at 2 threads, 256-bit 4-row tiles -> these (oneDNN in brackets):
  * 1 row 3.7-4.0 -> 2.9-3.6 (4.9-5.3; noisy, bound by memory), 8 rows 6.3-6.7 -> 4.6-4.9 (8.4),
- * 16 rows 10.1 -> 6.8-7.1 (10.1); and past the 256-bit tiles' 16 rows: 32 rows 10.7-11.1
+ * 16 rows 10.1 -> 6.8-7.1 (10.1); and past 16 rows (where the 256-bit tiles stopped then): 32 rows 10.7-11.1
  * (11.9-13.3), 48 rows 14.4-15.4 (15.7-16.0), 64 rows 17.6-18.5 (18.5-19.3); 96 rows 24.9 (22.9:
  * oneDNN's). Tiles of 6x4, 5x4 and 4x4 were slower at every row count. */
 #define WIDE_ROWS 8

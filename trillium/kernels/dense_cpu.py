@@ -14,8 +14,8 @@ flags; nothing downloaded); where no compiler is found, `available()` is False
 and `models/llama.py` keeps oneDNN for every call. TRILLIUM_KERNELS=reference
 turns it off (read once, at import). On an Intel CPU with AVX-512 it is built
 with 512-bit tiles and takes up to 64 rows (`WIDE`); TRILLIUM_DENSE_TILES=256
-keeps the 256-bit tiles and 16 rows. The 256-bit build takes up to 64 rows on a
-CPU without AVX-512 and 16 on one with it (a Zen 4): `MAX_ROWS` says why.
+keeps the 256-bit tiles and 16 rows. The 256-bit build takes up to 64 rows on an
+AVX2 CPU without AVX-512 and 16 on one with it (a Zen 4): `MAX_ROWS` says why.
 """
 
 from __future__ import annotations
@@ -50,10 +50,13 @@ WIDE = _wide_tiles()
 # file has the figures) and on a CPU without AVX-512, where oneDNN's kernels are 256-bit too: on the
 # 2-core AMD EPYC (Zen 3, AVX2) the bench model's 33 linears at 2 threads took 13.1 / 17.7 / 20.6 /
 # 31.4 / 39.9 ms at 16 / 24 / 32 / 48 / 64 rows against oneDNN's 18.9 / 21.8 / 23.6 / 35.2 / 42.6, and
-# 58.8 against 55.2 at 96; served as one run, the decode of 64 requests at once took 11.2 against
-# 13.0-14.1 s (oneDNN's 17-64-row calls left each thread ~half its time in libgomp's waits). 16 with
-# the 256-bit tiles on a CPU that has AVX-512 (a Zen 4), where oneDNN's 512-bit kernels win sooner.
-MAX_ROWS = 64 if WIDE or "avx512f" not in cpu_flags().split() else 16
+# 58.8 against 55.2 at 96; in process, the decode of 64 requests at once took 9.6-10.5 s against
+# 11.8-13.5 (the parent commit, alternated; oneDNN's 17-64-row calls left each thread ~half its time
+# in libgomp's waits). 16 with the 256-bit tiles on a CPU that also has AVX-512 (a Zen 4: there the
+# tiles tied oneDNN at 16 rows and 17-64 rows were not measured again), and 16 where the build has
+# no vector tiles at all (no AVX2 and FMA: plain loops, no match for oneDNN past a few rows).
+_CPU_FLAGS = set(cpu_flags().split())
+MAX_ROWS = 64 if WIDE or ({"avx2", "fma"} <= _CPU_FLAGS and "avx512f" not in _CPU_FLAGS) else 16
 _SOURCE = Path(__file__).with_name("dense_cpu.c")
 
 

@@ -18,8 +18,7 @@
 
 Each does what the Python op of the same name in the `trillium` namespace does (models/packed_linear.py,
 models/llama.py, models/graph_attention.py) for the calls a compiled decode graph makes -- the packed
-kernel's rows (up to 32 / 64), dense_cpu's rows (up to dense_cpu.MAX_ROWS: 16, or 64 with its 512-bit
-tiles), a float32 cache's decode or verify step -- and calls the same C kernels, so the bits are the same. The Python callers pick the native op only
+kernel's rows (up to 32 / 64), dense_cpu's rows (up to dense_cpu.MAX_ROWS: 64, or 16 on a non-Intel AVX-512 CPU such as a Zen 4), a float32 cache's decode or verify step -- and calls the same C kernels, so the bits are the same. The Python callers pick the native op only
 for those shapes (a static decision at trace time), and the native attention calls the Python op
 itself for a step `Step.set` does not take (fp8 caches, TRILLIUM_KERNELS=reference, ...).
 

@@ -88,10 +88,11 @@ static inline float exp_cephes(float x) {
     return in > 88.3762626647949f ? INFINITY : p * scale;
 }
 
-#if defined(__AVX2__)
+#if defined(__AVX2__) && !defined(__AVX512F__)
+#define ROWWISE_SILU_AVX2 1
 /* exp_cephes on 8 lanes, operation for operation (no FMA: products and sums rounded as the scalar
- * code rounds them), so each lane's bits are the scalar function's. WHY: GCC leaves the scalar loop
- * unvectorized ("control flow in loop"), and SiLU-and-mul then cost ~11 ns an element a thread: a
+ * code rounds them), so each lane's bits are the scalar function's. WHY: under AVX2 GCC leaves the
+ * scalar loop unvectorized ("control flow in loop"; with AVX-512 it vectorizes it itself, masked), and SiLU-and-mul then cost ~11 ns an element a thread: a
  * tenth of a 64-row decode step, about as much in a prefill. The clamps are min/max with the bound
  * first, which keep a NaN lane NaN as the scalar comparisons do; the conversion of the rounded n to
  * an integer truncates, as the scalar cast does. */
@@ -125,7 +126,7 @@ void trillium_silu_and_mul(const float *x, long rows, long inter, long stride, f
         const float *gate = x + r * stride, *up = gate + inter;
         float *dst = out + r * inter;
         long j = 0;
-#if defined(__AVX2__)
+#if defined(ROWWISE_SILU_AVX2)
         const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
         for (; j + 8 <= inter; j += 8) {
             const __m256 g = _mm256_loadu_ps(gate + j);

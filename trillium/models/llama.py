@@ -94,7 +94,8 @@ def _cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     """float32 CPU inference. WHY two kernels: up to dense_cpu.MAX_ROWS rows (decode and verify steps)
     the product is bound by reading the weights, which dense_cpu.c streams ~1.5x faster than oneDNN's
     small-M path (the bench model's 33 linears of a batch-1 decode step: 8.8 against 12.0 ms, bench/dense_linear.py);
-    its 512-bit tiles (Intel AVX-512) stay ahead up to 64 rows (1.05x there). With more rows each
+    its 512-bit tiles (Intel AVX-512), and its 256-bit ones on AVX2 without AVX-512, stay ahead up to
+    64 rows (1.05-1.07x there; dense_cpu.MAX_ROWS). With more rows each
     weight is reused and oneDNN's blocked matmul wins. Inside a compiled decode
     graph only the live rows are computed (kernels/padded_rows.py: a 5-token verify step in the
     8-row graph pays 5 rows), the padding rows are zeros."""
