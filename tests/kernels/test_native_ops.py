@@ -160,6 +160,26 @@ def test_graph_attention_runs_the_python_op_for_a_step_it_does_not_take() -> Non
     assert not graph_kv_slots(context, 2)[1].attend(q, k, v, meta, 0.25, sliding_window=None, softcap=None).any()
 
 
+def test_a_graph_names_its_step_by_a_small_id_the_same_in_every_process() -> None:
+    """The step a compiled graph passes graph_attention is a constant of that graph, and Inductor's disk
+    cache keys graphs by their constants: it must be the lowest free id (the same steps made in the same
+    order get the same ids in every process), not the Step's address (then every start missed the
+    cache and compiled again)."""
+    import gc
+
+    gc.collect()  # Steps of earlier tests freed first
+    first, second = native_ops.Step(), native_ops.Step()
+    ids = (first.id, second.id)
+    assert 0 < ids[0] < ids[1] < 256 and ids[1] == ids[0] + 1
+    assert ids[0] != first.handle and ids[1] != second.handle  # not the addresses
+    context = GraphAttentionContext()
+    context.native_step = second
+    assert {slot.native_step for slot in graph_kv_slots(context, 3)} == {ids[1]}
+    del first
+    gc.collect()
+    assert native_ops.Step().id == ids[0]  # a freed id is the next one given
+
+
 def test_graph_attention_refuses_a_slot_outside_the_cache() -> None:
     caches, context = _step(num_blocks=2)
     meta = AttentionMetadata.build([1], [3], [[1]], 4)

@@ -34,6 +34,7 @@
  * pointers, live in a `Step` that native_ops.Step fills before each graph call (pointers into
  * tensors the Python side keeps alive for the call) and clears after it.
  */
+#include <mutex>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -85,7 +86,18 @@ struct Step {
     const int32_t *row_lens = nullptr, *row_seq = nullptr;
     long block_size = 0, kv_heads = 0, head_dim = 0;
     std::vector<Layer> layers;
+    long id = 0;  // its index in g_steps: what a compiled graph passes graph_attention
 };
+
+/* WHY steps are named by small ids in the graphs, not by their addresses: the id is an argument a
+ * compiled graph holds as a constant, and Inductor's on-disk cache keys a graph by its constants. A
+ * heap address differs in every process, so every start missed the cache and compiled again (the
+ * default model's seven sizes: 326 s each start, not only the first). An id is the lowest free
+ * slot, so the same steps made in the same order get the same ids in every process. Steps are made
+ * and freed on the executor's thread; the mutex keeps the table whole if a finalizer runs elsewhere. */
+constexpr long kMaxSteps = 256;
+Step *g_steps[kMaxSteps] = {nullptr};
+std::mutex g_steps_lock;
 
 long live_rows(long m) { return t_live_rows >= 0 && t_live_rows < m ? t_live_rows : m; }
 
@@ -170,9 +182,9 @@ void write_rows(const at::Tensor &x, float *cache, const Step &step, long slots)
 }
 
 at::Tensor graph_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t context,
-                           int64_t step_handle, int64_t layer, double scale, std::optional<int64_t> window,
+                           int64_t step_id, int64_t layer, double scale, std::optional<int64_t> window,
                            std::optional<double> softcap) {
-    const Step *step = reinterpret_cast<const Step *>(step_handle);
+    const Step *step = step_id > 0 && step_id < kMaxSteps ? g_steps[step_id] : nullptr;
     if (step == nullptr || step->num_tokens < 0 || g_attention == nullptr)
         return python_graph_attention(q, k, v, context, layer, scale, window, softcap);
     TORCH_CHECK(layer >= 0 && layer < static_cast<long>(step->layers.size()), "layer ", layer, " has no cache");
@@ -275,9 +287,29 @@ void trillium_native_bind(void *gguf_row_bytes, void *gguf_float32, void *gguf_i
 
 void trillium_native_set_live_rows(long n) { t_live_rows = n; }
 
-void *trillium_native_step_new(void) { return new Step(); }
+/* A new step, or NULL when kMaxSteps - 1 are alive (the caller then runs the Python op). */
+void *trillium_native_step_new(void) {
+    std::lock_guard<std::mutex> hold(g_steps_lock);
+    for (long id = 1; id < kMaxSteps; id++)
+        if (g_steps[id] == nullptr) {
+            Step *step = new Step();
+            step->id = id;
+            g_steps[id] = step;
+            return step;
+        }
+    return nullptr;
+}
 
-void trillium_native_step_free(void *step) { delete static_cast<Step *>(step); }
+long trillium_native_step_id(void *handle) { return static_cast<Step *>(handle)->id; }
+
+void trillium_native_step_free(void *handle) {
+    Step *step = static_cast<Step *>(handle);
+    {
+        std::lock_guard<std::mutex> hold(g_steps_lock);
+        g_steps[step->id] = nullptr;
+    }
+    delete step;
+}
 
 /* Layer i's float32 caches [num_blocks, block_size, kv_heads, head_dim]; num_layers resets the list. */
 void trillium_native_step_caches(void *handle, long num_layers, float **k, float **v, long num_blocks,

@@ -7,7 +7,8 @@
         .set(kv_caches, meta) -> bool    point it at this step's float32 caches and metadata (False: the
                                          op falls back to trillium::graph_attention this step)
         .clear()                         after the call: the pointers are dead from here on
-        .handle                          the int the graph passes the op
+        .id                              the int the graph passes the op (a small index, the same in every
+                                         process for the same steps: Inductor's disk cache keys graphs by it)
 
     torch.ops.trillium_native.gguf_linear(x, blocks, ggml_type, in_features, bias, int8)
     torch.ops.trillium_native.cpu_linear(x, weight, bias)
@@ -67,6 +68,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.trillium_native_set_live_rows.restype = None
     lib.trillium_native_step_new.argtypes = []
     lib.trillium_native_step_new.restype = _P
+    lib.trillium_native_step_id.argtypes = [_P]
+    lib.trillium_native_step_id.restype = _L
     lib.trillium_native_step_free.argtypes = [_P]
     lib.trillium_native_step_free.restype = None
     lib.trillium_native_step_caches.argtypes = [_P, _L, _P, _P, _L, _L, _L, _L]
@@ -124,7 +127,8 @@ class Step:
 
     def __init__(self) -> None:
         self._lib = _BOUND[0]
-        self.handle: int = self._lib.trillium_native_step_new()
+        self.handle: int = self._lib.trillium_native_step_new() or 0  # 0: none free, the Python op runs
+        self.id: int = self._lib.trillium_native_step_id(self.handle) if self.handle else 0
         self._caches_key: tuple = ()
         self._keep: tuple = ()  # this step's tensors the pointers read
 
@@ -138,6 +142,8 @@ class Step:
         """Take this step natively when every cache is float32 (contiguous, one shape) and the kernel
         takes the step (`paged_attention_cpu.step_supported`, on layer 0's cache); else False, and the op
         runs the Python one."""
+        if not self.handle:
+            return False
         if not kv_caches or not paged_attention_cpu.step_supported(kv_caches[0].k_cache, kv_caches[0].v_cache, meta):
             return self._none()
         shape = kv_caches[0].k_cache.shape
@@ -169,7 +175,8 @@ class Step:
         self._none()
 
     def _none(self) -> bool:
-        self._lib.trillium_native_step_set(self.handle, -1, None, None, 0, None, None)
+        if self.handle:
+            self._lib.trillium_native_step_set(self.handle, -1, None, None, 0, None, None)
         self._keep = ()
         return False
 

@@ -101,7 +101,7 @@ class GraphKvSlot:
 
     context_id: int
     layer: int
-    native_step: int = 0  # native_ops.Step.handle, 0 for none
+    native_step: int = 0  # native_ops.Step.id, 0 for none
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta, scale: float, *,
@@ -119,5 +119,5 @@ class GraphKvSlot:
 
 
 def graph_kv_slots(context: GraphAttentionContext, num_layers: int) -> list[GraphKvSlot]:
-    handle = context.native_step.handle if context.native_step is not None else 0
-    return [GraphKvSlot(context.context_id, i, handle) for i in range(num_layers)]
+    step_id = context.native_step.id if context.native_step is not None else 0
+    return [GraphKvSlot(context.context_id, i, step_id) for i in range(num_layers)]
