@@ -13,6 +13,7 @@ the bits it gets alone (checked here too). Nothing is asserted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -57,27 +58,37 @@ def main() -> None:
     print(f"{'rows':>5} {'op':<14} {'1 thread':>9} {f'{args.threads} threads':>11} {'speed-up':>9} same bits")
     for rows in (int(r) for r in args.rows.split(",")):
         for name, call in _layer_calls(rows, gen).items():
-            times: dict[int, list[float]] = {1: [], args.threads: []}
-            outs = {}
-            for _ in range(args.rounds):
-                for threads in times:
-                    torch.set_num_threads(threads)
-                    outs[threads] = call()
-                    start = time.perf_counter()
-                    for _ in range(args.repeats):
-                        call()
-                    times[threads].append((time.perf_counter() - start) / args.repeats)
-            one, many = (statistics.median(times[t]) for t in times)
-            one_out, many_out = (out if isinstance(out, tuple) else (out,) for out in outs.values())
+            (one, many), (one_out, many_out) = _alternate(
+                call, [lambda: _threads(1), lambda: _threads(args.threads)], args.rounds, args.repeats)
             same = all(torch.equal(a, b) for a, b in zip(one_out, many_out))
             print(f"{rows:>5} {name:<14} {one * 1e6:>9.1f} {many * 1e6:>11.1f} {one / many:>8.2f}x {same}")
     torch.set_num_threads(args.threads)
 
 
+def _threads(n: int) -> contextlib.AbstractContextManager:
+    torch.set_num_threads(n)
+    return contextlib.nullcontext()
+
+
+def _alternate(call, setups: list, rounds: int, repeats: int) -> tuple[list[float], list[tuple]]:
+    """`call` timed under each setup (a context-manager factory) in turn, `rounds` times: the median
+    seconds per call of each, and each one's last outputs (as a tuple)."""
+    times: list[list[float]] = [[] for _ in setups]
+    outs: list[tuple] = [() for _ in setups]
+    for _ in range(rounds):
+        for i, setup in enumerate(setups):
+            with setup():
+                out = call()
+                outs[i] = out if isinstance(out, tuple) else (out,)
+                start = time.perf_counter()
+                for _ in range(repeats):
+                    call()
+                times[i].append((time.perf_counter() - start) / repeats)
+    return [statistics.median(t) for t in times], outs
+
+
 def _against(args: argparse.Namespace, gen: torch.Generator) -> None:
     """REV's library and today's alternated at N threads: us per call, speed-up, same bits."""
-    import contextlib
-
     from trillium.benchmarks.revisions import library_at, using
 
     try:
@@ -90,18 +101,8 @@ def _against(args: argparse.Namespace, gen: torch.Generator) -> None:
     print(f"{'rows':>5} {'op':<14} {label:>12} {'today':>9} {'speed-up':>9} same bits")
     for rows in (int(r) for r in args.rows.split(",")):
         for name, call in _layer_calls(rows, gen).items():
-            times: dict[str, list[float]] = {"old": [], "new": []}
-            outs = {}
-            for _ in range(args.rounds):
-                for which in times:
-                    with using(rowwise_cpu, old) if which == "old" else contextlib.nullcontext():
-                        outs[which] = call()
-                        start = time.perf_counter()
-                        for _ in range(args.repeats):
-                            call()
-                        times[which].append((time.perf_counter() - start) / args.repeats)
-            before, now = (statistics.median(times[w]) for w in times)
-            old_out, new_out = (out if isinstance(out, tuple) else (out,) for out in outs.values())
+            (before, now), (old_out, new_out) = _alternate(
+                call, [lambda: using(rowwise_cpu, old), contextlib.nullcontext], args.rounds, args.repeats)
             same = all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(old_out, new_out))
             print(f"{rows:>5} {name:<14} {before * 1e6:>12.1f} {now * 1e6:>9.1f} {before / now:>8.2f}x {same}")
 
