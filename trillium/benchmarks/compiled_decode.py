@@ -1,8 +1,16 @@
 """Compiled decode vs eager, side by side in one run (`bench/compiled_decode.py`).
 
-On the `bench` model (float32 Llama, hidden 512, 8 layers): one in-process
-engine per mode (`--enforce-eager` and compiled at --compile-batch-sizes),
-rounds interleaved eager / compiled so a loaded machine hurts both alike.
+On the `bench` model (float32 Llama, hidden 512, 8 layers; --model-dir another
+HF dir or a .gguf file): one in-process engine per mode, rounds interleaved so
+a loaded machine hurts all alike:
+
+  eager      --enforce-eager
+  graphs     compiled at --compile-batch-sizes with native decode off
+             (TRILLIUM_NATIVE_DECODE=0): every decode step runs its bucket's graph
+  compiled   compiled as `trillium serve` runs it: decode steps native
+             (models/native_decode.py: one C++ call a forward), the graphs
+             for what native decode does not take
+
 Per round and mode:
 
   single stream   one request, 128-token prompt, 128 greedy tokens (EOS
@@ -33,12 +41,20 @@ import time
 import torch
 
 
-def _engine(model_dir: str, eager: bool, sizes: tuple[int, ...]):
+def _engine(model_dir: str, eager: bool, sizes: tuple[int, ...], native: bool = True):
     from trillium import LLM
 
     start = time.perf_counter()
-    llm = LLM(model_dir, max_num_seqs=64, kv_cache_memory="256MiB", enforce_eager=eager,
-              compile_batch_sizes=sizes)  # fmt: skip
+    before = os.environ.get("TRILLIUM_NATIVE_DECODE")
+    os.environ["TRILLIUM_NATIVE_DECODE"] = "1" if native else "0"  # read as the engine builds its forward
+    try:
+        llm = LLM(model_dir, max_num_seqs=64, kv_cache_memory="256MiB", enforce_eager=eager,
+                  compile_batch_sizes=sizes)  # fmt: skip
+    finally:
+        if before is None:
+            del os.environ["TRILLIUM_NATIVE_DECODE"]
+        else:
+            os.environ["TRILLIUM_NATIVE_DECODE"] = before
     return llm, time.perf_counter() - start
 
 
@@ -94,12 +110,13 @@ def main(argv: list[str] | None = None) -> int:
 
     sizes = tuple(int(n) for n in args.compile_batch_sizes.split(","))
     model_dir = args.model_dir or os.path.join(tempfile.gettempdir(), "trillium-bench-model")
-    if not os.path.exists(os.path.join(model_dir, "config.json")):
+    if not model_dir.endswith(".gguf") and not os.path.exists(os.path.join(model_dir, "config.json")):
         build_checkpoint(model_dir, "bench", seed=0)
     if args.start_only:
         print(f"{_compile_only(model_dir, sizes):.2f}")
         return 0
-    engines = {"eager": _engine(model_dir, True, sizes), "compiled": _engine(model_dir, False, sizes)}
+    engines = {"eager": _engine(model_dir, True, sizes), "graphs": _engine(model_dir, False, sizes, native=False),
+               "compiled": _engine(model_dir, False, sizes)}
     results: dict[str, list[dict[str, float]]] = {mode: [] for mode in engines}
     try:
         for mode, (llm, _) in engines.items():
@@ -114,11 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntorch {torch.__version__}, {os.cpu_count()} CPUs, load average {load:.1f}, median of "
           f"{args.rounds} interleaved rounds; compiled buckets {args.compile_batch_sizes}")
     keys = list(results["eager"][0])
-    print(f"{'':<22}{'eager':>12}{'compiled':>12}{'ratio':>8}")
+    print(f"{'':<22}{'eager':>12}{'graphs':>12}{'compiled':>12}{'c/eager':>9}{'c/graphs':>9}")
     for key in keys:
-        eager, compiled = (statistics.median(row[key] for row in results[m]) for m in ("eager", "compiled"))
-        print(f"{key:<22}{eager:>12.2f}{compiled:>12.2f}{compiled / eager:>8.2f}")
-    print(f"{'engine start s':<22}{engines['eager'][1]:>12.1f}{engines['compiled'][1]:>12.1f}")
+        eager, graphs, compiled = (statistics.median(row[key] for row in results[m]) for m in engines)
+        print(f"{key:<22}{eager:>12.2f}{graphs:>12.2f}{compiled:>12.2f}{compiled / eager:>9.2f}"
+              f"{compiled / graphs:>9.2f}")
+    print(f"{'engine start s':<22}" + "".join(f"{seconds:>12.1f}" for _, seconds in engines.values()))
+    print("(ITL ms: lower is better; the ratios of that row are of ms)")
     if args.cold_warm:
         cold, warm = _cold_warm(model_dir, args.compile_batch_sizes)
         print(f"compiled start, fresh process: cold cache {cold:.1f} s, warm (on-disk) cache {warm:.1f} s")

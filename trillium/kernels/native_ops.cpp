@@ -18,6 +18,9 @@
  *       the same bits either way); a call rowwise_cpu.py would not take runs the Python twin
  *       (trillium::rms_norm, ...: the reference), as eager does
  *
+ * and one function of its own, trillium_native_decode (models/native_decode.py): a whole decode forward
+ * of the plain Llama family calling those kernels from one C++ loop, without the graph.
+ *
  * WHY: a decode step of SmolLM2-135M calls ~150 such ops. From Inductor's Python wrapper each
  * Python-implemented op cost ~20-50 us of dispatch, checks and ctypes around kernels of ~10-40 us
  * (bench/native_ops.py measures both); the same call into this file costs ~3 us.
@@ -326,6 +329,105 @@ void trillium_native_step_set(void *handle, long num_tokens, const int64_t *slot
     Step *step = static_cast<Step *>(handle);
     step->num_tokens = num_tokens, step->slot_mapping = slot_mapping, step->tables = tables;
     step->table_stride = table_stride, step->row_lens = row_lens, step->row_seq = row_seq;
+}
+
+/* Native decode (models/native_decode.py): one decode forward of the dense Llama family, float32, n
+ * rows of one token each, every kernel called from here -- the embedding rows, per layer the input
+ * norm, QKV linear, rope of q and k, the keys and values written to their slots, the paged
+ * attention, the output linear and its residual, the post-attention norm, gate/up linear, SiLU-and-mul,
+ * down linear and its residual, then the final norm into `out` [n, hidden].
+ *
+ * The same C kernels, arguments and order as the compiled graph's ops (and eager's), so every row
+ * has their bits; what it leaves out is the graph's glue: ~10 dispatcher calls a layer, a tensor
+ * allocated for each op's output, and the Python around the graph call.
+ *
+ * `layer_ptrs`: kNativeLayerPointers a layer (input norm, QKV weight, QKV bias, output weight, output
+ * bias, post-attention norm, gate/up weight, gate/up bias, down weight, down bias; a NULL bias: none);
+ * `linear_kinds`: 4 a layer (QKV, output, gate/up, down), -1 for float32 weights, else the GGUF type of
+ * blocks kept packed (| kNativeLinearInt8 for int8 activations): native_linear says how each runs.
+ * The step (its slots, block tables and key counts, each layer's float32 cache) is the one
+ * trillium_native_step_set filled for this forward.
+ *
+ * Returns 0; -1, having written nothing, for what it does not take (a token id, position or slot out of
+ * range, a step that does not fit); -2 when a kernel refused midway (the caches may hold this step's
+ * keys for some layers: the caller raises). */
+constexpr long kNativeLayerPointers = 10;
+constexpr long kNativeLinearInt8 = 1L << 16;  // a linear kind's flag: the packed kernel's int8 activations
+
+/* y [m, n] = x [m, k] @ W^T (+ bias) as trillium_native::cpu_linear (kind -1: float32 W) or ::gguf_linear
+ * (kind: the ggml type, | kNativeLinearInt8 for int8 activations; W its blocks) compute it. */
+int native_linear(long kind, const void *w, const float *bias, const float *x, long m, long k, long n, float *y,
+                  int threads) {
+    if (kind < 0) return g_dense(x, m, k, k, static_cast<const float *>(w), n, bias, y, threads);
+    const bool int8 = kind & kNativeLinearInt8;
+    const int type = static_cast<int>(kind & (kNativeLinearInt8 - 1));
+    if (g_gguf_float32 == nullptr || m > (int8 ? kGgufRowsInt8 : kGgufRowsFloat32) ||
+        g_gguf_row_bytes(type, k, int8) <= 0)
+        return -1;
+    if ((int8 ? g_gguf_int8 : g_gguf_float32)(type, x, m, k, k, static_cast<const uint8_t *>(w), n, y, threads))
+        return -1;
+    if (bias != nullptr)  // after the product, as gguf_linear's out.add_(bias)
+        for (long i = 0; i < m; i++)
+            for (long j = 0; j < n; j++) y[i * n + j] = y[i * n + j] + bias[j];
+    return 0;
+}
+
+int trillium_native_decode(void *step_handle, long n, const int64_t *ids, const int64_t *positions, long num_layers,
+                           long hidden, long heads, long kv_heads, long head_dim, long inter, float eps, float scale,
+                           const long *windows, const void *const *layer_ptrs, const long *linear_kinds,
+                           const float *embed, long vocab,
+                           const float *final_norm, const float *table, long table_rows, float *out, int threads) {
+    const Step *step = static_cast<const Step *>(step_handle);
+    if (step == nullptr || n <= 0 || n > kDenseRows || step->num_tokens != n || step->row_seq != nullptr ||
+        static_cast<long>(step->layers.size()) != num_layers || step->kv_heads != kv_heads ||
+        step->head_dim != head_dim || g_dense == nullptr || g_attention == nullptr || g_rms_norm == nullptr ||
+        g_silu_and_mul == nullptr || g_rope == nullptr)
+        return -1;
+    for (long t = 0; t < n; t++) {
+        if (ids[t] < 0 || ids[t] >= vocab || positions[t] < 0 || positions[t] >= table_rows) return -1;
+        if (step->slot_mapping[t] < 0 || step->slot_mapping[t] >= step->layers[0].slots) return -1;
+    }
+    const long q_size = heads * head_dim, kv_size = kv_heads * head_dim, qkv_size = q_size + 2 * kv_size;
+    /* WHY thread-local and kept: a forward runs every few ms on the executor's thread; allocating ~1 MB
+     * each time would map and fault fresh pages per call. */
+    thread_local std::vector<float> scratch;
+    const long sizes[] = {hidden, hidden, qkv_size, q_size, kv_size, q_size, hidden, 2 * inter, inter};
+    long total = 0;
+    for (long size : sizes) total += n * size;
+    if (static_cast<long>(scratch.size()) < total) scratch.resize(total);
+    float *x = scratch.data(), *h = x + n * hidden, *qkv = h + n * hidden, *q = qkv + n * qkv_size;
+    float *k = q + n * q_size, *attn = k + n * kv_size, *proj = attn + n * q_size, *gate_up = proj + n * hidden;
+    float *act = gate_up + n * 2 * inter;
+    for (long t = 0; t < n; t++) std::memcpy(x + t * hidden, embed + ids[t] * hidden, sizeof(float) * hidden);
+    for (long l = 0; l < num_layers; l++) {
+        const void *const *w = layer_ptrs + l * kNativeLayerPointers;
+        const long *kind = linear_kinds + l * 4;  // qkv, o, gate/up, down
+        const float *const *f = reinterpret_cast<const float *const *>(w);
+        const Layer &cache = step->layers[l];
+        g_rms_norm(x, n, 1, hidden, hidden, 0, f[0], eps, h, threads);
+        if (native_linear(kind[0], w[1], f[2], h, n, hidden, qkv_size, qkv, threads)) return -2;
+        if (g_rope(qkv, n, heads, head_dim, qkv_size, head_dim, positions, table, table_rows, q, threads) ||
+            g_rope(qkv + q_size, n, kv_heads, head_dim, qkv_size, head_dim, positions, table, table_rows, k, threads))
+            return -2;
+        for (long t = 0; t < n; t++) {  // the keys (rotated) and values (the QKV output's) into their slots
+            const int64_t slot = step->slot_mapping[t];
+            std::memcpy(cache.k + slot * kv_size, k + t * kv_size, sizeof(float) * kv_size);
+            std::memcpy(cache.v + slot * kv_size, qkv + t * qkv_size + q_size + kv_size, sizeof(float) * kv_size);
+        }
+        if (g_attention(q, n, heads, head_dim, q_size, head_dim, cache.k, cache.v, nullptr, step->block_size,
+                        kv_heads, step->tables, step->table_stride, step->row_lens, nullptr, scale, nullptr,
+                        nullptr, windows[l], 0.0f, attn, threads))
+            return -2;
+        if (native_linear(kind[1], w[3], f[4], attn, n, q_size, hidden, proj, threads)) return -2;
+        for (long i = 0; i < n * hidden; i++) x[i] = x[i] + proj[i];
+        g_rms_norm(x, n, 1, hidden, hidden, 0, f[5], eps, h, threads);
+        if (native_linear(kind[2], w[6], f[7], h, n, hidden, 2 * inter, gate_up, threads)) return -2;
+        g_silu_and_mul(gate_up, n, inter, 2 * inter, act, threads);
+        if (native_linear(kind[3], w[8], f[9], act, n, inter, hidden, proj, threads)) return -2;
+        for (long i = 0; i < n * hidden; i++) x[i] = x[i] + proj[i];
+    }
+    g_rms_norm(x, n, 1, hidden, hidden, 0, final_norm, eps, out, threads);
+    return 0;
 }
 
 }  // extern "C"

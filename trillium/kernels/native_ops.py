@@ -2,6 +2,7 @@
 
     load() -> bool                       build (first use, ~15-30 s; cached on disk) and bind; False where it cannot
     unavailable_reason() -> str | None   why load() is False
+    library() -> ctypes.CDLL             the bound library (trillium_native_decode: models/native_decode.py)
     set_live_rows(n | None)              this thread's live-row hint for the native linears (padded_rows.py)
     Step()                               the native attention's per-step state, one per compiled runner:
         .set(kv_caches, meta) -> bool    point it at this step's float32 caches and metadata (False: the
@@ -76,6 +77,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.trillium_native_step_caches.restype = None
     lib.trillium_native_step_set.argtypes = [_P, _L, _P, _P, _L, _P, _P]
     lib.trillium_native_step_set.restype = None
+    lib.trillium_native_decode.argtypes = [_P, _L, _P, _P, _L, _L, _L, _L, _L, _L, ctypes.c_float, ctypes.c_float,
+                                           _P, _P, _P, _P, _L, _P, _P, _L, _P, ctypes.c_int]
+    lib.trillium_native_decode.restype = ctypes.c_int
 
 
 _LIBRARY = CLibrary(_SOURCE, "the native compiled-decode ops", _declare, compilers=CXX, flags=_FLAGS,
@@ -115,6 +119,11 @@ def load() -> bool:
 def loaded() -> bool:
     """Is the library bound (load() ran and succeeded)? Cheap: the graphs' callers ask at trace time."""
     return bool(_BOUND)
+
+
+def library() -> ctypes.CDLL:
+    """The bound library (after load()): models/native_decode.py calls trillium_native_decode on it."""
+    return _BOUND[0]
 
 
 def set_live_rows(n: int | None) -> None:
@@ -216,4 +225,4 @@ for _name, _fake in ROW_WISE_FAKES.items():
     torch.library.register_fake(f"trillium_native::{_name}")(_fake)
 
 
-__all__ = ["Step", "load", "loaded", "set_live_rows", "unavailable_reason"]
+__all__ = ["Step", "library", "load", "loaded", "set_live_rows", "unavailable_reason"]

@@ -96,7 +96,7 @@ class GgufLinear(nn.Module):
         """This rank's product (all of it without tensor parallelism)."""
         flat = x.reshape(-1, self.in_features)
         if torch.compiler.is_compiling():  # the same kernels behind one opaque op; the packed rows from C++
-            native = native_ops.loaded() and flat.shape[0] <= _packed_rows(self.activations)  # kernels/native_ops.py
+            native = native_ops.loaded() and flat.shape[0] <= packed_rows(self.activations)  # kernels/native_ops.py
             if native:  # int8 activations as a bool (native_ops.py says why)
                 out = torch.ops.trillium_native.gguf_linear(flat, self.blocks, self.ggml_type, self.in_features,
                                                             self.bias, self.activations == gguf_cpu.INT8)
@@ -122,7 +122,7 @@ def _gguf_linear(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, in_featu
     DEQUANTIZE_ROWS_INT8 (int8), and at any row count with int8 where the int8 GEMM's AVX-512 VNNI path
     built (`gguf_cpu.matmul` itself takes the fused pass up to 8 rows, the GEMM above); more rows
     otherwise (prefill): dequantize + oneDNN (float32, exact)."""
-    if x.shape[0] > _packed_rows(activations) and not (activations == gguf_cpu.INT8
+    if x.shape[0] > packed_rows(activations) and not (activations == gguf_cpu.INT8
                                                         and gguf_cpu.gemm_int8_vectorized()):
         return linear(x, gguf_cpu.dequantize(blocks, ggml_type, in_features), bias)
     # compiled decode's padding rows cost FMAs here: skipped (kernels/padded_rows.py)
@@ -133,7 +133,7 @@ def _gguf_linear(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, in_featu
     return out
 
 
-def _packed_rows(activations: str) -> int:
+def packed_rows(activations: str) -> int:
     """Rows up to which the packed decode kernel (and trillium_native::gguf_linear) serves every format
     and build (more: dequantize + oneDNN, or with int8 the int8 GEMM where it is vectorized)."""
     return DEQUANTIZE_ROWS_INT8 if activations == gguf_cpu.INT8 else DEQUANTIZE_ROWS

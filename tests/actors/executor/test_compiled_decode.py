@@ -13,7 +13,9 @@ same tokens, every decode step in the graph, and no recompile. With ngram
 speculation (k=3), verify steps of 4 tokens (the last token and 3 drafts) run
 the same bucket's graph, greedy output identical to eager speculation and to
 plain decoding. A GGUF checkpoint kept packed (Q4_1 / Q4_0 / Q8_0 blocks through `trillium::gguf_linear`) compiles too (C++ wrapper): the same tokens as
-eager, and a reload copying other blocks in is seen by the graph.
+eager, and a reload copying other blocks in is seen by the graph. Where the C++ ops build, pure
+decode steps run native decode (models/native_decode.py, one C++ call) instead of the graph: each
+test above also checks it took them, and with it switched off the graphs give the same tokens and bits.
 
 Mirrors vLLM's habit of compiling decode at fixed batch sizes and padding a
 batch to the next one (vllm/config/compilation.py `cudagraph_capture_sizes`,
@@ -89,9 +91,18 @@ def test_compiled_greedy_matches_eager_and_transformers_then_follows_weight_upda
     # bucket 2 (steps of 1-2 rows) through Inductor's C++ wrapper, bucket 4 (3 rows) its Python one
     assert compiled.forward.compile_s.keys() == {2, 4} and compiled.forward.cpp_wrapper_sizes == (2,)
     graphs = counters["stats"]["unique_graphs"]  # compiled at start; nothing recompiles after
+    forward = compiled.forward
+    assert (forward.native_decode is not None) == native_ops.load()  # the plain Llama: native decode
     before = _greedy(compiled)
-    assert compiled.forward.num_compiled_steps >= 7  # every decode step of the run (3, 2, 2, 1, 1, 1, 1 rows)
+    assert forward.num_compiled_steps >= 7  # every decode step of the run (3, 2, 2, 1, 1, 1, 1 rows)
+    assert forward.num_native_steps == (forward.num_compiled_steps if forward.native_decode else 0)
     assert before == _greedy(eager)
+    native, forward.native_decode = forward.native_decode, None  # the graphs themselves run decode
+    try:
+        steps = forward.num_native_steps
+        assert _greedy(compiled) == before and forward.num_native_steps == steps
+    finally:
+        forward.native_decode = native
     # --async-scheduling: the step planned ahead feeds the token the executor has just sampled
     # into the same graphs (same padded buffers, dtypes, bucket); no recompile, no eager fallback.
     steps = compiled.forward.num_compiled_steps
@@ -117,25 +128,27 @@ def test_compiled_greedy_matches_eager_and_transformers_then_follows_weight_upda
     assert after != before
     assert after == _greedy(eager)
     assert counters["stats"]["unique_graphs"] == graphs
-    # Those steps ran the bucket's bytecode without guard evaluation (direct_dispatch.py), and
-    # through the C++ ops where they build (kernels/native_ops.py)
-    assert compiled.forward.num_direct_steps == compiled.forward.num_compiled_steps
+    # Those steps ran natively (models/native_decode.py) or the bucket's bytecode without guard
+    # evaluation (direct_dispatch.py), through the C++ ops where they build (kernels/native_ops.py)
+    assert compiled.forward.num_direct_steps + compiled.forward.num_native_steps == compiled.forward.num_compiled_steps
     assert compiled.forward.native == native_ops.load()
 
 
 def test_a_compiled_row_has_the_bits_of_the_same_row_run_eagerly(cores):
-    """Bit for bit, not just the same greedy tokens: the hidden states of a decode step of 3 rows (padded
-    to the 4-row graph) and of a verify step of 4 rows (one sequence's token and 3 drafts) equal the
+    """Bit for bit, not just the same greedy tokens: the hidden states of a decode step of 3 rows (natively,
+    models/native_decode.py, and padded to the 4-row graph), of one of 5 rows (past the largest bucket:
+    natively), and of a verify step of 4 rows (one sequence's token and 3 drafts) equal the
     eager forward's on the same cache. WHY it matters: a request's steps run in a graph or eagerly
     depending on what shares them (prefill chunks, a verify step past the largest bucket), so any
     rounding difference lets a late greedy near-tie follow the batch (dispatch.py's opaque row-wise
     ops: Inductor's own fused norms, rope and SiLU rounded otherwise)."""
     compiled = cores[0]
     model, forward = compiled.model, compiled.forward
+    assert max(forward.compiled_sizes) == 4
     block_size, vocab = compiled.config.block_size, compiled.model_config.vocab_size
     caches = model.allocate_kv_caches(24, block_size)
     generator = torch.Generator().manual_seed(7)
-    lens = [5, 9, 2 * block_size + 3]
+    lens = [5, 9, 2 * block_size + 3, 7, 12]
     tables, first = [], 1
     for n in lens:  # each sequence's blocks, room for 4 more tokens
         count = -(-(n + 4) // block_size)
@@ -147,6 +160,7 @@ def test_a_compiled_row_has_the_bits_of_the_same_row_run_eagerly(cores):
         model(ids, positions, caches, AttentionMetadata.build(lens, lens, tables, block_size))  # prefill, eager
         steps = [  # (query lens, verify rows)
             ([1, 1, 1], False),
+            ([1] * 5, False),  # past the largest bucket (4): native decode takes it, a graph could not
             ([4], True),
         ]
         for query_lens, verify in steps:
@@ -156,12 +170,70 @@ def test_a_compiled_row_has_the_bits_of_the_same_row_run_eagerly(cores):
                                            verify_rows=verify)
             step_ids = torch.randint(0, vocab, (sum(query_lens),), generator=generator)
             step_pos = torch.cat([torch.arange(lens[i], lens[i] + q) for i, q in zip(seqs, query_lens)])
-            before = forward.num_compiled_steps
-            graph = forward(step_ids, step_pos, caches, meta)
-            assert forward.num_compiled_steps == before + 1  # it did run the graph
             eager = model(step_ids, step_pos, caches, meta)
-            assert torch.equal(graph, eager), (query_lens, (graph - eager).abs().max())
-            assert torch.equal(model.compute_logits(graph), model.compute_logits(eager))
+            native = forward.native_decode
+            # a decode step runs natively (models/native_decode.py) where the native ops build, and
+            # through the graph with native decode off; a verify step always through the graph
+            if native is None and len(query_lens) > max(forward.compiled_sizes):
+                continue  # eager would run it: nothing compiled to compare
+            runners = ["native"] if native is not None and not verify else []
+            runners += ["graph"] if sum(query_lens) <= max(forward.compiled_sizes) else []
+            for runner in runners:
+                forward.native_decode = native if runner == "native" else None
+                before, natively = forward.num_compiled_steps, forward.num_native_steps
+                try:
+                    graph = forward(step_ids, step_pos, caches, meta)
+                finally:
+                    forward.native_decode = native
+                assert forward.num_compiled_steps == before + 1  # it did not run eager
+                assert forward.num_native_steps == natively + (runner == "native")
+                assert torch.equal(graph, eager), (runner, query_lens, (graph - eager).abs().max())
+                assert torch.equal(model.compute_logits(graph), model.compute_logits(eager))
+
+
+def test_native_decode_refuses_what_it_does_not_take_before_writing_anything(cores):
+    """Native decode (models/native_decode.py) answers None, caches untouched, for a token id outside
+    the vocabulary, a position outside the rope table, more rows than the linears take, or a step the
+    native attention was not set for; the caller then runs the graph (whose ops raise or fall back)."""
+    compiled = cores[0]
+    native = compiled.forward.native_decode
+    if native is None:
+        pytest.skip(f"no native decode: {native_ops.unavailable_reason()}")
+    model, block_size = compiled.model, compiled.config.block_size
+    vocab, table_rows = compiled.model_config.vocab_size, model.cos_sin_cache.shape[0]
+    caches = model.allocate_kv_caches(8, block_size)
+    for cache in caches:
+        cache.k_cache.fill_(0.25), cache.v_cache.fill_(0.5)
+    snapshot = [(c.k_cache.clone(), c.v_cache.clone()) for c in caches]
+    meta = AttentionMetadata.build([1, 1], [4, 6], [[1], [2]], block_size)
+    step = compiled.forward.context.native_step
+    good_ids, good_pos = torch.tensor([3, 4]), torch.tensor([3, 5])
+    cases = [(torch.tensor([3, vocab]), good_pos), (good_ids, torch.tensor([3, table_rows])),
+             (good_ids[:1], good_pos[:1])]  # one row for a step set for two
+    with torch.inference_mode():
+        for ids, pos in cases:
+            assert step.set(caches, meta)
+            try:
+                assert native(ids, pos, step) is None
+            finally:
+                step.clear()
+        assert native(good_ids, good_pos, step) is None  # cleared: no step set
+        many = AttentionMetadata.build([1] * (native.max_rows + 1), [4] * (native.max_rows + 1),
+                                       [[1]] * (native.max_rows + 1), block_size)
+        assert step.set(caches, many)
+        try:
+            assert native(torch.full((native.max_rows + 1,), 3), torch.full((native.max_rows + 1,), 3), step) is None
+        finally:
+            step.clear()
+    for cache, (k, v) in zip(caches, snapshot):
+        assert torch.equal(cache.k_cache, k) and torch.equal(cache.v_cache, v)
+    assert step.set(caches, meta)
+    try:
+        with torch.inference_mode():
+            assert native(good_ids, good_pos, step) is not None  # and a good step does write
+    finally:
+        step.clear()
+    assert not torch.equal(caches[0].k_cache, snapshot[0][0])
 
 
 def test_speculative_verify_steps_run_the_compiled_graph_with_eager_tokens(cores, monkeypatch):
@@ -222,6 +294,8 @@ def test_packed_gguf_decode_compiles_with_eager_tokens(checkpoint, tmp_path):
     assert {m.format_name for m in packed} >= {"Q4_1", "Q4_0", "Q8_0"}
     before = _greedy(compiled)
     assert compiled.forward.num_compiled_steps >= 7
+    # the packed linears from native decode's C++ loop too (models/native_decode.py)
+    assert compiled.forward.num_native_steps == (compiled.forward.num_compiled_steps if native_ops.load() else 0)
     assert before == _greedy(eager)
     for core in (compiled, eager):  # layer 0's gate/up blocks reversed row-wise: other weights, same format
         layer = core.model.model.layers[0].mlp.gate_up_proj
@@ -244,7 +318,9 @@ def test_packed_gguf_decode_compiles_with_eager_tokens(checkpoint, tmp_path):
         mlp.down_proj = GgufLinear(blocks, int(Q.Q8_0), mlp.down_proj.in_features, None, mlp.down_proj.activations)
     assert compiled.forward.direct_invalidated and "down_proj" in compiled.forward.direct_invalidated
     steps, direct = compiled.forward.num_compiled_steps, compiled.forward.num_direct_steps
+    natively = compiled.forward.num_native_steps
     swapped = _greedy(compiled)
     assert swapped != after
     assert swapped == _greedy(eager)
     assert compiled.forward.num_compiled_steps > steps and compiled.forward.num_direct_steps == direct
+    assert compiled.forward.num_native_steps == natively  # native decode goes off with the direct path

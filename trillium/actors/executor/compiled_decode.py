@@ -39,6 +39,11 @@ library builds, and each bucket's Dynamo bytecode is called directly, without
 evaluating its guards
 (direct_dispatch.py; a structural change of the model switches that off).
 
+Native decode: with the C++ ops loaded, a pure-decode step of the plain Llama family (float32 or
+packed GGUF weights, up to 64 rows, whether or not a bucket holds it) skips the graph and its glue:
+one C++ call runs the same kernels in the same order (models/native_decode.py); the graphs run what
+it does not take (verify steps, other families, LoRA). TRILLIUM_NATIVE_DECODE=0 turns it off.
+
 Cache on disk: Inductor's FX-graph and AOTAutograd caches live under
 `trillium.local_cache.cache_dir()/inductor` (unless TORCHINDUCTOR_CACHE_DIR
 is set), so a restart with the same model shapes and torch skips codegen and
@@ -61,6 +66,7 @@ from trillium.config import EngineConfig
 from trillium.kernels import AttentionMetadata, native_ops, padded_rows
 from trillium.kernels.paged_attention_cpu import MAX_VERIFY_ROWS
 from trillium.models.graph_attention import GraphAttentionContext, graph_kv_slots
+from trillium.models.native_decode import NativeDecode
 
 log = logging.getLogger(__name__)
 
@@ -169,8 +175,12 @@ class CompiledDecode(EagerForward):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                    len(self.compiled_sizes) + 1)  # fmt: skip
         self.context = GraphAttentionContext()
+        self.native_decode = None  # pure-decode steps in one C++ call (models/native_decode.py)
         if _load_native():
             self.context.native_step = native_ops.Step()
+            self.native_decode, why_not = NativeDecode.build(model)
+            log.info("native decode: %s", "on (decode steps of up to %d rows run one C++ call, no graph)"
+                     % self.native_decode.max_rows if self.native_decode else f"off ({why_not}): the graphs run decode")
         slots = graph_kv_slots(self.context, len(model.model.layers))
         # WHY Inductor's C++ wrapper for the small buckets: the graph is a chain of opaque ops (~75 at
         # batch 1 for the bench model, ~270 for SmolLM2); the Python wrapper calls each through
@@ -195,6 +205,7 @@ class CompiledDecode(EagerForward):
         self.num_compiled_steps = 0
         self.num_compiled_verify_steps = 0  # of which speculative verify steps (several rows a sequence)
         self.num_direct_steps = 0  # of which run without Dynamo's guard evaluation (direct_dispatch.py)
+        self.num_native_steps = 0  # of which run natively, without the graph (models/native_decode.py)
 
     @staticmethod
     def _compile(model: torch.nn.Module, slots, cpp_wrapper: bool) -> tuple:
@@ -252,6 +263,11 @@ class CompiledDecode(EagerForward):
         return next(n for n in self.compiled_sizes if n >= num_tokens)
 
     def __call__(self, input_ids, positions, kv_caches, meta: AttentionMetadata, lora=None) -> torch.Tensor:
+        # Native decode first, at any row count it takes (no bucket needed: no graph runs)
+        if self.native_decode is not None and meta.max_query_len == 1 and (lora is None or not lora.has_work):
+            hidden = self._native(input_ids, positions, kv_caches, meta)
+            if hidden is not None:
+                return hidden
         size = self.bucket(meta, lora)
         if not size:
             return self.model(input_ids, positions, kv_caches, meta, lora=lora)
@@ -281,3 +297,19 @@ class CompiledDecode(EagerForward):
         self.num_compiled_steps += 1
         self.num_compiled_verify_steps += meta.max_query_len > 1
         return hidden[:num_tokens]
+
+    def _native(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor | None:
+        """A decode step through native decode, or None (not taken: the graph runs it). Off for good
+        once the model's structure changed (direct_dispatch.py notices; the graphs' guards then decide)."""
+        step = self.context.native_step
+        if (input_ids.shape[0] > self.native_decode.max_rows or self.direct_invalidated is not None
+                or torch.is_grad_enabled() or not step.set(kv_caches, meta)):
+            return None
+        try:
+            hidden = self.native_decode(input_ids, positions, step)
+        finally:
+            step.clear()
+        if hidden is not None:
+            self.num_compiled_steps += 1
+            self.num_native_steps += 1
+        return hidden

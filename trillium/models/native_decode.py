@@ -1,0 +1,174 @@
+"""Native decode: a pure-decode forward of the dense Llama family in one C++ call (native_ops.cpp).
+
+    NativeDecode.build(model) -> (NativeDecode | None, reason)   None: this model runs the graphs
+    native(input_ids [n], positions [n], step) -> hidden [n, hidden] | None
+        step: the compiled runner's native_ops.Step, set for this forward's metadata (a decode step,
+        every row one token); None: refused before anything was written (the caller runs the graph)
+
+WHY: a float32 decode forward of the bench model (8 layers) spends ~0.7 ms of a ~6 ms token on glue
+around its kernels (compiled decode's C++ wrapper calls ~75 ops through torch's dispatcher, each
+allocating its output; then the Dynamo/AOT Python around the graph call): on a tiny 8-layer model,
+where the kernels cost nearly nothing, a forward took 0.75-0.89 ms. Here the same C kernels run in the
+same order with the same arguments (so each row has the graph's bits, and eager's), from one C++ loop
+over the layers with its buffers kept between calls.
+
+What it takes (else build() says why, and compiled decode runs the graphs as before): exactly the
+plain Llama modules (`LlamaForCausalLM` with `DecoderLayer`, `Attention` without q/k norms or
+softcapping, `MLP` with SiLU, `RMSNorm`, float32 `Linear`s; Llama, Mistral, Qwen2), float32 on the
+CPU, one tensor-parallel rank, the C kernels built. Per forward: a decode step (one token a row) of
+at most dense_cpu.MAX_ROWS rows on float32 caches the native step takes; LoRA steps, speculative verify
+steps and anything larger run the graphs (or eager).
+
+The weights are read at each call through the module's Parameter objects (a `param.data` swap or an
+in-place update is seen); a structural change of the model (a module or parameter registered) turns
+compiled decode's direct path off (direct_dispatch.py), and this with it.
+
+TRILLIUM_NATIVE_DECODE=0 turns it off (A/B: bench/native_decode.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import torch
+
+from trillium import kernels
+from trillium.kernels import dense_cpu, gguf_cpu, native_ops
+from trillium.models.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM, Linear, RMSNorm
+from trillium.models.packed_linear import GgufLinear, packed_rows
+
+_INT8 = 1 << 16  # native_ops.cpp's kNativeLinearInt8
+
+
+class NativeDecode:
+    def __init__(self, model: LlamaForCausalLM) -> None:
+        config = model.local_config
+        layers = list(model.model.layers)
+        self.model = model
+        self._lib = native_ops.library()
+        self._shape = (len(layers), config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
+                       config.intermediate_size)
+        self._eps = ctypes.c_float(model.model.norm.eps)
+        self._scale = ctypes.c_float(layers[0].self_attn.scale)
+        self._windows = (ctypes.c_long * len(layers))(*(layer.self_attn.sliding_window or 0 for layer in layers))
+        # The weight tensors (Parameters, a packed linear's blocks buffer) in native_ops.cpp's order:
+        # their storage is read at each call.
+        self._params: list[torch.Tensor | None] = []
+        kinds = []
+        for layer in layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            (qkv, qkv_b), (o, o_b), (gu, gu_b), (down, down_b) = (_weight_of(m) for m in linears)
+            self._params += [layer.input_layernorm.weight, qkv, qkv_b, o, o_b, layer.post_attention_layernorm.weight,
+                             gu, gu_b, down, down_b]
+            kinds += [_kind_of(m) for m in linears]
+        self._kinds = (ctypes.c_long * len(kinds))(*kinds)
+        self._dtypes = [None if p is None else p.dtype for p in self._params]  # what each must stay
+        packed = [m for layer in layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                                   layer.mlp.gate_up_proj, layer.mlp.down_proj)
+                  if isinstance(m, GgufLinear)]
+        # the rows every linear's kernel takes (native_ops.cpp: dense_cpu's, the packed kernel's per mode)
+        self.max_rows = min([dense_cpu.MAX_ROWS, *(packed_rows(m.activations) for m in packed)])
+        self._embed = model.model.embed_tokens.weight
+        self._final_norm = model.model.norm.weight
+        self._weights = [p for p in (*self._params, self._embed, self._final_norm) if p is not None]
+        self._addresses: list[int] = []  # self._weights' data_ptr()s when self._pointers was filled
+        self._pointers = (ctypes.c_void_p * len(self._params))()
+        self.num_calls = 0
+
+    @staticmethod
+    def build(model: torch.nn.Module) -> tuple["NativeDecode | None", str]:
+        """This model's native decode, or None and why not."""
+        if os.environ.get("TRILLIUM_NATIVE_DECODE", "1") == "0":
+            return None, "TRILLIUM_NATIVE_DECODE=0"
+        if not native_ops.loaded():
+            return None, "the native ops did not load"
+        reason = _unsupported(model)
+        if reason:
+            return None, reason
+        return NativeDecode(model), ""
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, step: native_ops.Step) -> torch.Tensor | None:
+        n = input_ids.shape[0]
+        if (not 0 < n <= self.max_rows or input_ids.dtype != torch.int64 or positions.dtype != torch.int64
+                or not input_ids.is_contiguous() or not positions.is_contiguous() or positions.shape[0] != n):
+            return None
+        addresses = [p.data_ptr() for p in self._weights]  # WHY each call: a `param.data` swap moves them
+        if addresses != self._addresses:
+            if any(p is not None and (p.dtype != dtype or not p.is_contiguous())
+                   for p, dtype in zip(self._params, self._dtypes)) or self._embed.dtype != torch.float32:
+                return None  # something else swapped in: the graph (and its ops' checks) runs it
+            self._pointers[:] = [None if p is None else p.data_ptr() for p in self._params]
+            self._addresses = addresses
+        table = self.model.cos_sin_cache
+        out = torch.empty(n, self._shape[1], dtype=torch.float32)
+        rc = self._lib.trillium_native_decode(
+            step.handle, n, input_ids.data_ptr(), positions.data_ptr(), *self._shape, self._eps, self._scale,
+            self._windows, self._pointers, self._kinds, self._embed.data_ptr(), self._embed.shape[0], self._final_norm.data_ptr(),
+            table.data_ptr(), table.shape[0], out.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        if rc == -1:
+            return None
+        if rc != 0:
+            raise RuntimeError(f"native decode: a kernel refused a step of {n} rows midway (rc {rc})")
+        self.num_calls += 1
+        return out
+
+
+def _unsupported(model: torch.nn.Module) -> str:
+    """Why this model's decode cannot run natively ('' when it can)."""
+    if type(model) is not LlamaForCausalLM:
+        return f"{type(model).__name__} is not the plain Llama family"
+    if model.tp.size != 1:
+        return "tensor parallel"
+    if not dense_cpu.available():
+        return "no dense_cpu kernel"
+    config = model.local_config
+    table = model.cos_sin_cache
+    if table.dtype != torch.float32 or not table.is_contiguous() or table.shape[1] != config.head_dim:
+        return "a rope table other than float32 [positions, head_dim]"
+    if type(model.model.norm) is not RMSNorm or model.model.embed_tokens.weight.dtype != torch.float32:
+        return "not float32 with RMSNorm"
+    eps, scale = model.model.norm.eps, None
+    for index, layer in enumerate(model.model.layers):
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if (type(layer) is not DecoderLayer or type(attn) is not Attention or type(mlp) is not MLP
+                or type(layer.input_layernorm) is not RMSNorm or type(layer.post_attention_layernorm) is not RMSNorm):
+            return f"layer {index} is not the plain Llama layer"
+        if attn.q_norm is not None or attn.softcap is not None:
+            return "q/k norms or attention softcapping"
+        if mlp.act_and_mul is not kernels.silu_and_mul:
+            return "an MLP activation other than SiLU"
+        if {layer.input_layernorm.eps, layer.post_attention_layernorm.eps} != {eps}:
+            return "norms with different eps"
+        scale = attn.scale if scale is None else scale
+        if attn.scale != scale:
+            return "layers with different attention scales"
+        for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            if type(m) is Linear and m.weight.dtype == torch.float32:
+                continue
+            if type(m) is GgufLinear and m.group is None and m.blocks.dtype == torch.uint8:
+                if not gguf_cpu.available():
+                    return "no packed GGUF kernel"
+                continue
+            return f"a {type(m).__name__} linear (float32 or packed GGUF weights only)"
+        if any(m is not None and m.dtype != torch.float32 for m in (attn.qkv_proj.bias, attn.o_proj.bias,
+                                                                     mlp.gate_up_proj.bias, mlp.down_proj.bias)):
+            return "biases other than float32"
+    return ""
+
+
+def _weight_of(linear: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A linear's weight as the kernel reads it (a packed one's blocks) and its bias."""
+    return (linear.blocks if isinstance(linear, GgufLinear) else linear.weight), linear.bias
+
+
+def _kind_of(linear: torch.nn.Module) -> int:
+    """native_ops.cpp's linear kind: -1 float32, else the GGUF type (| int8 activations)."""
+    if not isinstance(linear, GgufLinear):
+        return -1
+    return linear.ggml_type | (_INT8 if linear.activations == gguf_cpu.INT8 else 0)
+
+
+__all__ = ["NativeDecode"]
