@@ -70,6 +70,7 @@ def measure(model_path: str, variant: str, batch: int, context: int, threads: in
     ids, positions = torch.arange(100, 100 + batch), torch.full((batch,), context)
     # Inductor's Python wrapper, as when these variants were measured (the C++ one: bench/graph_wrapper.py)
     forward = compiled_decode.CompiledDecode(model, (1, 2, 4, 8), cpp_wrapper_max_batch=0)
+    forward.native_decode = None  # every variant runs the graphs (native decode: bench/compiled_decode.py)
     forward.warm_up()
 
     def run(logits: bool) -> float:

@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     forwards = {}
     for name, cpp_max in (("python", 0), ("c++", 1)):
         forwards[name] = CompiledDecode(core.model, (1,), cpp_wrapper_max_batch=cpp_max)
+        forwards[name].native_decode = None  # the graphs themselves (native decode: bench/compiled_decode.py)
         forwards[name].warm_up()
     results = {name: {"step_s": [], "tokens": None} for name in forwards}
     with torch.inference_mode():

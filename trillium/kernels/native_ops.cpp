@@ -356,12 +356,12 @@ constexpr long kNativeLinearInt8 = 1L << 16;  // a linear kind's flag: the packe
 
 /* y [m, n] = x [m, k] @ W^T (+ bias) as trillium_native::cpu_linear (kind -1: float32 W) or ::gguf_linear
  * (kind: the ggml type, | kNativeLinearInt8 for int8 activations; W its blocks) compute it. */
-int native_linear(long kind, const void *w, const float *bias, const float *x, long m, long k, long n, float *y,
-                  int threads) {
+static int native_linear(long kind, const void *w, const float *bias, const float *x, long m, long k, long n,
+                         float *y, int threads) {
     if (kind < 0) return g_dense(x, m, k, k, static_cast<const float *>(w), n, bias, y, threads);
     const bool int8 = kind & kNativeLinearInt8;
     const int type = static_cast<int>(kind & (kNativeLinearInt8 - 1));
-    if (g_gguf_float32 == nullptr || m > (int8 ? kGgufRowsInt8 : kGgufRowsFloat32) ||
+    if ((int8 ? g_gguf_int8 : g_gguf_float32) == nullptr || m > (int8 ? kGgufRowsInt8 : kGgufRowsFloat32) ||
         g_gguf_row_bytes(type, k, int8) <= 0)
         return -1;
     if ((int8 ? g_gguf_int8 : g_gguf_float32)(type, x, m, k, k, static_cast<const uint8_t *>(w), n, y, threads))
@@ -378,7 +378,8 @@ int trillium_native_decode(void *step_handle, long n, const int64_t *ids, const 
                            const float *embed, long vocab,
                            const float *final_norm, const float *table, long table_rows, float *out, int threads) {
     const Step *step = static_cast<const Step *>(step_handle);
-    if (step == nullptr || n <= 0 || n > kDenseRows || step->num_tokens != n || step->row_seq != nullptr ||
+    if (step == nullptr || n <= 0 || n > kDenseRows || num_layers <= 0 || step->num_tokens != n ||
+        step->row_seq != nullptr ||
         static_cast<long>(step->layers.size()) != num_layers || step->kv_heads != kv_heads ||
         step->head_dim != head_dim || g_dense == nullptr || g_attention == nullptr || g_rms_norm == nullptr ||
         g_silu_and_mul == nullptr || g_rope == nullptr)

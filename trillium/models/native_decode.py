@@ -23,7 +23,7 @@ The weights are read at each call through the module's Parameter objects (a `par
 in-place update is seen); a structural change of the model (a module or parameter registered) turns
 compiled decode's direct path off (direct_dispatch.py), and this with it.
 
-TRILLIUM_NATIVE_DECODE=0 turns it off (A/B: bench/native_decode.py).
+TRILLIUM_NATIVE_DECODE=0 turns it off (A/B: bench/compiled_decode.py's graphs column, or two servers).
 """
 
 from __future__ import annotations
@@ -64,7 +64,9 @@ class NativeDecode:
                              gu, gu_b, down, down_b]
             kinds += [_kind_of(m) for m in linears]
         self._kinds = (ctypes.c_long * len(kinds))(*kinds)
-        self._dtypes = [None if p is None else p.dtype for p in self._params]  # what each must stay
+        # What each must stay (the C++ loop takes the sizes from the config: a swap to another shape
+        # would read past a tensor; the graph's ops would raise, so the graph runs it instead)
+        self._layouts = [None if p is None else (p.dtype, p.shape) for p in self._params]
         packed = [m for layer in layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
                                                    layer.mlp.gate_up_proj, layer.mlp.down_proj)
                   if isinstance(m, GgufLinear)]
@@ -72,9 +74,11 @@ class NativeDecode:
         self.max_rows = min([dense_cpu.MAX_ROWS, *(packed_rows(m.activations) for m in packed)])
         self._embed = model.model.embed_tokens.weight
         self._final_norm = model.model.norm.weight
-        self._weights = [p for p in (*self._params, self._embed, self._final_norm) if p is not None]
+        self._params += [self._embed, self._final_norm]  # after the layers' pointers: passed on their own
+        self._layouts += [(p.dtype, p.shape) for p in (self._embed, self._final_norm)]
+        self._weights = [p for p in self._params if p is not None]
         self._addresses: list[int] = []  # self._weights' data_ptr()s when self._pointers was filled
-        self._pointers = (ctypes.c_void_p * len(self._params))()
+        self._pointers = (ctypes.c_void_p * (len(self._params) - 2))()  # the layers' (native_ops.cpp's order)
         self.num_calls = 0
 
     @staticmethod
@@ -96,17 +100,17 @@ class NativeDecode:
             return None
         addresses = [p.data_ptr() for p in self._weights]  # WHY each call: a `param.data` swap moves them
         if addresses != self._addresses:
-            if any(p is not None and (p.dtype != dtype or not p.is_contiguous())
-                   for p, dtype in zip(self._params, self._dtypes)) or self._embed.dtype != torch.float32:
+            if any(p is not None and ((p.dtype, p.shape) != layout or not p.is_contiguous())
+                   for p, layout in zip(self._params, self._layouts)):
                 return None  # something else swapped in: the graph (and its ops' checks) runs it
-            self._pointers[:] = [None if p is None else p.data_ptr() for p in self._params]
+            self._pointers[:] = [None if p is None else p.data_ptr() for p in self._params[:-2]]
             self._addresses = addresses
         table = self.model.cos_sin_cache
         out = torch.empty(n, self._shape[1], dtype=torch.float32)
         rc = self._lib.trillium_native_decode(
             step.handle, n, input_ids.data_ptr(), positions.data_ptr(), *self._shape, self._eps, self._scale,
-            self._windows, self._pointers, self._kinds, self._embed.data_ptr(), self._embed.shape[0], self._final_norm.data_ptr(),
-            table.data_ptr(), table.shape[0], out.data_ptr(), torch.get_num_threads(),
+            self._windows, self._pointers, self._kinds, self._embed.data_ptr(), self._embed.shape[0],
+            self._final_norm.data_ptr(), table.data_ptr(), table.shape[0], out.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
         if rc == -1:
             return None

@@ -40,9 +40,10 @@ evaluating its guards
 (direct_dispatch.py; a structural change of the model switches that off).
 
 Native decode: with the C++ ops loaded, a pure-decode step of the plain Llama family (float32 or
-packed GGUF weights, up to 64 rows, whether or not a bucket holds it) skips the graph and its glue:
+packed GGUF weights, up to the rows its kernels take, whether or not a bucket holds it) skips the graph:
 one C++ call runs the same kernels in the same order (models/native_decode.py); the graphs run what
-it does not take (verify steps, other families, LoRA). TRILLIUM_NATIVE_DECODE=0 turns it off.
+it does not take (verify steps, q/k-norm families), eager what it ran before (LoRA steps).
+TRILLIUM_NATIVE_DECODE=0 turns it off.
 
 Cache on disk: Inductor's FX-graph and AOTAutograd caches live under
 `trillium.local_cache.cache_dir()/inductor` (unless TORCHINDUCTOR_CACHE_DIR
@@ -180,7 +181,7 @@ class CompiledDecode(EagerForward):
             self.context.native_step = native_ops.Step()
             self.native_decode, why_not = NativeDecode.build(model)
             log.info("native decode: %s", "on (decode steps of up to %d rows run one C++ call, no graph)"
-                     % self.native_decode.max_rows if self.native_decode else f"off ({why_not}): the graphs run decode")
+                     % self.native_decode.max_rows if self.native_decode else f"off ({why_not})")
         slots = graph_kv_slots(self.context, len(model.model.layers))
         # WHY Inductor's C++ wrapper for the small buckets: the graph is a chain of opaque ops (~75 at
         # batch 1 for the bench model, ~270 for SmolLM2); the Python wrapper calls each through

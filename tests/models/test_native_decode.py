@@ -1,0 +1,123 @@
+"""Native decode (trillium/models/native_decode.py, trillium_native_decode in kernels/native_ops.cpp)
+against the eager forward, bit for bit, on the variants it takes -- no compiling: it needs only the
+C++ ops library.
+
+Each model gets a prefill of several sequences (eager), then decode steps of 1 row, a few rows and
+the most rows native decode takes, each computed natively and eagerly on the same cache: the hidden
+states must be the same bits, and so must the keys and values each wrote to its slots. Variants:
+plain Llama; Qwen2 (a QKV bias); Mistral with a sliding window shorter than the context; tied
+embeddings; a GGUF file of int8-activation formats (Q8_0 / Q4_0 / Q4_1, 64 rows), and a Q4_K_M-style
+one (K-quants, float32 activations: at most 32 rows, a float QKV in layer 0 beside packed linears).
+And what it refuses: families it does not compute (q/k norms), a weight swapped for another shape.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from trillium.kernels import AttentionMetadata, dense_cpu, gguf_cpu, native_ops
+from trillium.models.gguf_writer import write_gguf
+from trillium.models.loader import load_model
+from trillium.models.native_decode import NativeDecode
+
+pytestmark = pytest.mark.skipif(not native_ops.load(), reason=f"no native ops: {native_ops.unavailable_reason()}")
+
+BLOCK = 16
+
+
+def _int8_mix(name: str) -> Q:  # as test_compiled_decode: Q8_0 embedding / head, Q4_0 down, Q4_1 the rest
+    return Q.Q8_0 if name.startswith(("token_embd", "output.")) else Q.Q4_0 if ".ffn_down." in name else Q.Q4_1
+
+
+def _kquant_mix(name: str) -> Q:  # tests/models/test_models_gguf_packed.py q4_k_m_mix
+    if name.startswith("token_embd") or name in ("blk.0.ffn_down.weight", "blk.0.attn_v.weight"):
+        return Q.Q6_K
+    return Q.Q5_K if name.startswith(("blk.1.ffn_gate", "blk.1.ffn_up")) else Q.Q4_K
+
+
+def _model(checkpoint, tmp_path, case: str):
+    if case in ("llama", "qwen2", "llama-tied"):
+        return load_model(checkpoint(case), dtype="float32", progress=False)[0]
+    if case == "mistral-sliding":
+        return load_model(checkpoint(case, sliding_window=8), dtype="float32", progress=False)[0]
+    if case == "gguf-int8":
+        return load_model(write_gguf(checkpoint("llama"), tmp_path / "m.gguf", quantize=_int8_mix), progress=False)[0]
+    hf = checkpoint("llama-tied", hidden_size=256, intermediate_size=256, head_dim=64)  # K-quants: K = 256
+    return load_model(write_gguf(hf, tmp_path / "m.gguf", quantize=_kquant_mix), progress=False)[0]
+
+
+def _decode_steps(model, native: NativeDecode, rows: int, seed: int) -> None:
+    """Prefill `rows` sequences of different lengths, then two decode steps of all of them, each natively
+    and eagerly on the same cache: same hidden bits, same keys and values in the step's slots."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    lens = [5 + (7 * i) % 29 for i in range(rows)]  # 5..33 tokens: past mistral-sliding's window of 8
+    per_seq = -(-(max(lens) + 2) // BLOCK)
+    tables = [list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)) for i in range(rows)]
+    caches = model.allocate_kv_caches(1 + rows * per_seq, BLOCK)
+    step = native_ops.Step()
+    with torch.inference_mode():
+        ids = torch.randint(0, vocab, (sum(lens),), generator=generator)
+        positions = torch.cat([torch.arange(n) for n in lens])
+        model(ids, positions, caches, AttentionMetadata.build(lens, lens, tables, BLOCK))
+        for extra in range(2):
+            meta = AttentionMetadata.build([1] * rows, [n + 1 + extra for n in lens], tables, BLOCK)
+            step_ids = torch.randint(0, vocab, (rows,), generator=generator)
+            step_pos = torch.tensor([n + extra for n in lens])
+            eager = model(step_ids, step_pos, caches, meta)
+            slots = meta.slot_mapping
+            written = [(c.k_cache.flatten(0, 1)[slots].clone(), c.v_cache.flatten(0, 1)[slots].clone()) for c in caches]
+            for cache in caches:  # the native forward must write them again
+                cache.k_cache.flatten(0, 1)[slots] = 0.0
+                cache.v_cache.flatten(0, 1)[slots] = 0.0
+            assert step.set(caches, meta)
+            try:
+                got = native(step_ids, step_pos, step)
+            finally:
+                step.clear()
+            assert got is not None, rows
+            assert torch.equal(got, eager), (rows, (got - eager).abs().max())
+            for cache, (k, v) in zip(caches, written):
+                assert torch.equal(cache.k_cache.flatten(0, 1)[slots], k)
+                assert torch.equal(cache.v_cache.flatten(0, 1)[slots], v)
+
+
+@pytest.mark.parametrize("case", ["llama", "qwen2", "mistral-sliding", "llama-tied", "gguf-int8", "gguf-kquants"])
+def test_native_decode_has_the_eager_forwards_bits(checkpoint, tmp_path, case: str) -> None:
+    if case.startswith("gguf") and not gguf_cpu.available():
+        pytest.skip(f"no packed kernel: {gguf_cpu.unavailable_reason()}")
+    model = _model(checkpoint, tmp_path, case)
+    native, why_not = NativeDecode.build(model)
+    assert native is not None, why_not
+    if case == "qwen2":
+        assert model.model.layers[0].self_attn.qkv_proj.bias is not None
+    if case == "mistral-sliding":
+        assert all(layer.self_attn.sliding_window == 8 for layer in model.model.layers)
+    # the rows every linear's kernel takes: dense_cpu's (64 on AVX2), the packed kernel's 64 with int8
+    # activations, 32 with float32 ones (the K-quants)
+    expected_rows = {"gguf-int8": min(dense_cpu.MAX_ROWS, 64), "gguf-kquants": min(dense_cpu.MAX_ROWS, 32)}
+    assert native.max_rows == expected_rows.get(case, dense_cpu.MAX_ROWS)
+    for seed, rows in enumerate(sorted({1, 3, native.max_rows})):
+        _decode_steps(model, native, rows, seed)
+
+
+def test_native_decode_refuses_other_families_and_reshaped_weights(checkpoint) -> None:
+    qwen3 = load_model(checkpoint("qwen3"), dtype="float32", progress=False)[0]
+    native, why_not = NativeDecode.build(qwen3)
+    assert native is None and "q/k norms" in why_not
+    model = load_model(checkpoint("llama"), dtype="float32", progress=False)[0]
+    native, _ = NativeDecode.build(model)
+    caches = model.allocate_kv_caches(4, BLOCK)
+    meta = AttentionMetadata.build([1], [3], [[1]], BLOCK)
+    step = native_ops.Step()
+    weight = model.model.layers[1].mlp.down_proj.weight
+    with torch.inference_mode():
+        for swap, taken in ((weight.data[:, :-1].contiguous(), False), (weight.data.clone(), True)):
+            weight.data = swap  # another shape: the C++ loop would read past it, so it is refused
+            assert step.set(caches, meta)
+            try:
+                assert (native(torch.tensor([7]), torch.tensor([2]), step) is not None) == taken
+            finally:
+                step.clear()
