@@ -104,7 +104,9 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, model_required: bool = 
                        help="CPU: batch sizes whose decode steps run a torch.compile (Inductor C++) graph, "
                             "compiled at start and cached on disk; a decode step of B sequences pads to the "
                             "next size, larger ones and prefill run eager (default 1,2,4,8,16,32,64 up to the "
-                            "first size that holds --max-num-seqs; --enforce-eager turns compiling off)")
+                            "first size that holds --max-num-seqs, or none where native decode runs every "
+                            "decode step: the plain Llama family with a float32 KV cache and no speculation; "
+                            "--enforce-eager turns compiling off)")
     group.add_argument("--compile-cpp-wrapper-max-batch", type=int, default=4, metavar="N",
                        help="CPU: compiled sizes up to N run Inductor's C++ wrapper (no Python between the "
                             "graph's ops, ~0.4 ms a step faster; a cold compile of each such size takes "

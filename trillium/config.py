@@ -214,6 +214,10 @@ class EngineConfig:
     # enforce_eager None resolves from TRILLIUM_ENFORCE_EAGER (1: eager; the test suite sets it), else False.
     enforce_eager: bool | None = None
     compile_batch_sizes: tuple[int, ...] | None = None
+    # Set by resolve() when it filled compile_batch_sizes with the defaults (it stays set on a second
+    # resolve). With the defaults, an executor whose native decode takes every decode step (the plain
+    # Llama family, float32 KV cache, no speculation: models/native_decode.py) compiles no graph.
+    compile_batch_sizes_defaulted: bool = False
     # Buckets up to this size compile with Inductor's C++ wrapper (no Python between the graph's ops:
     # ~0.4 ms a step; its C++ takes 70-90 s a bucket to build cold for SmolLM2 on 2 cores), larger ones
     # with its Python wrapper (a step long enough that the 0.4 ms is ~1-4%). 0: the Python wrapper everywhere.
@@ -361,6 +365,7 @@ class EngineConfig:
             enforce_eager=_resolve_enforce_eager(self.enforce_eager), speculative_config=spec,
             compile_batch_sizes=self.compile_batch_sizes if self.compile_batch_sizes is not None
             else default_compile_batch_sizes(self.max_num_seqs * (1 + spec.num_speculative_tokens)),
+            compile_batch_sizes_defaulted=self.compile_batch_sizes is None or self.compile_batch_sizes_defaulted,
             async_scheduling=_resolve_async_scheduling(self, runner),
             async_max_running=ASYNC_AUTO_MAX_RUNNING if self.async_scheduling is None else 0,
         )

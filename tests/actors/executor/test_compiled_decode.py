@@ -324,3 +324,38 @@ def test_packed_gguf_decode_compiles_with_eager_tokens(checkpoint, tmp_path):
     assert swapped == _greedy(eager)
     assert compiled.forward.num_compiled_steps > steps and compiled.forward.num_direct_steps == direct
     assert compiled.forward.num_native_steps == natively  # native decode goes off with the direct path
+
+
+def test_with_the_default_sizes_no_graph_is_compiled_where_native_decode_takes_every_step(checkpoint):
+    """Native decode runs every decode step of the plain Llama family (float32 KV, no speculation, no
+    more sequences than its kernels take), so with the default --compile-batch-sizes nothing is
+    compiled: the engine starts without Inductor, and its greedy tokens are eager's. Sizes given on the
+    command line still compile; an fp8 KV cache, speculation or a family native decode does not take
+    keep the default sizes."""
+    from trillium.actors.executor.compiled_decode import _native_takes_every_decode_step
+    from trillium.models.loader import load_model
+
+    if not native_ops.load():
+        pytest.skip(f"no native ops: {native_ops.unavailable_reason()}")
+    path = checkpoint("llama")
+    config = EngineConfig.build(model=str(path), kv_cache_memory="4MiB", enforce_eager=False).resolve()
+    assert config.compile_batch_sizes_defaulted and config.compile_batch_sizes  # the defaults, resolved
+    assert attrs.evolve(config).resolve().compile_batch_sizes_defaulted  # a second resolve keeps it
+    native = ExecutorCore(config)
+    assert isinstance(native.forward, CompiledDecode) and native.forward.compiled_sizes == ()
+    assert native.forward.compile_s == {} and native.forward.native_decode is not None
+    eager = ExecutorCore(_config(path, True))
+    assert _greedy(native) == _greedy(eager)
+    assert native.forward.num_native_steps >= 7
+    given = EngineConfig.build(model=str(path), kv_cache_memory="4MiB", enforce_eager=False,
+                               compile_batch_sizes=(1,)).resolve()
+    assert not given.compile_batch_sizes_defaulted
+    model = native.model
+    assert _native_takes_every_decode_step(config, model)
+    assert not _native_takes_every_decode_step(attrs.evolve(config, kv_cache_dtype="fp8_e4m3"), model)
+    assert not _native_takes_every_decode_step(attrs.evolve(config, max_num_seqs=1000), model)
+    spec = EngineConfig.build(model=str(path), kv_cache_memory="4MiB", enforce_eager=False,
+                              speculative_config={"method": "ngram", "num_speculative_tokens": 3}).resolve()
+    assert not _native_takes_every_decode_step(spec, model)
+    qwen3 = load_model(checkpoint("qwen3"), dtype="float32", progress=False)[0]  # q/k norms
+    assert not _native_takes_every_decode_step(config, qwen3)

@@ -92,10 +92,15 @@ def build_forward(config: EngineConfig, model: torch.nn.Module) -> EagerForward:
     if reason:
         log.info("compiled decode off (%s): running eager", reason)
         return EagerForward(model)
+    sizes = config.compile_batch_sizes
+    if config.compile_batch_sizes_defaulted and _native_takes_every_decode_step(config, model):
+        log.info("native decode takes every decode step of up to --max-num-seqs %d rows: no decode graph "
+                 "compiled (--compile-batch-sizes compiles them)", config.max_num_seqs)
+        sizes = ()
     tries = [config.compile_cpp_wrapper_max_batch, 0] if config.compile_cpp_wrapper_max_batch else [0]
     for cpp_max in tries:
         try:
-            forward = CompiledDecode(model, config.compile_batch_sizes, cpp_wrapper_max_batch=cpp_max)
+            forward = CompiledDecode(model, sizes, cpp_wrapper_max_batch=cpp_max)
             forward.warm_up()
             return forward
         except Exception as exc:  # no C++ compiler, an Inductor failure: the Python wrapper, then eager, loudly
@@ -103,6 +108,18 @@ def build_forward(config: EngineConfig, model: torch.nn.Module) -> EagerForward:
             log.warning("compiled decode failed at start (C++ wrapper up to batch %d; %s: %s); %s",
                         cpp_max, type(exc).__name__, exc, then)
     return EagerForward(model)
+
+
+def _native_takes_every_decode_step(config: EngineConfig, model: torch.nn.Module) -> bool:
+    """Would native decode run every decode step this engine makes, so that no graph would ever run?
+    The plain Llama family (NativeDecode.build), no more sequences than its kernels take, a float32 KV
+    cache (an fp8 one runs the graphs' Python attention), no speculation (verify steps run graphs)."""
+    if config.speculative_config.enabled or config.kv_cache_dtype != "float32":
+        return False
+    if not _load_native():
+        return False
+    native, _ = NativeDecode.build(model)
+    return native is not None and config.max_num_seqs <= native.max_rows
 
 
 def _unsupported(config: EngineConfig, model: torch.nn.Module) -> str:
@@ -234,6 +251,8 @@ class CompiledDecode(EagerForward):
     @torch.inference_mode()
     def warm_up(self) -> dict[int, float]:
         """Compile every bucket now (a cache hit is fast), logging seconds per bucket."""
+        if not self.compiled_sizes:
+            return self.compile_s
         log.info("compiling decode for batch sizes %s (a first start takes minutes on a small CPU, later "
                  "ones read %s; --enforce-eager skips it)", ",".join(map(str, self.compiled_sizes)),
                  self.cache_path)  # fmt: skip
@@ -257,7 +276,7 @@ class CompiledDecode(EagerForward):
         num_tokens = meta.num_tokens
         if meta.max_query_len != 1 and not (meta.verify_rows and meta.max_query_len <= MAX_VERIFY_ROWS):
             return 0
-        if num_tokens > self.compiled_sizes[-1]:
+        if not self.compiled_sizes or num_tokens > self.compiled_sizes[-1]:
             return 0
         if lora is not None and lora.has_work:
             return 0  # NOTE: LoRA deltas run eager (their per-slot batching is host-side Python)
