@@ -105,7 +105,8 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, model_required: bool = 
                             "compiled at start and cached on disk; a decode step of B sequences pads to the "
                             "next size, larger ones and prefill run eager (default 1,2,4,8,16,32,64 up to the "
                             "first size that holds --max-num-seqs, or none where native decode runs every "
-                            "decode step: the plain Llama family with a float32 KV cache and no speculation; "
+                            "decode step: the plain Llama family with a float32 KV cache, no speculation and "
+                            "--max-num-seqs within the rows its kernels take; "
                             "--enforce-eager turns compiling off)")
     group.add_argument("--compile-cpp-wrapper-max-batch", type=int, default=4, metavar="N",
                        help="CPU: compiled sizes up to N run Inductor's C++ wrapper (no Python between the "

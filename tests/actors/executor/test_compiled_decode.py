@@ -24,6 +24,7 @@ vllm/v1/worker/gpu_model_runner.py pads num_input_tokens to the next size).
 
 from __future__ import annotations
 
+import os
 import time
 
 import attrs
@@ -335,18 +336,31 @@ def test_with_the_default_sizes_no_graph_is_compiled_where_native_decode_takes_e
     from trillium.actors.executor.compiled_decode import _native_takes_every_decode_step
     from trillium.models.loader import load_model
 
-    if not native_ops.load():
-        pytest.skip(f"no native ops: {native_ops.unavailable_reason()}")
+    from trillium.kernels import dense_cpu
+
+    if not native_ops.load() or os.environ.get("TRILLIUM_NATIVE_DECODE") == "0":
+        pytest.skip(f"no native decode: {native_ops.unavailable_reason() or 'TRILLIUM_NATIVE_DECODE=0'}")
     path = checkpoint("llama")
-    config = EngineConfig.build(model=str(path), kv_cache_memory="4MiB", enforce_eager=False).resolve()
+    # as many sequences as native decode's float32 rows (64 on AVX2, 16 on a Zen 4): all its steps
+    config = EngineConfig.build(model=str(path), kv_cache_memory="4MiB", enforce_eager=False,
+                                max_num_seqs=dense_cpu.MAX_ROWS).resolve()
     assert config.compile_batch_sizes_defaulted and config.compile_batch_sizes  # the defaults, resolved
     assert attrs.evolve(config).resolve().compile_batch_sizes_defaulted  # a second resolve keeps it
+    assert EngineConfig.from_bytes(config.to_bytes()).compile_batch_sizes_defaulted  # as actors get it
     native = ExecutorCore(config)
     assert isinstance(native.forward, CompiledDecode) and native.forward.compiled_sizes == ()
     assert native.forward.compile_s == {} and native.forward.native_decode is not None
     eager = ExecutorCore(_config(path, True))
-    assert _greedy(native) == _greedy(eager)
+    tokens = _greedy(native)
+    assert tokens == _greedy(eager)
     assert native.forward.num_native_steps >= 7
+    # A structural change (a buffer registered on a layer) turns native decode off for good, graphs or
+    # not: its steps then run eager, as an engine without graphs runs what native decode refuses.
+    native.model.model.layers[0].mlp.register_buffer("extra", torch.zeros(1))
+    assert native.forward.direct_invalidated and "extra" in native.forward.direct_invalidated
+    steps = native.forward.num_native_steps
+    assert _greedy(native, {"again": PROMPTS["b"]})["again"][: MAX_TOKENS["b"]] == tokens["b"]
+    assert native.forward.num_native_steps == steps
     given = EngineConfig.build(model=str(path), kv_cache_memory="4MiB", enforce_eager=False,
                                compile_batch_sizes=(1,)).resolve()
     assert not given.compile_batch_sizes_defaulted

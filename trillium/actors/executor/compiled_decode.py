@@ -43,7 +43,8 @@ Native decode: with the C++ ops loaded, a pure-decode step of the plain Llama fa
 packed GGUF weights, up to the rows its kernels take, whether or not a bucket holds it) skips the graph:
 one C++ call runs the same kernels in the same order (models/native_decode.py); the graphs run what
 it does not take (verify steps, q/k-norm families), eager what it ran before (LoRA steps).
-TRILLIUM_NATIVE_DECODE=0 turns it off.
+TRILLIUM_NATIVE_DECODE=0 turns it off. With the default sizes, an engine whose native decode runs
+every decode step it can make (_native_takes_every_decode_step) compiles no graph at all.
 
 Cache on disk: Inductor's FX-graph and AOTAutograd caches live under
 `trillium.local_cache.cache_dir()/inductor` (unless TORCHINDUCTOR_CACHE_DIR
@@ -170,28 +171,37 @@ def _point_inductor_cache() -> str:
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
+def _no_graph() -> None:
+    """CompiledDecode's structure watcher's function: it never captures a graph."""
+
+
 class CompiledDecode(EagerForward):
     """Pure-decode steps of at most max(sizes) sequences through a graph compiled per bucket."""
 
     def __init__(self, model: torch.nn.Module, sizes: tuple[int, ...], cpp_wrapper_max_batch: int = 4) -> None:
         """Buckets up to `cpp_wrapper_max_batch` compile with Inductor's C++ wrapper, the rest with its
         Python wrapper (0: Python everywhere; bench/graph_wrapper.py compares the two)."""
-        import torch._dynamo.config
-        import torch._inductor.config
-
         super().__init__(model)
         self.compiled_sizes = tuple(sorted(set(sizes)))
-        self.cache_path = _point_inductor_cache()
-        # WHY one thread in Inductor's kernels: at decode sizes (<= 64 rows) its pointwise
-        # loops are microseconds, and an OpenMP barrier per kernel costs more than it saves
-        # on a small shared CPU. The matmuls (oneDNN op) keep the executor's threads.
-        torch._inductor.config.cpp.threads = 1
-        # WHY no compile workers: the graph has a few dozen small kernels; a pool of worker
-        # processes (each importing torch) costs more CPU than compiling them in this one.
-        torch._inductor.config.compile_threads = 1
-        # One graph per bucket on the same code object: let all of them live.
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
-                                                   len(self.compiled_sizes) + 1)  # fmt: skip
+        self.cache_path = ""
+        if self.compiled_sizes:  # none (native decode runs every step): no Inductor / Dynamo to import
+            import torch._dynamo.config
+            import torch._inductor.config
+
+            self.cache_path = _point_inductor_cache()
+            # WHY one thread in Inductor's kernels: at decode sizes (<= 64 rows) its pointwise
+            # loops are microseconds, and an OpenMP barrier per kernel costs more than it saves
+            # on a small shared CPU. The matmuls (oneDNN op) keep the executor's threads.
+            torch._inductor.config.cpp.threads = 1
+            # WHY no compile workers: the graph has a few dozen small kernels; a pool of worker
+            # processes (each importing torch) costs more CPU than compiling them in this one.
+            torch._inductor.config.compile_threads = 1
+            # One graph per bucket on the same code object: let all of them live.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                                       len(self.compiled_sizes) + 1)  # fmt: skip
+        # Watches the model's structure for native decode too when no graph is compiled (a module or
+        # parameter registered turns it off for good, as it does the graphs' direct path).
+        self._structure = DirectDispatch(_no_graph, model)
         self.context = GraphAttentionContext()
         self.native_decode = None  # pure-decode steps in one C++ call (models/native_decode.py)
         if _load_native():
@@ -241,7 +251,8 @@ class CompiledDecode(EagerForward):
     @property
     def direct_invalidated(self) -> str | None:
         """Why the guard-free path is off (a structural change of the model), None while it is on."""
-        return next((d.invalidated for _, d in self._graphs.values() if d.invalidated), None)
+        watchers = (self._structure, *(d for _, d in self._graphs.values()))
+        return next((d.invalidated for d in watchers if d.invalidated), None)
 
     @property
     def native(self) -> bool:
