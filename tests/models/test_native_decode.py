@@ -5,10 +5,10 @@ C++ ops library.
 Each model gets a prefill of several sequences (eager), then decode steps of 1 row, a few rows and
 the most rows native decode takes, each computed natively and eagerly on the same cache: the hidden
 states must be the same bits, and so must the keys and values each wrote to its slots. Variants:
-plain Llama; Qwen2 (a QKV bias); Mistral with a sliding window shorter than the context; tied
+plain Llama; Qwen2 (a QKV bias); Qwen3 (q / k norms); Mistral with a sliding window shorter than the context; tied
 embeddings; a GGUF file of int8-activation formats (Q8_0 / Q4_0 / Q4_1, 64 rows), and a Q4_K_M-style
 one (K-quants, float32 activations: at most 32 rows, a float QKV in layer 0 beside packed linears).
-And what it refuses: families it does not compute (q/k norms), a weight swapped for another shape.
+And what it refuses: families it does not compute (Gemma), a weight swapped for another shape.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _kquant_mix(name: str) -> Q:  # tests/models/test_models_gguf_packed.py q4_k
 
 
 def _model(checkpoint, tmp_path, case: str):
-    if case in ("llama", "qwen2", "llama-tied"):
+    if case in ("llama", "qwen2", "qwen3", "llama-tied"):
         return load_model(checkpoint(case), dtype="float32", progress=False)[0]
     if case == "mistral-sliding":
         return load_model(checkpoint(case, sliding_window=8), dtype="float32", progress=False)[0]
@@ -84,7 +84,8 @@ def _decode_steps(model, native: NativeDecode, rows: int, seed: int) -> None:
                 assert torch.equal(cache.v_cache.flatten(0, 1)[slots], v)
 
 
-@pytest.mark.parametrize("case", ["llama", "qwen2", "mistral-sliding", "llama-tied", "gguf-int8", "gguf-kquants"])
+@pytest.mark.parametrize("case", ["llama", "qwen2", "qwen3", "mistral-sliding", "llama-tied", "gguf-int8",
+                                  "gguf-kquants"])
 def test_native_decode_has_the_eager_forwards_bits(checkpoint, tmp_path, case: str) -> None:
     if case.startswith("gguf") and not gguf_cpu.available():
         pytest.skip(f"no packed kernel: {gguf_cpu.unavailable_reason()}")
@@ -93,6 +94,8 @@ def test_native_decode_has_the_eager_forwards_bits(checkpoint, tmp_path, case: s
     assert native is not None, why_not
     if case == "qwen2":
         assert model.model.layers[0].self_attn.qkv_proj.bias is not None
+    if case == "qwen3":
+        assert model.model.layers[0].self_attn.q_norm is not None  # per-head q / k norms before rope
     if case == "mistral-sliding":
         assert all(layer.self_attn.sliding_window == 8 for layer in model.model.layers)
     # the rows every linear's kernel takes: dense_cpu's (64 on AVX2), the packed kernel's 64 with int8
@@ -104,9 +107,9 @@ def test_native_decode_has_the_eager_forwards_bits(checkpoint, tmp_path, case: s
 
 
 def test_native_decode_refuses_other_families_and_reshaped_weights(checkpoint) -> None:
-    qwen3 = load_model(checkpoint("qwen3"), dtype="float32", progress=False)[0]
-    native, why_not = NativeDecode.build(qwen3)
-    assert native is None and "q/k norms" in why_not
+    gemma = load_model(checkpoint("gemma2"), dtype="float32", progress=False)[0]
+    native, why_not = NativeDecode.build(gemma)
+    assert native is None and "not the plain Llama family" in why_not
     model = load_model(checkpoint("llama"), dtype="float32", progress=False)[0]
     native, _ = NativeDecode.build(model)
     caches = model.allocate_kv_caches(4, BLOCK)

@@ -342,7 +342,8 @@ void trillium_native_step_set(void *handle, long num_tokens, const int64_t *slot
  * allocated for each op's output, and the Python around the graph call.
  *
  * `layer_ptrs`: kNativeLayerPointers a layer (input norm, QKV weight, QKV bias, output weight, output
- * bias, post-attention norm, gate/up weight, gate/up bias, down weight, down bias; a NULL bias: none);
+ * bias, post-attention norm, gate/up weight, gate/up bias, down weight, down bias, q norm, k norm; a NULL
+ * bias: none; NULL q / k norms: none, else Qwen3's per-head norms of q and k before rope);
  * `linear_kinds`: 4 a layer (QKV, output, gate/up, down), -1 for float32 weights, else the GGUF type of
  * blocks kept packed (| kNativeLinearInt8 for int8 activations): native_linear says how each runs.
  * The step (its slots, block tables and key counts, each layer's float32 cache) is the one
@@ -351,7 +352,7 @@ void trillium_native_step_set(void *handle, long num_tokens, const int64_t *slot
  * Returns 0; -1, having written nothing, for what it does not take (a token id, position or slot out of
  * range, a step that does not fit); -2 when a kernel refused midway (the caches may hold this step's
  * keys for some layers: the caller raises). */
-constexpr long kNativeLayerPointers = 10;
+constexpr long kNativeLayerPointers = 12;
 constexpr long kNativeLinearInt8 = 1L << 16;  // a linear kind's flag: the packed kernel's int8 activations
 
 /* y [m, n] = x [m, k] @ W^T (+ bias) as trillium_native::cpu_linear (kind -1: float32 W) or ::gguf_linear
@@ -392,13 +393,13 @@ int trillium_native_decode(void *step_handle, long n, const int64_t *ids, const 
     /* WHY thread-local and kept: a forward runs every few ms on the executor's thread; allocating ~1 MB
      * each time would map and fault fresh pages per call. */
     thread_local std::vector<float> scratch;
-    const long sizes[] = {hidden, hidden, qkv_size, q_size, kv_size, q_size, hidden, 2 * inter, inter};
+    const long sizes[] = {hidden, hidden, qkv_size, q_size, kv_size, q_size, hidden, 2 * inter, inter, q_size, kv_size};
     long total = 0;
     for (long size : sizes) total += n * size;
     if (static_cast<long>(scratch.size()) < total) scratch.resize(total);
     float *x = scratch.data(), *h = x + n * hidden, *qkv = h + n * hidden, *q = qkv + n * qkv_size;
     float *k = q + n * q_size, *attn = k + n * kv_size, *proj = attn + n * q_size, *gate_up = proj + n * hidden;
-    float *act = gate_up + n * 2 * inter;
+    float *act = gate_up + n * 2 * inter, *q_normed = act + n * inter, *k_normed = q_normed + n * q_size;
     for (long t = 0; t < n; t++) std::memcpy(x + t * hidden, embed + ids[t] * hidden, sizeof(float) * hidden);
     for (long l = 0; l < num_layers; l++) {
         const void *const *w = layer_ptrs + l * kNativeLayerPointers;
@@ -407,8 +408,15 @@ int trillium_native_decode(void *step_handle, long n, const int64_t *ids, const 
         const Layer &cache = step->layers[l];
         g_rms_norm(x, n, 1, hidden, hidden, 0, f[0], eps, h, threads);
         if (native_linear(kind[0], w[1], f[2], h, n, hidden, qkv_size, qkv, threads)) return -2;
-        if (g_rope(qkv, n, heads, head_dim, qkv_size, head_dim, positions, table, table_rows, q, threads) ||
-            g_rope(qkv + q_size, n, kv_heads, head_dim, qkv_size, head_dim, positions, table, table_rows, k, threads))
+        const float *q_in = qkv, *k_in = qkv + q_size;  // the heads rope reads, at (stride_t, head_dim)
+        long q_stride = qkv_size, k_stride = qkv_size;
+        if (f[10] != nullptr) {  // q / k norms (Qwen3): each head's row normed first, as the norm op does
+            g_rms_norm(qkv, n, heads, head_dim, qkv_size, head_dim, f[10], eps, q_normed, threads);
+            g_rms_norm(qkv + q_size, n, kv_heads, head_dim, qkv_size, head_dim, f[11], eps, k_normed, threads);
+            q_in = q_normed, k_in = k_normed, q_stride = q_size, k_stride = kv_size;
+        }
+        if (g_rope(q_in, n, heads, head_dim, q_stride, head_dim, positions, table, table_rows, q, threads) ||
+            g_rope(k_in, n, kv_heads, head_dim, k_stride, head_dim, positions, table, table_rows, k, threads))
             return -2;
         for (long t = 0; t < n; t++) {  // the keys (rotated) and values (the QKV output's) into their slots
             const int64_t slot = step->slot_mapping[t];

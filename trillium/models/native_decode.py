@@ -13,8 +13,8 @@ same order with the same arguments (so each row has the graph's bits, and eager'
 over the layers with its buffers kept between calls.
 
 What it takes (else build() says why, and compiled decode runs the graphs as before): exactly the
-plain Llama modules (`LlamaForCausalLM` with `DecoderLayer`, `Attention` without q/k norms or
-softcapping, `MLP` with SiLU, `RMSNorm`, float32 `Linear`s; Llama, Mistral, Qwen2), float32 on the
+plain Llama modules (`LlamaForCausalLM` with `DecoderLayer`, `Attention` without softcapping, its
+q/k norms RMSNorm if any, `MLP` with SiLU, `RMSNorm`; Llama, Mistral, Qwen2, Qwen3), float32 on the
 CPU, one tensor-parallel rank, the C kernels built. Per forward: a decode step (one token a row) of
 at most dense_cpu.MAX_ROWS rows on float32 caches the native step takes; LoRA steps, speculative verify
 steps and anything larger run the graphs (or eager).
@@ -60,8 +60,9 @@ class NativeDecode:
             attn, mlp = layer.self_attn, layer.mlp
             linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
             (qkv, qkv_b), (o, o_b), (gu, gu_b), (down, down_b) = (_weight_of(m) for m in linears)
+            q_norm, k_norm = (None if m is None else m.weight for m in (attn.q_norm, attn.k_norm))
             self._params += [layer.input_layernorm.weight, qkv, qkv_b, o, o_b, layer.post_attention_layernorm.weight,
-                             gu, gu_b, down, down_b]
+                             gu, gu_b, down, down_b, q_norm, k_norm]
             kinds += [_kind_of(m) for m in linears]
         self._kinds = (ctypes.c_long * len(kinds))(*kinds)
         # What each must stay (the C++ loop takes the sizes from the config: a swap to another shape
@@ -140,8 +141,11 @@ def _unsupported(model: torch.nn.Module) -> str:
         if (type(layer) is not DecoderLayer or type(attn) is not Attention or type(mlp) is not MLP
                 or type(layer.input_layernorm) is not RMSNorm or type(layer.post_attention_layernorm) is not RMSNorm):
             return f"layer {index} is not the plain Llama layer"
-        if attn.q_norm is not None or attn.softcap is not None:
-            return "q/k norms or attention softcapping"
+        if attn.softcap is not None:
+            return "attention softcapping"
+        if attn.q_norm is not None and (type(attn.q_norm) is not RMSNorm or type(attn.k_norm) is not RMSNorm
+                                        or {attn.q_norm.eps, attn.k_norm.eps} != {eps}):
+            return "q/k norms other than RMSNorm of the model's eps"
         if mlp.act_and_mul is not kernels.silu_and_mul:
             return "an MLP activation other than SiLU"
         if {layer.input_layernorm.eps, layer.post_attention_layernorm.eps} != {eps}:

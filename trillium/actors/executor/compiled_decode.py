@@ -42,7 +42,7 @@ evaluating its guards
 Native decode: with the C++ ops loaded, a pure-decode step of the plain Llama family (float32 or
 packed GGUF weights, up to the rows its kernels take, whether or not a bucket holds it) skips the graph:
 one C++ call runs the same kernels in the same order (models/native_decode.py); the graphs run what
-it does not take (verify steps, q/k-norm families), eager what it ran before (LoRA steps).
+it does not take (verify steps, fp8 KV caches, other families), eager what it ran before (LoRA steps).
 TRILLIUM_NATIVE_DECODE=0 turns it off. With the default sizes, an engine whose native decode runs
 every decode step it can make (_native_takes_every_decode_step) compiles no graph at all.
 
