@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from unittest import mock
 
 import torch
 
@@ -45,16 +46,10 @@ def _engine(model_dir: str, eager: bool, sizes: tuple[int, ...], native: bool = 
     from trillium import LLM
 
     start = time.perf_counter()
-    before = os.environ.get("TRILLIUM_NATIVE_DECODE")
-    os.environ["TRILLIUM_NATIVE_DECODE"] = "1" if native else "0"  # read as the engine builds its forward
-    try:
+    # read as the engine builds its forward
+    with mock.patch.dict(os.environ, {"TRILLIUM_NATIVE_DECODE": "1" if native else "0"}):
         llm = LLM(model_dir, max_num_seqs=64, kv_cache_memory="256MiB", enforce_eager=eager,
                   compile_batch_sizes=sizes)  # fmt: skip
-    finally:
-        if before is None:
-            del os.environ["TRILLIUM_NATIVE_DECODE"]
-        else:
-            os.environ["TRILLIUM_NATIVE_DECODE"] = before
     return llm, time.perf_counter() - start
 
 

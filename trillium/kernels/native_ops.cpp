@@ -173,14 +173,15 @@ at::Tensor python_graph_attention(const at::Tensor &q, const at::Tensor &k, cons
     return op.call(q, k, v, context, layer, scale, window, softcap);
 }
 
-/* rows 0 .. n-1 of x [T, KH, D] (contiguous) into the flat cache [slots, KH, D] at slot_mapping. */
-void write_rows(const at::Tensor &x, float *cache, const Step &step, long slots) {
+/* rows 0 .. n-1 of src (KH * D floats each, `src_stride` floats apart) into the flat cache [slots, KH, D]
+ * at slot_mapping (graph_attention's k and v; native decode's rotated keys and the QKV output's values,
+ * whose slots it checked before writing anything, so the check here never throws from there). */
+void write_rows(const float *src, long src_stride, float *cache, const Step &step, long slots) {
     const long row = step.kv_heads * step.head_dim;
-    const float *src = x.data_ptr<float>();
     for (long t = 0; t < step.num_tokens; t++) {
         const int64_t slot = step.slot_mapping[t];
         TORCH_CHECK(slot >= 0 && slot < slots, "slot ", slot, " outside a cache of ", slots, " slots");
-        std::memcpy(cache + slot * row, src + t * row, sizeof(float) * row);
+        std::memcpy(cache + slot * row, src + t * src_stride, sizeof(float) * row);
     }
 }
 
@@ -197,8 +198,8 @@ at::Tensor graph_attention(const at::Tensor &q, const at::Tensor &k, const at::T
                     k.size(0) == t && k.size(1) == step->kv_heads && k.size(2) == d && v.sizes() == k.sizes() && n <= t,
                 "trillium_native::graph_attention: q / k / v do not fit the step's cache");
     const Layer &cache = step->layers[layer];
-    write_rows(k, cache.k, *step, cache.slots);
-    write_rows(v, cache.v, *step, cache.slots);
+    write_rows(k.data_ptr<float>(), k.size(1) * d, cache.k, *step, cache.slots);
+    write_rows(v.data_ptr<float>(), v.size(1) * d, cache.v, *step, cache.slots);
     at::Tensor out = n < t ? at::zeros({t, h, d}, q.options()) : at::empty({t, h, d}, q.options());
     if (n == 0) return out;
     const int rc = g_attention(q.data_ptr<float>(), n, h, d, h * d, d, cache.k, cache.v, nullptr, step->block_size,
@@ -362,11 +363,10 @@ static int native_linear(long kind, const void *w, const float *bias, const floa
     if (kind < 0) return g_dense(x, m, k, k, static_cast<const float *>(w), n, bias, y, threads);
     const bool int8 = kind & kNativeLinearInt8;
     const int type = static_cast<int>(kind & (kNativeLinearInt8 - 1));
-    if ((int8 ? g_gguf_int8 : g_gguf_float32) == nullptr || m > (int8 ? kGgufRowsInt8 : kGgufRowsFloat32) ||
-        g_gguf_row_bytes(type, k, int8) <= 0)
+    const gguf_matmul_fn matmul = int8 ? g_gguf_int8 : g_gguf_float32;
+    if (matmul == nullptr || m > (int8 ? kGgufRowsInt8 : kGgufRowsFloat32) || g_gguf_row_bytes(type, k, int8) <= 0)
         return -1;
-    if ((int8 ? g_gguf_int8 : g_gguf_float32)(type, x, m, k, k, static_cast<const uint8_t *>(w), n, y, threads))
-        return -1;
+    if (matmul(type, x, m, k, k, static_cast<const uint8_t *>(w), n, y, threads)) return -1;
     if (bias != nullptr)  // after the product, as gguf_linear's out.add_(bias)
         for (long i = 0; i < m; i++)
             for (long j = 0; j < n; j++) y[i * n + j] = y[i * n + j] + bias[j];
@@ -418,11 +418,8 @@ int trillium_native_decode(void *step_handle, long n, const int64_t *ids, const 
         if (g_rope(q_in, n, heads, head_dim, q_stride, head_dim, positions, table, table_rows, q, threads) ||
             g_rope(k_in, n, kv_heads, head_dim, k_stride, head_dim, positions, table, table_rows, k, threads))
             return -2;
-        for (long t = 0; t < n; t++) {  // the keys (rotated) and values (the QKV output's) into their slots
-            const int64_t slot = step->slot_mapping[t];
-            std::memcpy(cache.k + slot * kv_size, k + t * kv_size, sizeof(float) * kv_size);
-            std::memcpy(cache.v + slot * kv_size, qkv + t * qkv_size + q_size + kv_size, sizeof(float) * kv_size);
-        }
+        write_rows(k, kv_size, cache.k, *step, cache.slots);  // the rotated keys
+        write_rows(qkv + q_size + kv_size, qkv_size, cache.v, *step, cache.slots);  // the QKV output's values
         if (g_attention(q, n, heads, head_dim, q_size, head_dim, cache.k, cache.v, nullptr, step->block_size,
                         kv_heads, step->tables, step->table_stride, step->row_lens, nullptr, scale, nullptr,
                         nullptr, windows[l], 0.0f, attn, threads))

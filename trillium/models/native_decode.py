@@ -55,24 +55,22 @@ class NativeDecode:
         # The weight tensors (Parameters, a packed linear's blocks buffer) in native_ops.cpp's order:
         # their storage is read at each call.
         self._params: list[torch.Tensor | None] = []
-        kinds = []
+        linears: list[torch.nn.Module] = []  # qkv, o, gate/up, down of each layer
         for layer in layers:
             attn, mlp = layer.self_attn, layer.mlp
-            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-            (qkv, qkv_b), (o, o_b), (gu, gu_b), (down, down_b) = (_weight_of(m) for m in linears)
+            own = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            (qkv, qkv_b), (o, o_b), (gu, gu_b), (down, down_b) = (_weight_of(m) for m in own)
             q_norm, k_norm = (None if m is None else m.weight for m in (attn.q_norm, attn.k_norm))
             self._params += [layer.input_layernorm.weight, qkv, qkv_b, o, o_b, layer.post_attention_layernorm.weight,
                              gu, gu_b, down, down_b, q_norm, k_norm]
-            kinds += [_kind_of(m) for m in linears]
-        self._kinds = (ctypes.c_long * len(kinds))(*kinds)
+            linears += own
+        self._kinds = (ctypes.c_long * len(linears))(*(_kind_of(m) for m in linears))
         # What each must stay (the C++ loop takes the sizes from the config: a swap to another shape
         # would read past a tensor; the graph's ops would raise, so the graph runs it instead)
         self._layouts = [None if p is None else (p.dtype, p.shape) for p in self._params]
-        packed = [m for layer in layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                                                   layer.mlp.gate_up_proj, layer.mlp.down_proj)
-                  if isinstance(m, GgufLinear)]
         # the rows every linear's kernel takes (native_ops.cpp: dense_cpu's, the packed kernel's per mode)
-        self.max_rows = min([dense_cpu.MAX_ROWS, *(packed_rows(m.activations) for m in packed)])
+        self.max_rows = min([dense_cpu.MAX_ROWS, *(packed_rows(m.activations) for m in linears
+                                                   if isinstance(m, GgufLinear))])
         self._embed = model.model.embed_tokens.weight
         self._final_norm = model.model.norm.weight
         self._params += [self._embed, self._final_norm]  # after the layers' pointers: passed on their own

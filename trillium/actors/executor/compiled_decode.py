@@ -145,7 +145,10 @@ def _unsupported(config: EngineConfig, model: torch.nn.Module) -> str:
 
 
 def _load_native() -> bool:
-    """Build / load the C++ ops the graphs call (kernels/native_ops.py), logging the seconds or why not."""
+    """Build / load the C++ ops the graphs call (kernels/native_ops.py), logging the seconds or why not
+    (once: build_forward's decision and CompiledDecode both ask)."""
+    if native_ops.loaded():
+        return True
     start = time.perf_counter()
     if native_ops.load():
         log.info("native compiled-decode ops loaded in %.1f s (the graphs call the C kernels from C++)",
