@@ -18,6 +18,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from trillium.kernels import AttentionMetadata, dense_cpu, gguf_cpu, native_ops
+from trillium.kernels.metadata import DecodeRun
 from trillium.models.gguf_writer import write_gguf
 from trillium.models.loader import load_model
 from trillium.models.native_decode import NativeDecode
@@ -124,3 +125,82 @@ def test_native_decode_refuses_other_families_and_reshaped_weights(checkpoint) -
                 assert (native(torch.tensor([7]), torch.tensor([2]), step) is not None) == taken
             finally:
                 step.clear()
+
+
+@pytest.mark.parametrize("case", ["llama", "qwen2", "llama-tied", "gguf-int8"])
+def test_native_greedy_run_is_the_eager_forwards_and_argmax(checkpoint, tmp_path, case: str) -> None:
+    """NativeDecode.greedy (trillium_native_greedy): K decode forwards, each fed the argmax of the one
+    before, are the eager forward + compute_logits + torch's argmax, bit for bit (logits, tokens and
+    the keys and values written), on an untied head, a tied one, a biased QKV and a packed head; a
+    row's stop id ends the run after the forward that sampled it."""
+    if case.startswith("gguf") and not gguf_cpu.available():
+        pytest.skip(f"no packed kernel: {gguf_cpu.unavailable_reason()}")
+    model = _model(checkpoint, tmp_path, case)
+    native, why_not = NativeDecode.build(model)
+    assert native is not None and not native.greedy_refused, (why_not, native and native.greedy_refused)
+    if case == "gguf-int8":
+        assert type(model.lm_head).__name__ == "GgufLinear"
+    rows, steps = 3, 5
+    lens = [6, 19, 11]
+    per_seq = -(-(max(lens) + steps) // BLOCK)
+    tables = [list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)) for i in range(rows)]
+    generator = torch.Generator().manual_seed(3)
+    vocab = model.config.vocab_size
+    with torch.inference_mode():
+        prompt = torch.randint(0, vocab, (sum(lens),), generator=generator)
+        caches = model.allocate_kv_caches(1 + rows * per_seq, BLOCK)
+        model(prompt, torch.cat([torch.arange(n) for n in lens]), caches, AttentionMetadata.build(lens, lens, tables, BLOCK))
+        first = torch.randint(0, vocab, (rows,), generator=generator)
+        saved = [(c.k_cache.clone(), c.v_cache.clone()) for c in caches]
+        # the reference: eager forwards, the LM head as the executor calls it, torch's argmax
+        ids, expected_tokens, expected_logits = first, [], []
+        for j in range(steps):
+            meta = AttentionMetadata.build([1] * rows, [n + 1 + j for n in lens], tables, BLOCK)
+            logits = model.compute_logits(model(ids, torch.tensor([n + j for n in lens]), caches, meta))
+            ids = logits.argmax(dim=-1)
+            expected_tokens.append(ids.tolist())
+            expected_logits.append(logits)
+        expected_caches = [(c.k_cache.clone(), c.v_cache.clone()) for c in caches]
+        for stop_at in (None, 2):  # a stop id row 1 samples at forward 2 (0-based)
+            for cache, (k, v) in zip(caches, saved):
+                cache.k_cache.copy_(k)
+                cache.v_cache.copy_(v)
+            run = DecodeRun.build([n + 1 for n in lens], tables, BLOCK, steps)
+            stop_ids = [frozenset(), frozenset() if stop_at is None else {expected_tokens[stop_at][1]}, frozenset()]
+            got_logits = torch.full((steps, rows, model.lm_head_weight.shape[0] if model.lm_head is None
+                                     else native._head.shape[0]), float("nan"))
+            step = native_ops.Step()
+            assert step.set_decode_run(caches, run)
+            try:
+                tokens = native.greedy(first.tolist(), run, step, stop_ids, logits=got_logits)
+            finally:
+                step.clear()
+            ran = steps if stop_at is None else min(j for j in range(steps)
+                                                    if expected_tokens[j][1] in stop_ids[1]) + 1
+            assert tokens is not None and tokens.tolist() == expected_tokens[:ran]
+            assert torch.equal(got_logits[:ran], torch.stack(expected_logits[:ran]))
+            if stop_at is None:
+                for cache, (k, v) in zip(caches, expected_caches):
+                    assert torch.equal(cache.k_cache, k) and torch.equal(cache.v_cache, v)
+
+
+def test_native_greedy_run_refuses_what_it_cannot_take(checkpoint) -> None:
+    """Nothing written where the greedy run refuses: more rows than its kernels take, a slot past
+    the cache, an LM head of more rows than the embedding has ids."""
+    model = load_model(checkpoint("llama"), dtype="float32", progress=False)[0]
+    native, _ = NativeDecode.build(model)
+    caches = model.allocate_kv_caches(4, BLOCK)
+    with torch.inference_mode():
+        for tables, lens in (([[1]], [3]), ([[9]], [3])):  # block 9: past a cache of 4 blocks
+            run = DecodeRun.build(lens, tables, BLOCK, 2)
+            step = native_ops.Step()
+            assert step.set_decode_run(caches, run)
+            try:
+                rows = native.greedy([7], run, step, [frozenset()]) if tables == [[9]] else native.greedy(
+                    [7] * (native.max_rows + 1), run, step, [frozenset()] * (native.max_rows + 1))
+            finally:
+                step.clear()
+            assert rows is None
+            assert all(not c.k_cache.any() and not c.v_cache.any() for c in caches)
+    model.lm_head.weight.data = torch.zeros(model.config.vocab_size + 1, model.config.hidden_size)
+    assert "rows beside an embedding" in NativeDecode.build(model)[0].greedy_refused

@@ -110,12 +110,40 @@ class AttentionMetadata:
         """Metadata of `num_steps` consecutive decode steps of the same sequences (multi-step
         decode, scheduler/multi_step.py): step j feeds each sequence one token at position
         seq_lens[b] - 1 + j. The same as `build([1] * B, [n + j for n in seq_lens], ...)` per
-        step, built at once: the block tables (which already hold every step's slots) and the
-        query starts are shared, the slots computed together. WHY: a step's own build is
-        ~0.1-0.3 ms of Python beside a ~6 ms one-sequence forward whose weight reads have just
-        evicted the interpreter's caches.
+        step, built at once (`DecodeRun`). WHY: a step's own build is ~0.1-0.3 ms of Python beside
+        a ~6 ms one-sequence forward whose weight reads have just evicted the interpreter's caches.
 
         Raises IndexError when a block table is too short for the last step."""
+        run = DecodeRun.build(seq_lens, block_tables, block_size, num_steps, device)
+        return [run.step(j) for j in range(num_steps)]
+
+
+@attrs.frozen
+class DecodeRun:
+    """The slots and key counts of `num_steps` consecutive decode steps of the same sequences, as
+    [num_steps, B] arrays over one block table (the tables already hold every step's slots).
+    `step(j)` is step j's AttentionMetadata; native decode's greedy run (models/native_decode.py)
+    reads the arrays whole."""
+
+    tables: torch.Tensor  # [B, max_blocks] int32
+    lens: torch.Tensor  # [num_steps, B] int32: step j's key counts (its input's position + 1)
+    slots: torch.Tensor  # [num_steps, B] int64: step j's cache slots
+    host_lens: np.ndarray  # lens on the host
+    starts: torch.Tensor  # [B + 1] int32: every step's query starts (one token a sequence)
+
+    @property
+    def num_seqs(self) -> int:
+        return self.lens.shape[1]
+
+    @property
+    def num_steps(self) -> int:
+        return self.lens.shape[0]
+
+    @staticmethod
+    def build(seq_lens: Sequence[int], block_tables: Sequence[Sequence[int]], block_size: int, num_steps: int,
+              device: torch.device | str = "cpu") -> "DecodeRun":
+        """Step j feeds each sequence one token at position seq_lens[b] - 1 + j. Raises IndexError
+        when a block table is too short for the last step."""
         num_seqs = len(seq_lens)
         table, row_blocks = _block_table(block_tables)
         lens = np.asarray(seq_lens, dtype=np.int64).reshape(1, num_seqs) + np.arange(num_steps)[:, None]  # [K, B]
@@ -124,17 +152,29 @@ class AttentionMetadata:
         if (block_index >= row_blocks[None, :]).any():
             raise IndexError("a block table is too short for its sequence's tokens")
         slots = table[np.arange(num_seqs)[None, :], block_index].astype(np.int64) * block_size + positions % block_size
-        starts = torch.arange(num_seqs + 1, dtype=torch.int32).to(device)
-        tables = torch.from_numpy(table).to(device)
-        lens_t = torch.from_numpy(lens.astype(np.int32)).to(device)
-        slots_t = torch.from_numpy(slots).to(device)
-        ones = (1,) * num_seqs
-        return [
-            AttentionMetadata(query_start_loc=starts, seq_lens=lens_t[j], block_tables=tables, slot_mapping=slots_t[j],
-                              max_query_len=1, max_seq_len=int(lens[j].max(initial=0)), query_lens_list=ones,
-                              seq_lens_list=tuple(lens[j].tolist()))
-            for j in range(num_steps)
-        ]
+        return DecodeRun(tables=torch.from_numpy(table).to(device),
+                         lens=torch.from_numpy(lens.astype(np.int32)).to(device),
+                         slots=torch.from_numpy(slots).to(device), host_lens=lens,
+                         starts=torch.arange(num_seqs + 1, dtype=torch.int32).to(device))
+
+    def step(self, j: int) -> AttentionMetadata:
+        lens = self.host_lens[j]
+        return AttentionMetadata(
+            query_start_loc=self.starts,
+            seq_lens=self.lens[j], block_tables=self.tables, slot_mapping=self.slots[j], max_query_len=1,
+            max_seq_len=int(lens.max(initial=0)), query_lens_list=(1,) * self.num_seqs,
+            seq_lens_list=tuple(lens.tolist()))
+
+    def first_step(self) -> AttentionMetadata:
+        return self.step(0)
+
+    def window(self, first: int, num_steps: int) -> "DecodeRun":
+        """Steps first .. first + num_steps - 1 as a run of their own (views of these arrays)."""
+        if not 0 <= first < first + num_steps <= self.num_steps:
+            raise IndexError(f"steps {first}..{first + num_steps - 1} of a run of {self.num_steps}")
+        end = first + num_steps
+        return DecodeRun(tables=self.tables, lens=self.lens[first:end], slots=self.slots[first:end],
+                         host_lens=self.host_lens[first:end], starts=self.starts)
 
 
 def _block_table(block_tables: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:

@@ -436,6 +436,74 @@ int trillium_native_decode(void *step_handle, long n, const int64_t *ids, const 
     return 0;
 }
 
+/* Native greedy run (models/native_decode.py NativeDecode.greedy; the executor's multi-step decode,
+ * scheduler/multi_step.py): up to `num_steps` decode forwards of the same n rows, each through
+ * trillium_native_decode, then the LM head (`head`: native_linear's kind `head_kind`, `head_rows`
+ * vocabulary rows, bias or NULL) and each row's argmax, which is the next forward's input token.
+ *
+ * WHY: between two forwards of a one-stream multi-step run the executor's Python (the step's metadata,
+ * two tensors, the LM head call, the sampler, the bookkeeping) took ~0.2-0.5 ms with one of the two
+ * cores busy and the other spinning at OpenMP's barrier; here it is a few microseconds. Only for rows
+ * the sampler would give the argmax of the raw logits (the caller checks: greedy, no processors,
+ * penalties, bias, grammar or logprobs): the same kernels with the same arguments as the Python
+ * path's compute_logits, so the same logits bits, and torch's argmax rule (the first maximal value;
+ * a NaN wins, the first one).
+ *
+ * Step j's metadata: slots[j * n + t] and the key counts lens[j * n + t] (the row's position is
+ * lens - 1), on the block tables trillium_native_step_set gave. `tokens` [num_steps, n] receives
+ * the sampled ids; `logits_out` (NULL: not kept) [num_steps, n, head_rows] the logits (tests).
+ * A row's stop ids are stop_ids[stop_offsets[t] .. stop_offsets[t + 1]).
+ *
+ * Returns the forwards run: num_steps, or fewer when a row sampled one of its stop ids (the run ends
+ * after that forward, as the executor's loop would end that row); -1, having written nothing, for what
+ * it does not take (as trillium_native_decode, checked for every step up front; a vocabulary
+ * whose ids the embedding does not have); -2 when a kernel refused midway. */
+int trillium_native_greedy(void *step_handle, long n, long num_steps, const int64_t *first_ids, const int64_t *slots,
+                           const int32_t *lens, const int64_t *stop_ids, const long *stop_offsets, const void *head,
+                           const float *head_bias, long head_kind, long head_rows, long num_layers, long hidden,
+                           long heads, long kv_heads, long head_dim, long inter, float eps, float scale,
+                           const long *windows, const void *const *layer_ptrs, const long *linear_kinds,
+                           const float *embed, long vocab, const float *final_norm, const float *table,
+                           long table_rows, int64_t *tokens, float *logits_out, int threads) {
+    Step *step = static_cast<Step *>(step_handle);
+    if (step == nullptr || n <= 0 || num_steps <= 0 || step->num_tokens != n || step->layers.empty() ||
+        head_rows <= 0 || head_rows > vocab)
+        return -1;
+    for (long i = 0; i < num_steps * n; i++)
+        if (slots[i] < 0 || slots[i] >= step->layers[0].slots || lens[i] < 1 || lens[i] > table_rows) return -1;
+    const int64_t *saved_slots = step->slot_mapping;
+    const int32_t *saved_lens = step->row_lens;
+    thread_local std::vector<float> out, logits;
+    thread_local std::vector<int64_t> ids, positions;
+    out.resize(n * hidden), logits.resize(n * head_rows), ids.assign(first_ids, first_ids + n), positions.resize(n);
+    long j = 0, rc = 0;
+    bool stopped = false;
+    for (; j < num_steps && !stopped; j++) {
+        step->slot_mapping = slots + j * n, step->row_lens = lens + j * n;
+        for (long t = 0; t < n; t++) positions[t] = lens[j * n + t] - 1;
+        rc = trillium_native_decode(step, n, ids.data(), positions.data(), num_layers, hidden, heads, kv_heads,
+                                    head_dim, inter, eps, scale, windows, layer_ptrs, linear_kinds, embed, vocab,
+                                    final_norm, table, table_rows, out.data(), threads);
+        if (rc == 0 && native_linear(head_kind, head, head_bias, out.data(), n, hidden, head_rows, logits.data(),
+                                     threads))
+            rc = -2;
+        if (rc != 0) break;
+        for (long t = 0; t < n; t++) {
+            const float *row = logits.data() + t * head_rows;
+            long best = 0;
+            for (long v = 1; v < head_rows; v++)  // torch's argmax: the first maximum, a NaN above all
+                if (!(row[best] != row[best]) && (row[v] > row[best] || row[v] != row[v])) best = v;
+            tokens[j * n + t] = ids[t] = best;
+            for (long s = stop_offsets[t]; s < stop_offsets[t + 1]; s++) stopped |= stop_ids[s] == best;
+        }
+        if (logits_out != nullptr)
+            std::memcpy(logits_out + j * n * head_rows, logits.data(), sizeof(float) * n * head_rows);
+    }
+    step->slot_mapping = saved_slots, step->row_lens = saved_lens;
+    if (rc != 0) return j == 0 && rc == -1 ? -1 : -2;
+    return static_cast<int>(j);
+}
+
 }  // extern "C"
 
 TORCH_LIBRARY_IMPL(trillium_native, CPU, m) {

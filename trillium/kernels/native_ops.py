@@ -80,6 +80,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.trillium_native_decode.argtypes = [_P, _L, _P, _P, _L, _L, _L, _L, _L, _L, ctypes.c_float, ctypes.c_float,
                                            _P, _P, _P, _P, _L, _P, _P, _L, _P, ctypes.c_int]
     lib.trillium_native_decode.restype = ctypes.c_int
+    lib.trillium_native_greedy.argtypes = [_P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _L, _L, _L, _L,
+                                           ctypes.c_float, ctypes.c_float, _P, _P, _P, _P, _L, _P, _P, _L, _P, _P,
+                                           ctypes.c_int]
+    lib.trillium_native_greedy.restype = ctypes.c_int
 
 
 _LIBRARY = CLibrary(_SOURCE, "the native compiled-decode ops", _declare, compilers=CXX, flags=_FLAGS,
@@ -155,18 +159,8 @@ class Step:
             return False
         if not kv_caches or not paged_attention_cpu.step_supported(kv_caches[0].k_cache, kv_caches[0].v_cache, meta):
             return self._none()
-        shape = kv_caches[0].k_cache.shape
-        pointers = tuple((c.k_cache.data_ptr(), c.v_cache.data_ptr()) for c in kv_caches)
-        key = (shape, kv_caches[0].k_cache.dtype, pointers)  # a re-allocation may reuse the addresses
-        if key != self._caches_key:
-            if any(c.k_cache.dtype != torch.float32 or c.v_cache.dtype != torch.float32 or c.k_cache.shape != shape
-                   or c.v_cache.shape != shape or not (c.k_cache.is_contiguous() and c.v_cache.is_contiguous())
-                   for c in kv_caches):  # fmt: skip
-                return self._none()
-            ks = (ctypes.c_void_p * len(kv_caches))(*(k for k, _ in pointers))
-            vs = (ctypes.c_void_p * len(kv_caches))(*(v for _, v in pointers))
-            self._lib.trillium_native_step_caches(self.handle, len(kv_caches), ks, vs, *shape)
-            self._caches_key = key
+        if not self._set_caches(kv_caches):
+            return self._none()
         if meta.max_query_len == 1:
             row_seq, row_lens = None, meta.seq_lens
         else:
@@ -178,6 +172,37 @@ class Step:
         self._lib.trillium_native_step_set(self.handle, meta.num_tokens, slots.data_ptr(),
                                            meta.block_tables.data_ptr(), meta.block_tables.stride(0),
                                            row_lens.data_ptr(), None if row_seq is None else row_seq.data_ptr())
+        return True
+
+    def set_decode_run(self, kv_caches: list, run) -> bool:
+        """Point it at decode steps of a `kernels.metadata.DecodeRun` (trillium_native_greedy moves the
+        slots and key counts along its steps); False where `set` would refuse its first step."""
+        if not self.handle:
+            return False
+        meta = run.first_step()
+        if not kv_caches or not paged_attention_cpu.step_supported(kv_caches[0].k_cache, kv_caches[0].v_cache, meta):
+            return self._none()
+        if not self._set_caches(kv_caches):
+            return self._none()
+        self._keep = (kv_caches, run)
+        self._lib.trillium_native_step_set(self.handle, run.num_seqs, run.slots.data_ptr(), run.tables.data_ptr(),
+                                           run.tables.stride(0), run.lens.data_ptr(), None)
+        return True
+
+    def _set_caches(self, kv_caches: list) -> bool:
+        """The layers' float32 caches (contiguous, one shape), told to the C++ step when they moved."""
+        shape = kv_caches[0].k_cache.shape
+        pointers = tuple((c.k_cache.data_ptr(), c.v_cache.data_ptr()) for c in kv_caches)
+        key = (shape, kv_caches[0].k_cache.dtype, pointers)  # a re-allocation may reuse the addresses
+        if key != self._caches_key:
+            if any(c.k_cache.dtype != torch.float32 or c.v_cache.dtype != torch.float32 or c.k_cache.shape != shape
+                   or c.v_cache.shape != shape or not (c.k_cache.is_contiguous() and c.v_cache.is_contiguous())
+                   for c in kv_caches):  # fmt: skip
+                return False
+            ks = (ctypes.c_void_p * len(kv_caches))(*(k for k, _ in pointers))
+            vs = (ctypes.c_void_p * len(kv_caches))(*(v for _, v in pointers))
+            self._lib.trillium_native_step_caches(self.handle, len(kv_caches), ks, vs, *shape)
+            self._caches_key = key
         return True
 
     def clear(self) -> None:

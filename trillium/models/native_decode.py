@@ -31,10 +31,12 @@ from __future__ import annotations
 import ctypes
 import os
 
+import numpy as np
 import torch
 
 from trillium import kernels
 from trillium.kernels import dense_cpu, gguf_cpu, native_ops
+from trillium.kernels.metadata import DecodeRun
 from trillium.models.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM, Linear, RMSNorm
 from trillium.models.packed_linear import GgufLinear, packed_rows
 
@@ -75,9 +77,19 @@ class NativeDecode:
         self._final_norm = model.model.norm.weight
         self._params += [self._embed, self._final_norm]  # after the layers' pointers: passed on their own
         self._layouts += [(p.dtype, p.shape) for p in (self._embed, self._final_norm)]
+        # The LM head, for the greedy run (its rows are the vocabulary the argmax picks from)
+        head = model.lm_head
+        self._head_kind = -1 if head is None else _kind_of(head)
+        self._head, self._head_bias = (model.lm_head_weight, None) if head is None else _weight_of(head)
+        self.greedy_refused = _unsupported_head(model)  # '' when greedy() runs
+        self._greedy_max_rows = min(self.max_rows, packed_rows(head.activations) if isinstance(head, GgufLinear)
+                                    else dense_cpu.MAX_ROWS)
+        self._params += [self._head, self._head_bias]
+        self._layouts += [None if p is None else (p.dtype, p.shape) for p in (self._head, self._head_bias)]
         self._weights = [p for p in self._params if p is not None]
         self._addresses: list[int] = []  # self._weights' data_ptr()s when self._pointers was filled
-        self._pointers = (ctypes.c_void_p * (len(self._params) - 2))()  # the layers' (native_ops.cpp's order)
+        self._num_layer_pointers = len(layers) * 12  # native_ops.cpp's kNativeLayerPointers a layer
+        self._pointers = (ctypes.c_void_p * self._num_layer_pointers)()  # the layers' (native_ops.cpp's order)
         self.num_calls = 0
 
     @staticmethod
@@ -97,26 +109,71 @@ class NativeDecode:
         if (not 0 < n <= self.max_rows or input_ids.dtype != torch.int64 or positions.dtype != torch.int64
                 or not input_ids.is_contiguous() or not positions.is_contiguous() or positions.shape[0] != n):
             return None
-        addresses = [p.data_ptr() for p in self._weights]  # WHY each call: a `param.data` swap moves them
-        if addresses != self._addresses:
-            if any(p is not None and ((p.dtype, p.shape) != layout or not p.is_contiguous())
-                   for p, layout in zip(self._params, self._layouts)):
-                return None  # something else swapped in: the graph (and its ops' checks) runs it
-            self._pointers[:] = [None if p is None else p.data_ptr() for p in self._params[:-2]]
-            self._addresses = addresses
-        table = self.model.cos_sin_cache
+        if not self._refresh():
+            return None
         out = torch.empty(n, self._shape[1], dtype=torch.float32)
-        rc = self._lib.trillium_native_decode(
-            step.handle, n, input_ids.data_ptr(), positions.data_ptr(), *self._shape, self._eps, self._scale,
-            self._windows, self._pointers, self._kinds, self._embed.data_ptr(), self._embed.shape[0],
-            self._final_norm.data_ptr(), table.data_ptr(), table.shape[0], out.data_ptr(), torch.get_num_threads(),
-        )  # fmt: skip
+        rc = self._lib.trillium_native_decode(step.handle, n, input_ids.data_ptr(), positions.data_ptr(),
+                                              *self._model_args(), out.data_ptr(), torch.get_num_threads())
         if rc == -1:
             return None
         if rc != 0:
             raise RuntimeError(f"native decode: a kernel refused a step of {n} rows midway (rc {rc})")
         self.num_calls += 1
         return out
+
+    def greedy(self, first_ids: list[int], run: DecodeRun, step: native_ops.Step,
+               stop_ids: list[frozenset[int]], logits: torch.Tensor | None = None) -> np.ndarray | None:
+        """Up to run.num_steps decode forwards of run.num_seqs rows (native_ops.cpp trillium_native_greedy),
+        each row's next input the argmax of the LM head's logits, the first fed `first_ids`: the
+        tokens [m, rows], m <= num_steps (the run ends after a forward in which a row sampled one of its
+        `stop_ids`); None, nothing written, where it does not take them. `step`: set to `run`
+        (Step.set_decode_run). `logits` [num_steps, rows, vocab] float32 receives the logits (tests)."""
+        n, num_steps = run.num_seqs, run.num_steps
+        if self.greedy_refused or not 0 < n <= self._greedy_max_rows or len(first_ids) != n or len(stop_ids) != n:
+            return None
+        if logits is not None and (logits.dtype != torch.float32 or not logits.is_contiguous()
+                                   or logits.shape != (num_steps, n, self._head.shape[0])):
+            raise ValueError(f"logits must be contiguous float32 [{num_steps}, {n}, {self._head.shape[0]}]")
+        if not self._refresh():
+            return None
+        ids = np.asarray(first_ids, dtype=np.int64)
+        stops = [sorted(s) for s in stop_ids]
+        flat = np.fromiter((t for s in stops for t in s), dtype=np.int64, count=sum(map(len, stops)))
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum([len(s) for s in stops], out=offsets[1:])
+        tokens = np.empty((num_steps, n), dtype=np.int64)
+        bias = self._head_bias
+        rc = self._lib.trillium_native_greedy(
+            step.handle, n, num_steps, ids.ctypes.data, run.slots.data_ptr(), run.lens.data_ptr(), flat.ctypes.data,
+            offsets.ctypes.data, self._head.data_ptr(), None if bias is None else bias.data_ptr(), self._head_kind,
+            self._head.shape[0], *self._model_args(), tokens.ctypes.data,
+            None if logits is None else logits.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        if rc == -1:
+            return None
+        if rc < 0:
+            raise RuntimeError(f"native decode: a kernel refused a greedy run of {n} rows midway (rc {rc})")
+        self.num_calls += rc
+        return tokens[:rc]
+
+    def _refresh(self) -> bool:
+        """The layers' pointers for this call; False (the graph runs it) when a tensor no longer has
+        the dtype, shape or contiguity the C++ loop reads it with."""
+        addresses = [p.data_ptr() for p in self._weights]  # WHY each call: a `param.data` swap moves them
+        if addresses != self._addresses:
+            if any(p is not None and ((p.dtype, p.shape) != layout or not p.is_contiguous())
+                   for p, layout in zip(self._params, self._layouts)):
+                return False  # something else swapped in: the graph (and its ops' checks) runs it
+            self._pointers[:] = [None if p is None else p.data_ptr() for p in self._params[:self._num_layer_pointers]]
+            self._addresses = addresses
+        return True
+
+    def _model_args(self) -> tuple:
+        """trillium_native_decode's arguments from num_layers to table_rows."""
+        table = self.model.cos_sin_cache
+        return (*self._shape, self._eps, self._scale, self._windows, self._pointers, self._kinds,
+                self._embed.data_ptr(), self._embed.shape[0], self._final_norm.data_ptr(), table.data_ptr(),
+                table.shape[0])
 
 
 def _unsupported(model: torch.nn.Module) -> str:
@@ -162,6 +219,26 @@ def _unsupported(model: torch.nn.Module) -> str:
         if any(m is not None and m.dtype != torch.float32 for m in (attn.qkv_proj.bias, attn.o_proj.bias,
                                                                      mlp.gate_up_proj.bias, mlp.down_proj.bias)):
             return "biases other than float32"
+    return ""
+
+
+def _unsupported_head(model: LlamaForCausalLM) -> str:
+    """Why the greedy run cannot take this model's LM head ('' when it can): it runs the head as
+    compute_logits does only for a float32 or packed GGUF linear of one logit row a token id."""
+    head = model.lm_head
+    if head is None:
+        weight = model.lm_head_weight
+        ok = weight.dtype == torch.float32 and weight.is_contiguous()
+    elif type(head) is Linear:
+        ok = head.weight.dtype == torch.float32 and (head.bias is None or head.bias.dtype == torch.float32)
+    else:
+        ok = type(head) is GgufLinear and head.group is None and head.blocks.dtype == torch.uint8
+        ok = ok and gguf_cpu.available() and (head.bias is None or head.bias.dtype == torch.float32)
+    if not ok:
+        return f"an LM head of {type(head).__name__ if head is not None else 'tied'} weights other than float32 / packed GGUF"
+    rows = (model.lm_head_weight if head is None else _weight_of(head)[0]).shape[0]
+    if rows != model.model.embed_tokens.weight.shape[0]:
+        return f"an LM head of {rows} rows beside an embedding of {model.model.embed_tokens.weight.shape[0]}"
     return ""
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 import torch
 
 from trillium.actors.executor.core import ExecutorCore
@@ -124,6 +125,56 @@ def test_multi_step_sends_each_intervals_tokens_ahead_and_never_a_runs_last(chec
         assert num_multi_steps >= 2
         assert streamed == expected
         assert finish == {"a": "length", "b": "length", "c": "stop"}
+
+
+def test_multi_step_greedy_rows_run_natively_with_the_samplers_tokens(checkpoint) -> None:
+    """Multi-step decode's inner forwards of rows the sampler would give their argmax
+    (SamplingState.argmax_only) run as native greedy runs (CompiledDecode.greedy_run): the same
+    tokens as the model run from scratch, a stop token id mid-run ending that row's run, rows of
+    different max_tokens, every --stream-interval's tokens still sent ahead; a row asking for
+    logprobs sends its whole batch's forwards through the sampler again."""
+    for interval in (1, 3):
+        cfg = EngineConfig(model=str(checkpoint("llama")), kv_cache_memory="4MiB", num_scheduler_steps=8,
+                           stream_interval=interval, enforce_eager=False).resolve()
+        core, scheduler = ExecutorCore(cfg), build_scheduler(cfg)
+        if getattr(core.forward, "native_decode", None) is None:
+            pytest.skip("no native decode here (the C++ ops did not build)")
+        free_c = _greedy(core, [7, 3, 11], 19)
+        cut = next(i for i in range(9, 19) if free_c[i] not in free_c[:i])  # in the second step's run
+        expected = {"a": _greedy(core, [5, 9, 13], 19), "c": free_c[: cut + 1]}
+        expected["b"] = expected["a"][:13]
+        requests = (("a", [5, 9, 13], 19, []), ("b", [5, 9, 13], 13, []), ("c", [7, 3, 11], 19, [free_c[cut]]))
+        for rid, prompt, max_tokens, stop in requests:
+            params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, stop_token_ids=stop)
+            scheduler.add_request(AddRequest(request_id=rid, prompt_token_ids=np.array(prompt, np.int32),
+                                             sampling=params, eos_token_ids=(2,), arrival_time=time.time()))
+        got, sent = _run_to_end(core, scheduler)
+        assert got == expected
+        assert core.forward.num_greedy_steps >= 12, core.forward.num_greedy_steps
+        assert all(m.token_ids.shape[1] == interval for m in sent) and len(sent) >= (2 if interval == 3 else 6)
+        # a row with logprobs beside them: every inner forward through the sampler, the same tokens
+        before = core.forward.num_greedy_steps
+        for rid, logprobs in (("d", None), ("e", 2)):
+            params = SamplingParams(temperature=0.0, max_tokens=19, ignore_eos=True, logprobs=logprobs)
+            scheduler.add_request(AddRequest(request_id=rid, prompt_token_ids=np.array([5, 9, 13], np.int32),
+                                             sampling=params, eos_token_ids=(2,), arrival_time=time.time()))
+        got, _ = _run_to_end(core, scheduler)
+        assert got == {"d": expected["a"], "e": expected["a"]}
+        assert core.forward.num_greedy_steps == before
+
+
+def _run_to_end(core: ExecutorCore, scheduler) -> tuple[dict[str, list[int]], list]:
+    """Step until nothing is left: each request's output tokens, and the AheadTokens sent."""
+    got: dict[str, list[int]] = {}
+    sent: list = []
+    core.on_ahead_tokens = sent.append
+    while scheduler.has_work():
+        batch = scheduler.schedule()
+        if batch is None:
+            break
+        for d in scheduler.update_from_output(core.execute(batch)).deltas:
+            got.setdefault(d.request_id, []).extend(d.new_token_ids)
+    return got, sent
 
 
 def _greedy(core: ExecutorCore, prompt: list[int], n: int) -> list[int]:

@@ -355,3 +355,28 @@ def test_state_counts_follow_appends():
         append_tokens([s], [1, 2])
     with pytest.raises(ValueError):
         sample(torch.zeros(2, V), [s])
+
+
+def test_argmax_only_holds_exactly_where_sample_takes_the_raw_argmax() -> None:
+    """SamplingState.argmax_only (native decode's greedy run samples such rows without the sampler):
+    true for a plain greedy row, and then `sample` gives the raw logits' argmax; false for whatever
+    changes the logits or reports logprobs; min_tokens only until the outputs reach it."""
+    logits = rand_logits(1, seed=4)
+    plain = state(temperature=0.0)
+    assert plain.argmax_only
+    assert int(sample(logits.clone(), [plain]).token_ids[0]) == int(logits.argmax())
+    not_only = [
+        dict(temperature=0.7),
+        dict(temperature=0.0, logprobs=1),
+        dict(temperature=0.0, logit_bias={3: 2.0}),
+        dict(temperature=0.0, repetition_penalty=1.1),
+        dict(temperature=0.0, presence_penalty=0.5),
+        dict(temperature=0.0, frequency_penalty=0.5),
+        dict(temperature=0.0, allowed_token_ids=(1, 2, 3)),
+        dict(temperature=0.0, bad_words_token_ids=((4,),)),
+        dict(temperature=0.0, min_tokens=3),
+    ]
+    for params in not_only:
+        assert not state(**params).argmax_only, params
+    assert state(temperature=0.0, min_tokens=3, outputs=(9, 9, 9)).argmax_only  # reached: EOS is no longer masked
+    assert state(temperature=0.0, prompt_logprobs=2).argmax_only  # the prompt's, computed apart from sampling

@@ -61,11 +61,13 @@ import logging
 import os
 import time
 
+import numpy as np
 import torch
 
 from trillium.actors.executor.direct_dispatch import DirectDispatch
 from trillium.config import EngineConfig
 from trillium.kernels import AttentionMetadata, native_ops, padded_rows
+from trillium.kernels.metadata import DecodeRun
 from trillium.kernels.paged_attention_cpu import MAX_VERIFY_ROWS
 from trillium.models.graph_attention import GraphAttentionContext, graph_kv_slots
 from trillium.models.native_decode import NativeDecode
@@ -83,6 +85,10 @@ class EagerForward:
 
     def __call__(self, input_ids, positions, kv_caches, meta: AttentionMetadata, lora=None) -> torch.Tensor:
         return self.model(input_ids, positions, kv_caches, meta, lora=lora)
+
+    def greedy_run(self, first_ids: list[int], run: DecodeRun, kv_caches, stop_ids: list) -> np.ndarray | None:
+        """Eager runs every forward itself (CompiledDecode's native greedy run): never taken."""
+        return None
 
 
 def build_forward(config: EngineConfig, model: torch.nn.Module) -> EagerForward:
@@ -237,6 +243,7 @@ class CompiledDecode(EagerForward):
         self.num_compiled_verify_steps = 0  # of which speculative verify steps (several rows a sequence)
         self.num_direct_steps = 0  # of which run without Dynamo's guard evaluation (direct_dispatch.py)
         self.num_native_steps = 0  # of which run natively, without the graph (models/native_decode.py)
+        self.num_greedy_steps = 0  # of which in a native greedy run, LM head and argmax too (greedy_run)
 
     @staticmethod
     def _compile(model: torch.nn.Module, slots, cpp_wrapper: bool) -> tuple:
@@ -331,6 +338,26 @@ class CompiledDecode(EagerForward):
         self.num_compiled_steps += 1
         self.num_compiled_verify_steps += meta.max_query_len > 1
         return hidden[:num_tokens]
+
+    def greedy_run(self, first_ids: list[int], run: DecodeRun, kv_caches, stop_ids: list) -> np.ndarray | None:
+        """Decode forwards of `run` whose every row takes the argmax of its logits, through native
+        decode's greedy run (NativeDecode.greedy): the tokens [m, rows], or None (not taken, nothing
+        written: the caller runs its forwards one by one). Off with native decode."""
+        native = self.native_decode
+        if native is None or self.direct_invalidated is not None or torch.is_grad_enabled():
+            return None
+        step = self.context.native_step
+        if not step.set_decode_run(kv_caches, run):
+            return None
+        try:
+            tokens = native.greedy(first_ids, run, step, stop_ids)
+        finally:
+            step.clear()
+        if tokens is not None:
+            self.num_compiled_steps += len(tokens)
+            self.num_native_steps += len(tokens)
+            self.num_greedy_steps += len(tokens)
+        return tokens
 
     def _native(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor | None:
         """A decode step through native decode, or None (not taken: the graph runs it). Off for good

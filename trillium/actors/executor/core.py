@@ -16,6 +16,7 @@ the token count from the scheduler (send once, then diffs).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -39,6 +40,7 @@ from trillium.actors.protocol.execute import (
 )
 from trillium.config import EngineConfig
 from trillium.kernels import AttentionMetadata
+from trillium.kernels.metadata import DecodeRun
 from trillium.speculative.proposer import AdaptiveDepth, DraftCosts, build_proposer, drafts_left
 from trillium.speculative.verify import DraftRun, verify_drafts
 
@@ -127,6 +129,8 @@ class ExecutorCore:
         self.num_speculative_tokens = config.speculative_config.num_speculative_tokens
         # Multi-step decode (scheduler/multi_step.py): a request's draft positions are forwards to run.
         self.multi_step = config.num_scheduler_steps > 1
+        # Its inner forwards of argmax-only rows in native greedy runs (_greedy_run); TRILLIUM_NATIVE_GREEDY=0: off (A/B)
+        self.native_greedy = os.environ.get("TRILLIUM_NATIVE_GREEDY", "1") != "0"
         # Where each inner forward's tokens go while the step runs (the actor's AheadTokens sender,
         # called on this thread); None: they come with the BatchResult only.
         self.on_ahead_tokens: Callable[[AheadTokens], None] | None = None
@@ -385,38 +389,61 @@ class ExecutorCore:
         alive = [(state, d) for state, _, d in ahead]
         # Every request runs at least `shared` more forwards unless it stops: their metadata at once.
         shared = min(d for _, d in alive)
-        first_lens = [len(s.token_ids) for s, _ in alive]
-        metas = AttentionMetadata.decode_steps(first_lens, [s.block_ids for s, _ in alive], self.config.block_size,
-                                               shared, self.device)
-        for j in range(1, max(d for _, d in alive) + 1):
-            before = len(alive)
+        run = DecodeRun.build([len(s.token_ids) for s, _ in alive], [s.block_ids for s, _ in alive],
+                              self.config.block_size, shared, self.device)
+        interval = self.config.stream_interval
+        j, last = 1, max(d for _, d in alive)
+        while j <= last:
             alive = [(s, d) for s, d in alive if d >= j and s.token_ids[-1] not in s.stop_ids]
             if not alive:
                 break
             states = [s for s, _ in alive]
-            interval = self.config.stream_interval
             if self.on_ahead_tokens is not None and j % interval == 0:
                 self.on_ahead_tokens(self._ahead_tokens(step_id, states, interval, logprobs, more_lp))
-            seq_lens = [len(s.token_ids) for s in states]  # the last token is this forward's input
-            if j <= shared and len(alive) == before == len(ahead):  # nobody stopped: the metadata built ahead
-                meta = metas[j - 1]
-            else:
-                meta = AttentionMetadata.build([1] * len(states), seq_lens, [s.block_ids for s in states],
-                                               self.config.block_size, self.device)
-            ids_t = torch.tensor([s.token_ids[-1] for s in states], dtype=torch.int64, device=self.device)
-            pos_t = torch.tensor([n - 1 for n in seq_lens], dtype=torch.int64, device=self.device)
-            lora = self.lora.batch([s.lora_id for s in states], [1] * len(states)) if self.lora is not None else None
-            hidden = self.forward(ids_t, pos_t, self.kv_caches, meta, lora=lora)
-            tokens, rows_lp = np.full(len(states), -1, dtype=np.int32), {}
-            self._sample(self.model.compute_logits(hidden), states, list(range(len(states))), tokens, rows_lp)
-            for state, token in zip(states, tokens.tolist()):
-                more[state.request_id].append(token)
-                if state.request_id in rows_lp:
-                    more_lp.setdefault(state.request_id, []).append(rows_lp[state.request_id])
+            # Forwards j .. j + span - 1: every row runs them all, no ahead tokens go out between them.
+            span = min(min(d for _, d in alive) - j + 1, interval - j % interval)
+            steps = run.window(j - 1, span) if len(alive) == len(ahead) and j - 1 + span <= shared else None
+            tokens = self._greedy_run(states, steps, span)
+            if tokens is None:  # one forward, sampled by the sampler
+                meta = steps.first_step() if steps is not None else AttentionMetadata.build(
+                    [1] * len(states), [len(s.token_ids) for s in states], [s.block_ids for s in states],
+                    self.config.block_size, self.device)
+                ids_t = torch.tensor([s.token_ids[-1] for s in states], dtype=torch.int64, device=self.device)
+                pos_t = torch.tensor([len(s.token_ids) - 1 for s in states], dtype=torch.int64, device=self.device)
+                lora = self.lora.batch([s.lora_id for s in states], [1] * len(states)) if self.lora is not None else None
+                hidden = self.forward(ids_t, pos_t, self.kv_caches, meta, lora=lora)
+                row, rows_lp = np.full(len(states), -1, dtype=np.int32), {}
+                self._sample(self.model.compute_logits(hidden), states, list(range(len(states))), row, rows_lp)
+                for state, token in zip(states, row.tolist()):
+                    more[state.request_id].append(token)
+                    if state.request_id in rows_lp:
+                        more_lp.setdefault(state.request_id, []).append(rows_lp[state.request_id])
+                j += 1
+                continue
+            for state, column in zip(states, tokens.T.tolist()):
+                state.token_ids.extend(column)
+                state.sampling.extend(column)
+                more[state.request_id].extend(column)
+            j += len(tokens)
         for state, _, _ in ahead:
             self._trim_past_valid_kv(state)  # as after a verification
         return {"more_token_ids": {rid: tuple(tokens) for rid, tokens in more.items()},
                 "more_logprobs": {rid: tuple(entries) for rid, entries in more_lp.items()}}
+
+    def _greedy_run(self, states: list[RequestState], steps: DecodeRun | None, span: int) -> np.ndarray | None:
+        """Multi-step decode's next `span` forwards of `states` in one native call (CompiledDecode.greedy_run:
+        the forwards, the LM head and the argmax in C++), where the sampler would take every row's argmax
+        of its raw logits (SamplingState.argmax_only) and no row has a LoRA adapter: the tokens
+        [m, rows], m <= span (fewer when a row sampled a stop id); None: not taken, nothing run.
+        `steps`: the forwards' metadata built ahead, None to build it here."""
+        if (not self.native_greedy or self.tp.size > 1
+                or not all(s.sampling.argmax_only and not s.lora_id for s in states)):
+            return None
+        if steps is None:
+            steps = DecodeRun.build([len(s.token_ids) for s in states], [s.block_ids for s in states],
+                                    self.config.block_size, span, self.device)
+        return self.forward.greedy_run([s.token_ids[-1] for s in states], steps, self.kv_caches,
+                                       [s.stop_ids for s in states])
 
     @staticmethod
     def _ahead_tokens(step_id: int, states: list[RequestState], count: int, first_logprobs: dict,

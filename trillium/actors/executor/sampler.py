@@ -116,6 +116,16 @@ class SamplingState:
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 
+    @property
+    def argmax_only(self) -> bool:
+        """Does `sample` give this row the argmax of its raw logits, now and at every later token?
+        Greedy with nothing that changes the logits (no grammar, logits processors, logit_bias or
+        penalties; min_tokens already reached) and no logprobs to report. Native decode's greedy
+        run (models/native_decode.py) samples such rows without the sampler."""
+        return (self.is_greedy and self.grammar is None and self.params.logprobs is None and not self.processors
+                and not self.bias_token_ids and not self.has_penalties
+                and (not self.min_tokens_stop_ids or self.num_output_tokens >= self.params.min_tokens))
+
     def append(self, token_id: int) -> None:
         """Record one generated token (after each step that sampled this row)."""
         self.output_token_ids.append(token_id)
