@@ -131,8 +131,9 @@ def test_multi_step_greedy_rows_run_natively_with_the_samplers_tokens(checkpoint
     """Multi-step decode's inner forwards of rows the sampler would give their argmax
     (SamplingState.argmax_only) run as native greedy runs (CompiledDecode.greedy_run): the same
     tokens as the model run from scratch, a stop token id mid-run ending that row's run, rows of
-    different max_tokens, every --stream-interval's tokens still sent ahead; a row asking for
-    logprobs sends its whole batch's forwards through the sampler again."""
+    different max_tokens, every --stream-interval's tokens still sent ahead, each step's first
+    forward in the run too; a row asking for logprobs sends its whole batch's forwards through the
+    sampler again."""
     for interval in (1, 3):
         cfg = EngineConfig(model=str(checkpoint("llama")), kv_cache_memory="4MiB", num_scheduler_steps=8,
                            stream_interval=interval, enforce_eager=False).resolve()
@@ -150,7 +151,9 @@ def test_multi_step_greedy_rows_run_natively_with_the_samplers_tokens(checkpoint
                                              sampling=params, eos_token_ids=(2,), arrival_time=time.time()))
         got, sent = _run_to_end(core, scheduler)
         assert got == expected
-        assert core.forward.num_greedy_steps >= 12, core.forward.num_greedy_steps
+        # every forward of the three decode steps natively, each step's first one too (_greedy_from_first):
+        # 8 (all three), 8 (b's 4 within them), 2 (a's last two)
+        assert core.forward.num_greedy_steps == 18, core.forward.num_greedy_steps
         assert all(m.token_ids.shape[1] == interval for m in sent) and len(sent) >= (2 if interval == 3 else 6)
         # a row with logprobs beside them: every inner forward through the sampler, the same tokens
         before = core.forward.num_greedy_steps

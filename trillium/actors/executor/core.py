@@ -253,6 +253,17 @@ class ExecutorCore:
                     ahead.append((states[index], index, d))
                     counts[index] -= d
                     num_drafts[index] = 0
+        if ahead and self._greedy_from_first(states, counts, ahead):
+            # every row a decode of argmax-only rows: the step's first forward joins its native greedy runs
+            sampled, logprobs = np.full(len(states), -1, dtype=np.int32), {}
+            self.stages.mark("inputs")
+            spec = self._run_ahead(batch.step_id, ahead, logprobs, first=sampled)
+            self.stages.mark("sample")
+            return BatchResult(
+                step_id=batch.step_id, request_ids=tuple(s.request_id for s in states), sampled_token_ids=sampled,
+                logprobs=logprobs, execute_time_s=time.perf_counter() - start, kv_host_load_s=host_load_s,
+                **self.kv_stores.completions(), **self.grammars.completions(), **spec,
+            )
         for index, (state, n, d) in enumerate(zip(states, counts, num_drafts)):
             first_rows.append(row)
             begin = state.num_computed_tokens
@@ -377,32 +388,37 @@ class ExecutorCore:
         keep = -(-(len(state.token_ids) - 1) // self.config.block_size)
         del state.block_ids[keep:]
 
-    def _run_ahead(self, step_id: int, ahead: list[tuple[RequestState, int, int]], logprobs: dict) -> dict:
+    def _run_ahead(self, step_id: int, ahead: list[tuple[RequestState, int, int]], logprobs: dict,
+                   first: np.ndarray | None = None) -> dict:
         """Multi-step decode (scheduler/multi_step.py): after the step's forward sampled each of
         these requests, run up to d more decode forwards for it, each feeding the token the one
         before it sampled, sampled as a decode step is; a request's run ends after an EOS or stop
         token id. Before every --stream-interval'th forward, the tokens sampled since the last
         such send go to `on_ahead_tokens` (a run's last token never does: it may finish the
-        request). The BatchResult fields: the tokens after the first, their logprobs."""
+        request). The BatchResult fields: the tokens after the first, their logprobs.
+        `first` (the batch's sampled tokens, a row per request of `ahead` at its index): the step's
+        first forward runs here too, as forward 0 (_greedy_from_first), its tokens into `first`."""
         more: dict[str, list[int]] = {s.request_id: [] for s, _, _ in ahead}
         more_lp: dict[str, list[TokenLogprobs]] = {}
         alive = [(state, d) for state, _, d in ahead]
+        index_of = {s.request_id: index for s, index, _ in ahead}
+        j0 = 0 if first is not None else 1  # the first forward of the loop
         # Every request runs at least `shared` more forwards unless it stops: their metadata at once.
-        shared = min(d for _, d in alive)
+        shared = min(d for _, d in alive) + 1 - j0
         run = DecodeRun.build([len(s.token_ids) for s, _ in alive], [s.block_ids for s, _ in alive],
                               self.config.block_size, shared, self.device)
         interval = self.config.stream_interval
-        j, last = 1, max(d for _, d in alive)
+        j, last = j0, max(d for _, d in alive)
         while j <= last:
-            alive = [(s, d) for s, d in alive if d >= j and s.token_ids[-1] not in s.stop_ids]
+            alive = [(s, d) for s, d in alive if d >= j and (j == 0 or s.token_ids[-1] not in s.stop_ids)]
             if not alive:
                 break
             states = [s for s, _ in alive]
-            if self.on_ahead_tokens is not None and j % interval == 0:
+            if self.on_ahead_tokens is not None and j and j % interval == 0:
                 self.on_ahead_tokens(self._ahead_tokens(step_id, states, interval, logprobs, more_lp))
             # Forwards j .. j + span - 1: every row runs them all, no ahead tokens go out between them.
             span = min(min(d for _, d in alive) - j + 1, interval - j % interval)
-            steps = run.window(j - 1, span) if len(alive) == len(ahead) and j - 1 + span <= shared else None
+            steps = run.window(j - j0, span) if len(alive) == len(ahead) and j - j0 + span <= shared else None
             tokens = self._greedy_run(states, steps, span)
             if tokens is None:  # one forward, sampled by the sampler
                 meta = steps.first_step() if steps is not None else AttentionMetadata.build(
@@ -414,15 +430,20 @@ class ExecutorCore:
                 hidden = self.forward(ids_t, pos_t, self.kv_caches, meta, lora=lora)
                 row, rows_lp = np.full(len(states), -1, dtype=np.int32), {}
                 self._sample(self.model.compute_logits(hidden), states, list(range(len(states))), row, rows_lp)
-                for state, token in zip(states, row.tolist()):
-                    more[state.request_id].append(token)
+                tokens = row[None, :]
+                for state in states:
                     if state.request_id in rows_lp:
-                        more_lp.setdefault(state.request_id, []).append(rows_lp[state.request_id])
-                j += 1
-                continue
+                        if j:
+                            more_lp.setdefault(state.request_id, []).append(rows_lp[state.request_id])
+                        else:
+                            logprobs[state.request_id] = rows_lp[state.request_id]
+            else:
+                for state, column in zip(states, tokens.T.tolist()):
+                    state.token_ids.extend(column)
+                    state.sampling.extend(column)
             for state, column in zip(states, tokens.T.tolist()):
-                state.token_ids.extend(column)
-                state.sampling.extend(column)
+                if j == 0:  # the step's own token, then the run's
+                    first[index_of[state.request_id]], column = column[0], column[1:]
                 more[state.request_id].extend(column)
             j += len(tokens)
         for state, _, _ in ahead:
@@ -430,14 +451,28 @@ class ExecutorCore:
         return {"more_token_ids": {rid: tuple(tokens) for rid, tokens in more.items()},
                 "more_logprobs": {rid: tuple(entries) for rid, entries in more_lp.items()}}
 
+    def _greedy_from_first(self, states: list[RequestState], counts: list[int], ahead: list) -> bool:
+        """Can the step's first forward join the native greedy runs (`_run_ahead(first=...)`)? Every
+        row runs ahead and is one decode token (its known tokens computed but the last), nothing else
+        reads the forward's hidden states (a pooler, a draft proposer), and the rows are what
+        `_greedy_run` takes (argmax-only, no LoRA). WHY: its own forward, the LM head and the
+        sampler in Python cost a one-stream multi-step step ~1-2 ms beside its 16 native forwards."""
+        return (len(ahead) == len(states) and self.pooler is None and self.proposer is None
+                and getattr(self.forward, "native_decode", None) is not None
+                and all(n == 1 and s.num_computed_tokens == len(s.token_ids) - 1 for s, n in zip(states, counts))
+                and self._greedy_takes(states))
+
+    def _greedy_takes(self, states: list[RequestState]) -> bool:
+        return (self.native_greedy and self.tp.size == 1
+                and all(s.sampling.argmax_only and not s.lora_id for s in states))
+
     def _greedy_run(self, states: list[RequestState], steps: DecodeRun | None, span: int) -> np.ndarray | None:
         """Multi-step decode's next `span` forwards of `states` in one native call (CompiledDecode.greedy_run:
         the forwards, the LM head and the argmax in C++), where the sampler would take every row's argmax
         of its raw logits (SamplingState.argmax_only) and no row has a LoRA adapter: the tokens
         [m, rows], m <= span (fewer when a row sampled a stop id); None: not taken, nothing run.
         `steps`: the forwards' metadata built ahead, None to build it here."""
-        if (not self.native_greedy or self.tp.size > 1
-                or not all(s.sampling.argmax_only and not s.lora_id for s in states)):
+        if not self._greedy_takes(states):
             return None
         if steps is None:
             steps = DecodeRun.build([len(s.token_ids) for s in states], [s.block_ids for s in states],
