@@ -325,7 +325,7 @@ def test_num_scheduler_steps_flag_reaches_the_scheduler(checkpoint):
 
     assert resolved().num_scheduler_steps == 1
     four = resolved("--num-scheduler-steps", "4")
-    assert (four.num_scheduler_steps, four.async_scheduling) == (4, False)
+    assert (four.num_scheduler_steps, four.async_scheduling) == (4, True)  # planned ahead (in_flight.py)
     assert SchedulerConfig.from_engine(four).num_scheduler_steps == 4
     assert EngineConfig.from_bytes(four.to_bytes()) == four
     with pytest.raises(ValueError, match="--num-scheduler-steps must be in 1..16"):

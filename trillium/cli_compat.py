@@ -189,8 +189,8 @@ def add_serve_args(serve) -> None:
                              "token just sampled, so the scheduler plans once per K tokens; the tokens "
                              "stream as the forwards sample them (see --stream-interval). Output is "
                              "unchanged; an abort or stop string takes effect after the step. 1 (the "
-                             "default): one forward per step. Turns --async-scheduling off; not with "
-                             "--speculative-config")
+                             "default): one forward per step. With --async-scheduling the next step "
+                             "is planned while one runs; not with --speculative-config")
     compat.add_argument("--multi-step-stream-outputs", action=argparse.BooleanOptionalAction, default=True,
                         help="vLLM v0's flag: with --num-scheduler-steps above 1, stream a step's tokens as "
                              "its forwards sample them (the default); --no-multi-step-stream-outputs sends "

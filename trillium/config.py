@@ -415,7 +415,6 @@ def _resolve_async_scheduling(config: EngineConfig, runner: str) -> bool:
     if config.async_scheduling is False:
         return False
     reasons = [why for why, on in (("--speculative-config", config.speculative_config.enabled),
-                                   ("--num-scheduler-steps above 1", config.num_scheduler_steps > 1),
                                    ("the host / disk KV tiers", config.kv_tiers.has_host),
                                    ("a pooling model", runner == "pooling")) if on]
     if reasons:

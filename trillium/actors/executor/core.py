@@ -67,6 +67,10 @@ class RequestState:
     depth: AdaptiveDepth | None = None
     stop_ids: frozenset[int] = frozenset()  # EOS (unless ignore_eos) and stop token ids: end a draft run
     eagle_kv: object | None = None  # the eagle head's KV of this request (speculative/eagle.py HeadKv)
+    # Multi-step decode: its run ended at a stop token id, which finishes it in the scheduler. WHY kept:
+    # with async scheduling the next step was planned with the run's every forward, so its rows would
+    # read tokens and blocks this state does not have; execute() leaves it out until it is dropped.
+    ended: bool = False
 
 
 class ExecutorCore:
@@ -232,10 +236,17 @@ class ExecutorCore:
         if self.tp.is_first:  # WHY: the other ranks never sample, so never constrain
             self.grammars.submit(batch.compile_grammars)
         states = self._apply_diffs(batch)
-        if not states:
-            return self._transfer_only(batch, start)
         counts = batch.num_scheduled_tokens.tolist()
         num_drafts = batch.num_draft_tokens.tolist() if len(batch.num_draft_tokens) else [0] * len(counts)
+        if any(s.ended for s in states):  # finished by a step before (RequestState.ended): no rows, no token
+            keep = [i for i, s in enumerate(states) if not s.ended]
+            states, counts, num_drafts = [states[i] for i in keep], [counts[i] for i in keep], [num_drafts[i] for i in keep]
+            if not states:
+                return BatchResult(step_id=batch.step_id, request_ids=(), sampled_token_ids=np.zeros(0, np.int32),
+                                   execute_time_s=time.perf_counter() - start, kv_host_load_s=host_load_s,
+                                   **self.kv_stores.completions(), **self.grammars.completions())
+        if not states:
+            return self._transfer_only(batch, start)
         runs: list[tuple[RequestState, DraftRun, int]] = []  # speculative: verified, not sampled
         input_ids: list[int] = []
         positions: list[int] = []
@@ -410,7 +421,7 @@ class ExecutorCore:
         interval = self.config.stream_interval
         j, last = j0, max(d for _, d in alive)
         while j <= last:
-            alive = [(s, d) for s, d in alive if d >= j and (j == 0 or s.token_ids[-1] not in s.stop_ids)]
+            alive = [(s, d) for s, d in alive if d >= j and (j == 0 or not _stopped(s))]
             if not alive:
                 break
             states = [s for s, _ in alive]
@@ -448,6 +459,7 @@ class ExecutorCore:
             j += len(tokens)
         for state, _, _ in ahead:
             self._trim_past_valid_kv(state)  # as after a verification
+            state.ended = _stopped(state)
         return {"more_token_ids": {rid: tuple(tokens) for rid, tokens in more.items()},
                 "more_logprobs": {rid: tuple(entries) for rid, entries in more_lp.items()}}
 
@@ -570,6 +582,12 @@ class ExecutorCore:
         tensors = compute_prompt_logprobs(logits, targets, state.sampling.params.prompt_logprobs)
         entries = tuple(e for e in tensors.to_token_logprobs() if e is not None)
         return PromptLogprobs(request_id=state.request_id, start=begin + 1, entries=entries)
+
+
+def _stopped(state: RequestState) -> bool:
+    """Did the token just sampled end the request (one of its stop token ids, EOS unless ignore_eos,
+    with min_tokens reached: the scheduler's Request.check_stop)? A multi-step run ends there."""
+    return state.token_ids[-1] in state.stop_ids and state.sampling.num_output_tokens >= state.sampling.params.min_tokens
 
 
 def _rank_device(device: str, rank: int, size: int) -> torch.device:

@@ -115,6 +115,8 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self._preempted_ids: list[str] = []
         self._pending_deltas: list[RequestDelta] = []
+        # Async multi-step decode: AheadTokens of a step behind the oldest in flight (ahead_tokens)
+        self._early_ahead: list[AheadTokens] = []
         self.lora_ids: set[int] = set()  # LoRA adapters the executor has (control.py keeps it)
         # Called with every request as it finishes (final status set); the
         # actor sets it when tracing is configured (observability/actor_spans.py).
@@ -212,15 +214,21 @@ class Scheduler:
         self._finished_ids, self._preempted_ids = [], []
         for request in plan.new:
             request.known_to_executor = True
+        placeholders: dict[str, int] = {}
         for request in plan.requests:
             num = plan.num_tokens[request.request_id]
             request.num_computed_tokens += num
             request.num_in_flight_tokens += num
             request.num_scheduled_drafts = plan.num_drafts.get(request.request_id, 0)
             if request.num_computed_tokens - request.num_scheduled_drafts >= request.num_planned_tokens:
-                request.num_output_placeholders += 1  # the step samples it (in_flight.py)
+                # the step samples it (in_flight.py): one token, with multi-step decode one more per extra
+                # forward (speculative drafts are verified: how many it emits is not known ahead)
+                sampled = 1 + (0 if self.drafts.k else request.num_scheduled_drafts)
+                request.num_output_placeholders += sampled
+                placeholders[request.request_id] = sampled
         self._last_num_scheduled_tokens = int(batch.num_scheduled_tokens.sum())
-        self._in_flight.sent(StepInFlight(self._step_id, self._last_num_scheduled_tokens, dict(plan.num_tokens)))
+        self._in_flight.sent(StepInFlight(self._step_id, self._last_num_scheduled_tokens, dict(plan.num_tokens),
+                                          placeholders))
         self._step_id += 1
         return batch
 
@@ -244,9 +252,11 @@ class Scheduler:
                 drafts = self.drafts.num_to_verify(request.num_proposed_drafts, plan.token_budget,
                                                    request.num_output_tokens, request.max_tokens,
                                                    request.num_tokens, self.config.max_model_len)
-            elif ahead and num == request.num_tokens - request.num_computed_tokens == 1:
-                drafts = extra_forwards(ahead, plan.token_budget, request.num_output_tokens, request.max_tokens,
-                                        request.num_tokens, self.config.max_model_len)
+            elif ahead and num == request.num_planned_tokens - request.num_computed_tokens == 1:
+                # a decode (async: of the token a step in flight samples); its placeholders count as outputs
+                drafts = extra_forwards(ahead, plan.token_budget,
+                                        request.num_output_tokens + request.num_output_placeholders,
+                                        request.max_tokens, request.num_planned_tokens, self.config.max_model_len)
                 # WHY no preemption for them: extra forwards only save hops; a request that must be
                 # recomputed for their blocks would cost far more. Without room, one forward.
                 new_blocks = self.pool.allocate_slots(request, num + drafts) if drafts else None
@@ -340,7 +350,7 @@ class Scheduler:
                 if request.status is RequestStatus.RUNNING:
                     self.pool.cache_full_blocks(request, request.num_returned_tokens)
                 continue
-            request.num_output_placeholders -= 1
+            request.num_output_placeholders -= step.placeholders.get(rid, 0)
             # A PREEMPTED one: its step was still in flight when it was preempted (async); the
             # token is exact and the executor's copy has it, so it is kept (in_flight.py).
             if request.status not in (RequestStatus.RUNNING, RequestStatus.PREEMPTED):
@@ -351,15 +361,29 @@ class Scheduler:
                 deltas.append(delta)
             if status is not None:
                 self._finish(request, status)
+        early, self._early_ahead = self._early_ahead, []
+        for message in early:  # the next step's AheadTokens that came before this result: theirs now
+            if self._in_flight.holds(message.step_id):
+                ahead = self._ahead_deltas(message)
+                deltas.extend(ahead.deltas if ahead is not None else ())
         return TokenDeltas(step_id=result.step_id, deltas=tuple(deltas))
 
     def ahead_tokens(self, message: AheadTokens) -> TokenDeltas | None:
         """Multi-step decode: the tokens an inner forward of the step in flight is about to feed
         (AheadTokens), to the client now. The requests' state waits for the step's result, which
         carries them again; `_take_tokens` then sends only the tokens past them. None when none
-        goes out; those of a step that has returned are dropped (its result carried them)."""
+        goes out; those of a step that has returned are dropped (its result carried them). With
+        async scheduling those of a step behind one still in flight wait for that one's result
+        (update_from_output sends them after its tokens). WHY: the executor's results and its
+        AheadTokens travel on two tasks, so the next step's first tokens may overtake a result."""
         if not self._in_flight.holds(message.step_id):
             return None
+        if message.step_id != self._in_flight.oldest_step_id:
+            self._early_ahead.append(message)
+            return None
+        return self._ahead_deltas(message)
+
+    def _ahead_deltas(self, message: AheadTokens) -> TokenDeltas | None:
         now_s = self.events.clock()
         deltas = []
         for rid, tokens in zip(message.request_ids, message.token_ids.tolist()):
@@ -391,14 +415,17 @@ class Scheduler:
             if status is not None:
                 break  # INVARIANT: stop rules hold per token; the rest of the run is dropped
         self.pool.update_block_hashes(request)
-        drafts, request.num_scheduled_drafts = request.num_scheduled_drafts, 0
-        if drafts:
-            if self.drafts.k:  # not multi-step decode's forwards (multi_step.py)
+        if self.drafts.k:  # speculative decoding
+            drafts, request.num_scheduled_drafts = request.num_scheduled_drafts, 0
+            if drafts:
                 self.drafts.verified(drafts, result.num_accepted_drafts.get(rid, 0))
-            # WHY before caching blocks: KV is valid for every token but the last
-            # emitted one; rejected drafts' positions must never be registered.
-            request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens - 1)
-            self.pool.trim(request, request.num_computed_tokens)
+                # WHY before caching blocks: KV is valid for every token but the last
+                # emitted one; rejected drafts' positions must never be registered.
+                request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens - 1)
+                self.pool.trim(request, request.num_computed_tokens)
+        # NOTE multi-step decode needs no rollback: a run keeps every forward's token (then its KV is
+        # valid for all but the last, as planned), or it ended at a stop token id, which finishes the
+        # request here (the executor ends a run only where check_stop would: multi_step.py).
         request.num_proposed_drafts = result.proposed_drafts.get(rid, 0)
         if request.status is RequestStatus.RUNNING:  # a preempted one holds no blocks
             self.pool.cache_full_blocks(request, request.num_returned_tokens)

@@ -41,6 +41,18 @@ Exactness (what a request sees is what synchronous scheduling gives it):
   between two steps: the loop plans ahead only when the lane is empty
   (control.py `may_step_ahead`), so the steps in flight drain first.
 
+Multi-step decode (multi_step.py) too: a step of 1 + k forwards leaves a request
+1 + k placeholders (`StepInFlight.placeholders`, taken back by its result), so the
+step planned behind it feeds the run's last token with its own extra forwards,
+capped by max_tokens counting the placeholders. A run keeps all its tokens unless
+it ended at a stop token id, which finishes the request with that result; the
+step planned behind it then finds the request gone (its token dropped, as above)
+and the executor leaves it out (executor/core.py RequestState.ended: its copy of
+the tokens is shorter than that step assumed). The executor's results and its
+AheadTokens travel on two tasks, so the next step's AheadTokens may come before
+the result of the step before: the scheduler holds them until that result is in
+(Scheduler.ahead_tokens), so a client gets every token once, in order.
+
 Not supported yet (config.py `_resolve_async_scheduling` turns it off, with a
 warning when it was asked for): speculative decoding, the host / disk KV tiers,
 pooling models.
@@ -74,6 +86,9 @@ class StepInFlight:
     step_id: int
     num_scheduled_tokens: int  # the whole step's (stats)
     num_tokens: dict[str, int]  # request id -> its tokens computed by the step
+    # request id -> the output placeholders the step left it (the tokens it samples: 1, or 1 + the
+    # extra forwards of a multi-step decode step); its result takes them back
+    placeholders: dict[str, int] = attrs.Factory(dict)
 
 
 class StepsInFlight:

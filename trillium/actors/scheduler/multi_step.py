@@ -35,6 +35,10 @@ api (~1.8 ms of CPU for one stream on the 2-core box, taken from the
 forward's cores), so a server after one stream's throughput sets
 --stream-interval K.
 
+With async scheduling (in_flight.py) the next step is planned while one runs, over
+its K placeholders: the executor goes from one step's K forwards to the next's
+without waiting for the scheduler's round trip (~4 ms a step on the 2-core box).
+
 When: only while no request waits, every running request decodes and the
 free KV blocks hold all their K tokens (extra forwards never preempt).
 WHY: a waiting request's prefill, or a running one's next prompt chunk,
