@@ -109,3 +109,33 @@ def test_multi_step_keeps_async_scheduling(checkpoint, caplog):
     unset = EngineConfig.build(model=str(path), num_scheduler_steps=4).resolve()
     assert (unset.async_scheduling, unset.async_max_running) == (True, 4)
     assert "async" not in caplog.text
+
+
+def test_a_run_ended_at_a_stop_id_caches_no_block_past_its_keys(checkpoint):
+    """A multi-step run that ends at a stop token id mid-step (the scheduler had counted every forward
+    as computed) registers in the prefix cache only blocks whose keys were written: the stop token
+    here is the last slot of a block, and it is never fed, so that block is not cached. A follow-up
+    prompt extending the conversation through the stop token (a chat template does) then gets the
+    same greedy tokens as an engine without a prefix cache."""
+    path = checkpoint("llama")
+    prompt = list(range(20, 33))  # 13 tokens: output i sits at position 13 + i
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    with LLM(str(path), enable_prefix_caching=False) as llm:  # the oracle: no cache to share blocks with
+        free = list(llm.generate([{"prompt_token_ids": prompt}], greedy)[0].outputs[0].token_ids)
+    # position 31 ends block 1; output 18 is there, the second forward of the step of outputs 17-24
+    i = 18
+    assert free[i] not in free[:i], "the stop id must first come at output 18"
+    with LLM(str(path), num_scheduler_steps=8) as llm:
+        stop = SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[free[i]])
+        out = llm.generate([{"prompt_token_ids": prompt}], stop)[0].outputs[0]
+        assert (list(out.token_ids), out.finish_reason) == (free[: i + 1], "stop")
+        follow = {"prompt_token_ids": prompt + free[: i + 1] + [5, 6, 7]}
+        before = llm.get_stats().prefix_cache_hits_total
+        params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=3)
+        cached = llm.generate([follow], params)[0].outputs[0]
+        assert llm.get_stats().prefix_cache_hits_total - before == 16, "block 0 only: block 1's last slot is unwritten"
+    with LLM(str(path), enable_prefix_caching=False) as llm:
+        fresh = llm.generate([follow], params)[0].outputs[0]
+    assert cached.token_ids == fresh.token_ids
+    for got, want in zip(cached.logprobs, fresh.logprobs):
+        assert got.keys() == want.keys() and all(abs(got[t].logprob - want[t].logprob) < 1e-3 for t in got)

@@ -188,7 +188,8 @@ def add_serve_args(serve) -> None:
                              "request decodes, a step runs up to K forwards on the executor, each feeding the "
                              "token just sampled, so the scheduler plans once per K tokens; the tokens "
                              "stream as the forwards sample them (see --stream-interval). Output is "
-                             "unchanged; an abort or stop string takes effect after the step. 1 (the "
+                             "unchanged; an abort or stop string takes effect after the step (and the "
+                             "one planned behind it). 1 (the "
                              "default): one forward per step. With --async-scheduling the next step "
                              "is planned while one runs; not with --speculative-config")
     compat.add_argument("--multi-step-stream-outputs", action=argparse.BooleanOptionalAction, default=True,

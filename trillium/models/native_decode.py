@@ -82,10 +82,10 @@ class NativeDecode:
         self._head_kind = -1 if head is None else _kind_of(head)
         self._head, self._head_bias = (model.lm_head_weight, None) if head is None else _weight_of(head)
         self.greedy_refused = _unsupported_head(model)  # '' when greedy() runs
-        self._greedy_max_rows = min(self.max_rows, packed_rows(head.activations) if isinstance(head, GgufLinear)
-                                    else dense_cpu.MAX_ROWS)
-        self._params += [self._head, self._head_bias]
-        self._layouts += [None if p is None else (p.dtype, p.shape) for p in (self._head, self._head_bias)]
+        # the most rows greedy() takes (0: none): the layers' and the head's kernels'
+        self.greedy_rows = 0 if self.greedy_refused else min(
+            self.max_rows, packed_rows(head.activations) if isinstance(head, GgufLinear) else dense_cpu.MAX_ROWS)
+        self._head_layouts = [None if p is None else (p.dtype, p.shape) for p in (self._head, self._head_bias)]
         self._weights = [p for p in self._params if p is not None]
         self._addresses: list[int] = []  # self._weights' data_ptr()s when self._pointers was filled
         self._num_layer_pointers = len(layers) * 12  # native_ops.cpp's kNativeLayerPointers a layer
@@ -129,8 +129,11 @@ class NativeDecode:
         `stop_ids`); None, nothing written, where it does not take them. `step`: set to `run`
         (Step.set_decode_run). `logits` [num_steps, rows, vocab] float32 receives the logits (tests)."""
         n, num_steps = run.num_seqs, run.num_steps
-        if self.greedy_refused or not 0 < n <= self._greedy_max_rows or len(first_ids) != n or len(stop_ids) != n:
+        if not 0 < n <= self.greedy_rows or len(first_ids) != n or len(stop_ids) != n:
             return None
+        if any(p is not None and ((p.dtype, p.shape) != layout or not p.is_contiguous())
+               for p, layout in zip((self._head, self._head_bias), self._head_layouts)):
+            return None  # the head swapped for another shape: the sampler path's ops check it
         if logits is not None and (logits.dtype != torch.float32 or not logits.is_contiguous()
                                    or logits.shape != (num_steps, n, self._head.shape[0])):
             raise ValueError(f"logits must be contiguous float32 [{num_steps}, {n}, {self._head.shape[0]}]")

@@ -89,8 +89,9 @@ class AheadTokensSender:
     were made, without the forward waiting for the send.
 
     NOTE: a step's result may overtake its last AheadTokens (two tasks share the socket); the
-    scheduler drops AheadTokens of a step that has returned, whose result carried them anyway.
-    The queue holds at most a step's forwards: the next step comes after this one's result."""
+    scheduler drops AheadTokens of a step that has returned, whose result carried them anyway;
+    and with async scheduling the next step's first AheadTokens may overtake this step's result
+    (the scheduler holds them until it is in). The queue holds at most two steps' forwards."""
 
     def __init__(self, send: Callable[[object], Awaitable[None]]) -> None:
         self._trio_token = trio.lowlevel.current_trio_token()

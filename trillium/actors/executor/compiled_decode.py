@@ -86,6 +86,9 @@ class EagerForward:
     def __call__(self, input_ids, positions, kv_caches, meta: AttentionMetadata, lora=None) -> torch.Tensor:
         return self.model(input_ids, positions, kv_caches, meta, lora=lora)
 
+    # the most rows a native greedy run takes (CompiledDecode's; 0: none)
+    greedy_rows: int = 0
+
     def greedy_run(self, first_ids: list[int], run: DecodeRun, kv_caches, stop_ids: list) -> np.ndarray | None:
         """Eager runs every forward itself (CompiledDecode's native greedy run): never taken."""
         return None
@@ -338,6 +341,12 @@ class CompiledDecode(EagerForward):
         self.num_compiled_steps += 1
         self.num_compiled_verify_steps += meta.max_query_len > 1
         return hidden[:num_tokens]
+
+    @property
+    def greedy_rows(self) -> int:
+        """The most rows `greedy_run` takes (0: none: no native decode, or its LM head refused)."""
+        native = self.native_decode
+        return 0 if native is None or self.direct_invalidated is not None else native.greedy_rows
 
     def greedy_run(self, first_ids: list[int], run: DecodeRun, kv_caches, stop_ids: list) -> np.ndarray | None:
         """Decode forwards of `run` whose every row takes the argmax of its logits, through native

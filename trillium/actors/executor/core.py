@@ -395,7 +395,8 @@ class ExecutorCore:
     def _trim_past_valid_kv(self, state: RequestState) -> None:
         """After a step that emitted several tokens (verified drafts, multi-step forwards): KV is
         valid for every token but the last, so drop the blocks past it; the scheduler frees the
-        same blocks (Scheduler._take_tokens, BlockPool.trim)."""
+        same blocks (Scheduler._take_tokens, BlockPool.trim, for drafts; a multi-step run keeps them
+        all, then this drops none, or it ended at a stop id and the request finishes)."""
         keep = -(-(len(state.token_ids) - 1) // self.config.block_size)
         del state.block_ids[keep:]
 
@@ -404,7 +405,7 @@ class ExecutorCore:
         """Multi-step decode (scheduler/multi_step.py): after the step's forward sampled each of
         these requests, run up to d more decode forwards for it, each feeding the token the one
         before it sampled, sampled as a decode step is; a request's run ends after an EOS or stop
-        token id. Before every --stream-interval'th forward, the tokens sampled since the last
+        token id once min_tokens is reached (`_stopped`). Before every --stream-interval'th forward, the tokens sampled since the last
         such send go to `on_ahead_tokens` (a run's last token never does: it may finish the
         request). The BatchResult fields: the tokens after the first, their logprobs.
         `first` (the batch's sampled tokens, a row per request of `ahead` at its index): the step's
@@ -470,12 +471,11 @@ class ExecutorCore:
         `_greedy_run` takes (argmax-only, no LoRA). WHY: its own forward, the LM head and the
         sampler in Python cost a one-stream multi-step step ~1-2 ms beside its 16 native forwards."""
         return (len(ahead) == len(states) and self.pooler is None and self.proposer is None
-                and getattr(self.forward, "native_decode", None) is not None
                 and all(n == 1 and s.num_computed_tokens == len(s.token_ids) - 1 for s, n in zip(states, counts))
                 and self._greedy_takes(states))
 
     def _greedy_takes(self, states: list[RequestState]) -> bool:
-        return (self.native_greedy and self.tp.size == 1
+        return (self.native_greedy and self.tp.size == 1 and len(states) <= self.forward.greedy_rows
                 and all(s.sampling.argmax_only and not s.lora_id for s in states))
 
     def _greedy_run(self, states: list[RequestState], steps: DecodeRun | None, span: int) -> np.ndarray | None:

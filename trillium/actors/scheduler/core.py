@@ -425,10 +425,12 @@ class Scheduler:
                 self.pool.trim(request, request.num_computed_tokens)
         # NOTE multi-step decode needs no rollback: a run keeps every forward's token (then its KV is
         # valid for all but the last, as planned), or it ended at a stop token id, which finishes the
-        # request here (the executor ends a run only where check_stop would: multi_step.py).
+        # request here (the executor ends a run only where check_stop would: multi_step.py). Its
+        # blocks are cached before it is freed, so only up to the last token fed: KV is written for
+        # every token but the last one known, whatever the plan counted (the forwards after a stop).
         request.num_proposed_drafts = result.proposed_drafts.get(rid, 0)
         if request.status is RequestStatus.RUNNING:  # a preempted one holds no blocks
-            self.pool.cache_full_blocks(request, request.num_returned_tokens)
+            self.pool.cache_full_blocks(request, min(request.num_returned_tokens, request.num_tokens - 1))
         if streamed >= len(kept):  # INVARIANT (AheadTokens): a run's last token is never streamed
             log.error("request %s: %d tokens streamed ahead of a step that kept %d", rid, streamed, len(kept))
             streamed = len(kept)

@@ -36,7 +36,9 @@ Exactness (what a request sees is what synchronous scheduling gives it):
   executor has appended it to its own copy, grammar matcher and penalties
   included). The token is taken as usual and may end the request.
 - Prefix-cache registration only covers tokens whose step came back
-  (`Request.num_returned_tokens`), so a cached block always holds its KV.
+  (`Request.num_returned_tokens`) and were fed (all but the last known: a
+  multi-step run ended at a stop id computed less than it was planned), so a
+  cached block always holds its KV.
 - Control work (sleep, weight updates, LoRA loads, profiles) still runs
   between two steps: the loop plans ahead only when the lane is empty
   (control.py `may_step_ahead`), so the steps in flight drain first.

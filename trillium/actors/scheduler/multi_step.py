@@ -13,20 +13,23 @@ cost a one-stream token ~3.6 ms of CPU beside a ~5 ms forward (README, issue
 It rides the speculative-decoding positions (trillium/speculative/): a
 request running k more forwards is scheduled 1 + k tokens with
 `num_draft_tokens` k, and its result carries `sampled_token_ids` (the first
-forward's token) and `more_token_ids` (the others'), so the scheduler's
-bookkeeping (append up to the first token that finishes the request,
-num_computed_tokens = num_tokens - 1, trim the blocks past it) is the one
-speculative decoding uses. The two cannot both be on (config.py). The
-executor (ExecutorCore._run_ahead) samples each forward exactly as a decode
+forward's token) and `more_token_ids` (the others'), so the scheduler appends
+them as it appends verified drafts (up to the first token that finishes the
+request). Unlike drafts nothing is rolled back: a run keeps every forward's
+token, or ends at a stop token id, which finishes the request (its blocks are
+cached only up to its last token fed). The two cannot both be on (config.py).
+The executor (ExecutorCore._run_ahead) samples each forward exactly as a decode
 step would: the same sampler, penalties, seeded generators, grammar matcher
-and logprobs, each seeing the tokens before it; a run ends early after an
-EOS or stop token id, as the scheduler would end the request there.
+and logprobs, each seeing the tokens before it (argmax-only rows: native
+greedy runs, the same bits); a run ends early after an EOS or stop token id
+once min_tokens is reached, where the scheduler ends the request.
 
 Streaming: every --stream-interval forwards (default 1: each), the executor
 sends the tokens sampled since its last send as AheadTokens, before the
 next forward starts (executor/actor.py AheadTokensSender: the torch thread
 does not wait for the send); the scheduler passes them on to the
-detokenizer at once (Scheduler.ahead_tokens) and the step's result then
+detokenizer at once (Scheduler.ahead_tokens; with async scheduling those of
+a step behind one in flight after that one's result) and the step's result then
 sends only the tokens past them. A run's last token is never sent ahead
 (it may finish the request), so no streamed token is one past a stop. WHY:
 without it a client sees a step's K tokens in one burst. The cost: each
@@ -44,7 +47,8 @@ free KV blocks hold all their K tokens (extra forwards never preempt).
 WHY: a waiting request's prefill, or a running one's next prompt chunk,
 would wait the K forwards of the decoding ones; vLLM's v0 multi-step did the
 same (it ran prefills in single steps). An abort or a stop string takes
-effect after the step's K forwards.
+effect after the step's K forwards (with async scheduling the step planned
+behind it computes up to K more, whose tokens are dropped).
 """
 
 from __future__ import annotations
