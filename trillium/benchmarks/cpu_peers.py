@@ -26,6 +26,9 @@ With --interleave-one-stream the one-stream rows of Trillium (and its
 baseline) and llama.cpp are measured with those servers up together, one
 client alternating each request between them, the order flipped each
 request, so a change in the machine's speed meets every server alike.
+With --interleave-batched the mixed and all-at-once rows likewise: every
+server up together, each round sent to every server in turn, the order
+flipped each round.
 Every server runs with --threads CPU threads. Prints the table (median round's
 tok/s, range over --rounds, ITL mean/p50, tokens returned against asked) and
 each target's ratio; --save-result writes every round as JSON. A peer whose
@@ -117,6 +120,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "llama.cpp up together, one client alternating the requests between them, the order "
                         "flipped each request: the machine's speed, which can swing 2x between servers run one "
                         "after another, is then the same for every server (vLLM is not started for them)")
+    p.add_argument("--interleave-batched", action="store_true",
+                   help="measure the mixed (16 concurrent) and all-at-once rows with every server up together "
+                        "(Trillium, its baseline, llama.cpp at 16 and at 64 slots, vLLM), each round sent to "
+                        "every server in turn, the order flipped each round, so a change in the machine's "
+                        "speed meets every server alike (the ratios' servers otherwise run minutes apart)")
     p.add_argument("--smollm2", action=argparse.BooleanOptionalAction, default=True,
                    help="also the SmolLM2-135M Q4_1 one-stream row (Trillium vs llama.cpp)")
     p.add_argument("--work-dir", default="/tmp/trillium-cpu-peers",
@@ -389,6 +397,50 @@ async def _interleaved(specs: list[ServerSpec], urls: dict[str, str], args: argp
     return {label: {"rounds": got, "median": report.median_round(got)} for label, got in rounds.items()}
 
 
+async def _interleaved_rounds(runs: list[tuple[ServerSpec, str]], args: argparse.Namespace,
+                              workload: report.Workload, vocab: int) -> dict[str, dict]:
+    """One batched workload's rounds with every server of `runs` ((spec, url)) up: each round's requests
+    go to every server in turn (all of them, at the workload's concurrency), the order flipped each round."""
+    for spec, url in runs:  # warm-up, as _bench_server's
+        warm = [(p, min(o, 32)) for p, o in _round_requests(args, report.WORKLOADS[1], vocab, 1000)[:8]]
+        await run_workload(url, "/v1/completions", spec.served_model, warm, max_concurrency=args.concurrency)
+    limit = {"mixed16": args.concurrency, "all64": None}[workload.key]  # None: all at once
+    rounds: dict[str, list[dict]] = {spec.label: [] for spec, _ in runs}
+    for round_ in range(args.rounds):
+        reqs = _round_requests(args, workload, vocab, round_)
+        for spec, url in runs if round_ % 2 == 0 else runs[::-1]:
+            elapsed, timings = await run_workload(url, "/v1/completions", spec.served_model, reqs,
+                                                  max_concurrency=limit)
+            rounds[spec.label].append(summarize(elapsed, timings))
+            r = rounds[spec.label][-1]
+            print(f"  {workload.key} round {round_ + 1}/{args.rounds} {spec.label}: {r['tok_s']:.1f} tok/s, ITL mean "
+                  f"{r['itl_ms_mean']:.1f} ms, {r['completion_tokens']}/{r['expected_completion_tokens']} tokens")
+    return {label: {"rounds": got, "median": report.median_round(got)} for label, got in rounds.items()}
+
+
+def _batched_together(specs: list[ServerSpec], args: argparse.Namespace, vocabs: dict, results: dict,
+                      servers: list[dict]) -> None:
+    """--interleave-batched: the mixed and all-at-once rows of the bench model's servers, all up together."""
+    workloads = {w.key: w for w in report.WORKLOADS}
+    batched = [spec for spec in specs if spec.served_model == "bench" and {"mixed16", "all64"} & set(spec.workloads)]
+    if not batched:
+        return
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for spec in batched:
+            print(f"{spec.name}: starting ({' '.join(spec.cmd)})")
+            urls[spec.name] = stack.enter_context(_running(spec, args))
+        print(f"{', '.join(spec.name for spec in batched)} up together, rounds alternated")
+        for key in ("mixed16", "all64"):
+            runs = [(spec, urls[spec.name]) for spec in batched if key in spec.workloads]
+            measured = asyncio.run(_interleaved_rounds(runs, args, workloads[key], vocabs["bench"]))
+            for label, entry in measured.items():
+                results.setdefault(label, {})[key] = entry
+    servers.extend({"name": spec.name, "label": spec.label, "cmd": spec.cmd, "env": spec.env,
+                    "workloads": [w for w in spec.workloads if w in ("mixed16", "all64")], "interleaved": True}
+                   for spec in batched)
+
+
 def _one_stream_together(args: argparse.Namespace, models: dict, llama: str | None, vocabs: dict,
                          results: dict, servers: list[dict]) -> None:
     """--interleave-one-stream: the one-stream rows, Trillium (and its baseline) and llama.cpp up together."""
@@ -432,6 +484,11 @@ def run(args: argparse.Namespace) -> tuple[dict, dict[str, str], list[dict]]:
             if spec.label != report.VLLM:  # vLLM's one-stream row is still run on its own
                 spec.workloads = tuple(w for w in spec.workloads if w not in ONE_STREAM)
         specs = [spec for spec in specs if spec.workloads]
+    if args.interleave_batched:
+        _batched_together(specs, args, vocabs, results, servers)
+        for spec in specs:
+            spec.workloads = tuple(w for w in spec.workloads if w not in ("mixed16", "all64"))
+        specs = [spec for spec in specs if spec.workloads]
     for spec in specs:
         model_key = "smollm2" if "smol_single" in spec.workloads else "bench"
         print(f"{spec.name}: starting ({' '.join(spec.cmd)})")
@@ -462,6 +519,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.llama_slots_all} for all at once); greedy, ignore_eos, token-id prompts"
           + ("; the one-stream rows of Trillium and llama.cpp with the servers up together, requests "
              "alternated" if args.interleave_one_stream else "")
+          + ("; the mixed and all-at-once rows with every server up together, rounds alternated"
+             if args.interleave_batched else "")
           + (f"; mixed outputs CAPPED at {args.cap_output_len} (a smoke run)" if args.cap_output_len else ""))
     print(report.format_results(results, skipped))
     print()
