@@ -76,7 +76,7 @@ def _start_stream(server, max_tokens: int):
 
 
 def test_cp_pause_keep_then_resume_completes(server, restore_base):
-    thread, result = _start_stream(server, 120)
+    thread, result = _start_stream(server, 240)  # the pause must land mid-stream on a loaded box
     server.admin_ok("POST", "/pause", json={"mode": "keep"})
     assert server.admin_ok("GET", "/is_paused") == {"is_paused": True}
     _assert_refused(server, "paused")

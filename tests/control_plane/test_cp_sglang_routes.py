@@ -38,7 +38,7 @@ def test_cp_pause_generation_modes(server, restore_base):
     assert server.admin_ok("POST", "/continue_generation")["message"] == "Generation continued successfully."
 
     for mode, retracted in (("in_place", 0), ("retract", 1)):
-        thread, result = start_stream(server, 120)
+        thread, result = start_stream(server, 240)  # the pause must land mid-stream on a loaded box
         reply = server.admin_ok("POST", "/pause_generation", json={"mode": mode})
         assert reply["state"] == "paused" and reply["num_retracted"] == retracted, reply
         thread.join(1.0)

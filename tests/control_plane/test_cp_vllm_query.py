@@ -20,7 +20,7 @@ from support.admin_server import MAX_TOKENS, PROMPTS, final_reason, start_stream
 
 
 def test_cp_query_pause_keep_keeps_requests(server, restore_base):
-    thread, result = start_stream(server, 120)
+    thread, result = start_stream(server, 240)  # long enough that the pause lands mid-stream on a loaded box
     reply = server.admin_ok("POST", "/pause?mode=keep")
     assert reply["state"] == "paused" and reply["mode"] == "keep"
     assert server.admin_ok("GET", "/is_paused") == {"is_paused": True}

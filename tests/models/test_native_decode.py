@@ -149,7 +149,8 @@ def test_native_greedy_run_is_the_eager_forwards_and_argmax(checkpoint, tmp_path
     with torch.inference_mode():
         prompt = torch.randint(0, vocab, (sum(lens),), generator=generator)
         caches = model.allocate_kv_caches(1 + rows * per_seq, BLOCK)
-        model(prompt, torch.cat([torch.arange(n) for n in lens]), caches, AttentionMetadata.build(lens, lens, tables, BLOCK))
+        prefill = AttentionMetadata.build(lens, lens, tables, BLOCK)
+        model(prompt, torch.cat([torch.arange(n) for n in lens]), caches, prefill)
         first = torch.randint(0, vocab, (rows,), generator=generator)
         saved = [(c.k_cache.clone(), c.v_cache.clone()) for c in caches]
         # the reference: eager forwards, the LM head as the executor calls it, torch's argmax

@@ -238,7 +238,8 @@ def _unsupported_head(model: LlamaForCausalLM) -> str:
         ok = type(head) is GgufLinear and head.group is None and head.blocks.dtype == torch.uint8
         ok = ok and gguf_cpu.available() and (head.bias is None or head.bias.dtype == torch.float32)
     if not ok:
-        return f"an LM head of {type(head).__name__ if head is not None else 'tied'} weights other than float32 / packed GGUF"
+        kind = type(head).__name__ if head is not None else "tied"
+        return f"an LM head of {kind} weights other than float32 / packed GGUF"
     rows = (model.lm_head_weight if head is None else _weight_of(head)[0]).shape[0]
     if rows != model.model.embed_tokens.weight.shape[0]:
         return f"an LM head of {rows} rows beside an embedding of {model.model.embed_tokens.weight.shape[0]}"

@@ -133,7 +133,8 @@ class ExecutorCore:
         self.num_speculative_tokens = config.speculative_config.num_speculative_tokens
         # Multi-step decode (scheduler/multi_step.py): a request's draft positions are forwards to run.
         self.multi_step = config.num_scheduler_steps > 1
-        # Its inner forwards of argmax-only rows in native greedy runs (_greedy_run); TRILLIUM_NATIVE_GREEDY=0: off (A/B)
+        # Its inner forwards of argmax-only rows as native greedy runs (_greedy_run);
+        # TRILLIUM_NATIVE_GREEDY=0: off (A/B)
         self.native_greedy = os.environ.get("TRILLIUM_NATIVE_GREEDY", "1") != "0"
         # Where each inner forward's tokens go while the step runs (the actor's AheadTokens sender,
         # called on this thread); None: they come with the BatchResult only.
@@ -240,7 +241,8 @@ class ExecutorCore:
         num_drafts = batch.num_draft_tokens.tolist() if len(batch.num_draft_tokens) else [0] * len(counts)
         if any(s.ended for s in states):  # finished by a step before (RequestState.ended): no rows, no token
             keep = [i for i, s in enumerate(states) if not s.ended]
-            states, counts, num_drafts = [states[i] for i in keep], [counts[i] for i in keep], [num_drafts[i] for i in keep]
+            states, counts = [states[i] for i in keep], [counts[i] for i in keep]
+            num_drafts = [num_drafts[i] for i in keep]
             if not states:
                 return BatchResult(step_id=batch.step_id, request_ids=(), sampled_token_ids=np.zeros(0, np.int32),
                                    execute_time_s=time.perf_counter() - start, kv_host_load_s=host_load_s,
@@ -405,9 +407,9 @@ class ExecutorCore:
         """Multi-step decode (scheduler/multi_step.py): after the step's forward sampled each of
         these requests, run up to d more decode forwards for it, each feeding the token the one
         before it sampled, sampled as a decode step is; a request's run ends after an EOS or stop
-        token id once min_tokens is reached (`_stopped`). Before every --stream-interval'th forward, the tokens sampled since the last
-        such send go to `on_ahead_tokens` (a run's last token never does: it may finish the
-        request). The BatchResult fields: the tokens after the first, their logprobs.
+        token id once min_tokens is reached (`_stopped`). Before every --stream-interval'th forward,
+        the tokens sampled since the last such send go to `on_ahead_tokens` (a run's last token
+        never does: it may finish the request). The BatchResult fields: the tokens after the first, their logprobs.
         `first` (the batch's sampled tokens, a row per request of `ahead` at its index): the step's
         first forward runs here too, as forward 0 (_greedy_from_first), its tokens into `first`."""
         more: dict[str, list[int]] = {s.request_id: [] for s, _, _ in ahead}
@@ -587,7 +589,8 @@ class ExecutorCore:
 def _stopped(state: RequestState) -> bool:
     """Did the token just sampled end the request (one of its stop token ids, EOS unless ignore_eos,
     with min_tokens reached: the scheduler's Request.check_stop)? A multi-step run ends there."""
-    return state.token_ids[-1] in state.stop_ids and state.sampling.num_output_tokens >= state.sampling.params.min_tokens
+    sampling = state.sampling
+    return state.token_ids[-1] in state.stop_ids and sampling.num_output_tokens >= sampling.params.min_tokens
 
 
 def _rank_device(device: str, rank: int, size: int) -> torch.device:
