@@ -342,22 +342,34 @@ def _round_requests(args: argparse.Namespace, workload: report.Workload, vocab: 
     return reqs
 
 
-async def _bench_server(spec: ServerSpec, url: str, args: argparse.Namespace, vocab: int) -> dict:
-    """Warm up, then every round of each of the server's workloads: {workload: {"rounds", "median"}}."""
+async def _warm_up(spec: ServerSpec, url: str, args: argparse.Namespace, vocab: int) -> None:
+    """Eight short mixed requests, as many at once as the mixed workload sends."""
     warm = [(p, min(o, 32)) for p, o in _round_requests(args, report.WORKLOADS[1], vocab, 1000)[:8]]
     await run_workload(url, "/v1/completions", spec.served_model, warm, max_concurrency=args.concurrency)
+
+
+def _concurrency(workload: report.Workload, args: argparse.Namespace) -> int | None:
+    """A workload's requests at once (None: all of them)."""
+    return {"mixed16": args.concurrency, "all64": None}.get(workload.key, 1)
+
+
+def _round_line(workload: report.Workload, round_: int, args: argparse.Namespace, r: dict, label: str = "") -> str:
+    return (f"  {workload.key} round {round_ + 1}/{args.rounds}{' ' + label if label else ''}: {r['tok_s']:.1f} "
+            f"tok/s, ITL mean {r['itl_ms_mean']:.1f} ms, {r['completion_tokens']}/{r['expected_completion_tokens']} tokens")
+
+
+async def _bench_server(spec: ServerSpec, url: str, args: argparse.Namespace, vocab: int) -> dict:
+    """Warm up, then every round of each of the server's workloads: {workload: {"rounds", "median"}}."""
+    await _warm_up(spec, url, args, vocab)
     out = {}
     for workload in (w for w in report.WORKLOADS if w.key in spec.workloads):
-        limit = {"mixed16": args.concurrency, "all64": None}.get(workload.key, 1)  # None: all at once
         rounds = []
         for round_ in range(args.rounds):
             reqs = _round_requests(args, workload, vocab, round_)
             elapsed, timings = await run_workload(url, "/v1/completions", spec.served_model, reqs,
-                                                  max_concurrency=limit)
+                                                  max_concurrency=_concurrency(workload, args))
             rounds.append(summarize(elapsed, timings))
-            r = rounds[-1]
-            print(f"  {workload.key} round {round_ + 1}/{args.rounds}: {r['tok_s']:.1f} tok/s, ITL mean "
-                  f"{r['itl_ms_mean']:.1f} ms, {r['completion_tokens']}/{r['expected_completion_tokens']} tokens")
+            print(_round_line(workload, round_, args, rounds[-1]))
         out[workload.key] = {"rounds": rounds, "median": report.median_round(rounds)}
     return out
 
@@ -377,23 +389,21 @@ async def _interleaved(specs: list[ServerSpec], urls: dict[str, str], args: argp
     turn, the order flipped each request; a server's round is its requests' tokens over their time."""
     for spec in specs:  # warm-up
         warm = _round_requests(args, workload, vocab, 1000)[:1]
-        await run_workload(urls[spec.label], "/v1/completions", spec.served_model, [(p, 16) for p, _ in warm])
+        await run_workload(urls[spec.name], "/v1/completions", spec.served_model, [(p, 16) for p, _ in warm])
     rounds: dict[str, list[dict]] = {spec.label: [] for spec in specs}
     turn = 0
     for round_ in range(args.rounds):
         spent: dict[str, list] = {spec.label: [0.0, []] for spec in specs}
         for request in _round_requests(args, workload, vocab, round_):
             for spec in specs if turn % 2 == 0 else specs[::-1]:
-                elapsed, timings = await run_workload(urls[spec.label], "/v1/completions", spec.served_model,
+                elapsed, timings = await run_workload(urls[spec.name], "/v1/completions", spec.served_model,
                                                       [request], max_concurrency=1)
                 spent[spec.label][0] += elapsed
                 spent[spec.label][1].extend(timings)
             turn += 1
         for label, (elapsed, timings) in spent.items():
             rounds[label].append(summarize(elapsed, timings))
-            r = rounds[label][-1]
-            print(f"  {workload.key} round {round_ + 1}/{args.rounds} {label}: {r['tok_s']:.1f} tok/s, ITL mean "
-                  f"{r['itl_ms_mean']:.1f} ms, {r['completion_tokens']}/{r['expected_completion_tokens']} tokens")
+            print(_round_line(workload, round_, args, rounds[label][-1], label))
     return {label: {"rounds": got, "median": report.median_round(got)} for label, got in rounds.items()}
 
 
@@ -401,21 +411,26 @@ async def _interleaved_rounds(runs: list[tuple[ServerSpec, str]], args: argparse
                               workload: report.Workload, vocab: int) -> dict[str, dict]:
     """One batched workload's rounds with every server of `runs` ((spec, url)) up: each round's requests
     go to every server in turn (all of them, at the workload's concurrency), the order flipped each round."""
-    for spec, url in runs:  # warm-up, as _bench_server's
-        warm = [(p, min(o, 32)) for p, o in _round_requests(args, report.WORKLOADS[1], vocab, 1000)[:8]]
-        await run_workload(url, "/v1/completions", spec.served_model, warm, max_concurrency=args.concurrency)
-    limit = {"mixed16": args.concurrency, "all64": None}[workload.key]  # None: all at once
+    for spec, url in runs:
+        await _warm_up(spec, url, args, vocab)
     rounds: dict[str, list[dict]] = {spec.label: [] for spec, _ in runs}
     for round_ in range(args.rounds):
         reqs = _round_requests(args, workload, vocab, round_)
         for spec, url in runs if round_ % 2 == 0 else runs[::-1]:
             elapsed, timings = await run_workload(url, "/v1/completions", spec.served_model, reqs,
-                                                  max_concurrency=limit)
+                                                  max_concurrency=_concurrency(workload, args))
             rounds[spec.label].append(summarize(elapsed, timings))
-            r = rounds[spec.label][-1]
-            print(f"  {workload.key} round {round_ + 1}/{args.rounds} {spec.label}: {r['tok_s']:.1f} tok/s, ITL mean "
-                  f"{r['itl_ms_mean']:.1f} ms, {r['completion_tokens']}/{r['expected_completion_tokens']} tokens")
+            print(_round_line(workload, round_, args, rounds[spec.label][-1], spec.label))
     return {label: {"rounds": got, "median": report.median_round(got)} for label, got in rounds.items()}
+
+
+def _start_all(stack: contextlib.ExitStack, specs: list[ServerSpec], args: argparse.Namespace) -> dict[str, str]:
+    """Every server of `specs` up together (stopped when `stack` closes): {spec.name: its URL}."""
+    urls = {}
+    for spec in specs:
+        print(f"{spec.name}: starting ({' '.join(spec.cmd)})")
+        urls[spec.name] = stack.enter_context(_running(spec, args))
+    return urls
 
 
 def _batched_together(specs: list[ServerSpec], args: argparse.Namespace, vocabs: dict, results: dict,
@@ -426,10 +441,7 @@ def _batched_together(specs: list[ServerSpec], args: argparse.Namespace, vocabs:
     if not batched:
         return
     with contextlib.ExitStack() as stack:
-        urls = {}
-        for spec in batched:
-            print(f"{spec.name}: starting ({' '.join(spec.cmd)})")
-            urls[spec.name] = stack.enter_context(_running(spec, args))
+        urls = _start_all(stack, batched, args)
         print(f"{', '.join(spec.name for spec in batched)} up together, rounds alternated")
         for key in ("mixed16", "all64"):
             runs = [(spec, urls[spec.name]) for spec in batched if key in spec.workloads]
@@ -457,10 +469,7 @@ def _one_stream_together(args: argparse.Namespace, models: dict, llama: str | No
         if not specs:
             continue
         with contextlib.ExitStack() as stack:
-            urls = {}
-            for spec in specs:
-                print(f"{spec.name}: starting ({' '.join(spec.cmd)})")
-                urls[spec.label] = stack.enter_context(_running(spec, args))
+            urls = _start_all(stack, specs, args)
             print(f"{key}: {', '.join(spec.label for spec in specs)} up together, requests alternated")
             measured = asyncio.run(_interleaved(specs, urls, args, workloads[key], vocabs[name]))
         for label, entry in measured.items():
