@@ -155,11 +155,7 @@ class Step:
         """Take this step natively when every cache is float32 (contiguous, one shape) and the kernel
         takes the step (`paged_attention_cpu.step_supported`, on layer 0's cache); else False, and the op
         runs the Python one."""
-        if not self.handle:
-            return False
-        if not kv_caches or not paged_attention_cpu.step_supported(kv_caches[0].k_cache, kv_caches[0].v_cache, meta):
-            return self._none()
-        if not self._set_caches(kv_caches):
+        if not self._takes(kv_caches, meta):
             return self._none()
         if meta.max_query_len == 1:
             row_seq, row_lens = None, meta.seq_lens
@@ -177,17 +173,19 @@ class Step:
     def set_decode_run(self, kv_caches: list, run) -> bool:
         """Point it at decode steps of a `kernels.metadata.DecodeRun` (trillium_native_greedy moves the
         slots and key counts along its steps); False where `set` would refuse its first step."""
-        if not self.handle:
-            return False
-        meta = run.first_step()
-        if not kv_caches or not paged_attention_cpu.step_supported(kv_caches[0].k_cache, kv_caches[0].v_cache, meta):
-            return self._none()
-        if not self._set_caches(kv_caches):
+        if not self._takes(kv_caches, run.first_step()):
             return self._none()
         self._keep = (kv_caches, run)
         self._lib.trillium_native_step_set(self.handle, run.num_seqs, run.slots.data_ptr(), run.tables.data_ptr(),
                                            run.tables.stride(0), run.lens.data_ptr(), None)
         return True
+
+    def _takes(self, kv_caches: list, meta) -> bool:
+        """A step there is, the kernel takes the step (`paged_attention_cpu.step_supported`, on layer
+        0's cache) and every cache (`_set_caches`)."""
+        return (bool(self.handle) and bool(kv_caches)
+                and paged_attention_cpu.step_supported(kv_caches[0].k_cache, kv_caches[0].v_cache, meta)
+                and self._set_caches(kv_caches))
 
     def _set_caches(self, kv_caches: list) -> bool:
         """The layers' float32 caches (contiguous, one shape), told to the C++ step when they moved."""
