@@ -8,8 +8,10 @@ of float32 weights, more than any cache here) with random weights; one "step"
 multiplies M activation rows through all 33, as a decode step of M sequences
 does. Per M: ms per step of trillium/kernels/dense_cpu.c (what `llama.linear`
 runs up to dense_cpu.MAX_ROWS rows) and of oneDNN's `_linear_pointwise` (what
-it runs above), alternated --rounds times (a shared machine drifts), medians,
-and the weight bytes per second each reads. Where dense_cpu.c builds its 512-bit
+it runs above, on the plain weights as before kernels/onednn_packed.py), and of
+oneDNN on its packed copy of each weight (what `llama.linear` runs above now), alternated
+--rounds times (a shared machine drifts), medians, and the weight bytes per second
+each reads. Where dense_cpu.c builds its 512-bit
 tiles (`dense_cpu.WIDE`: an Intel CPU with AVX-512) the same source built with
 the 256-bit tiles (the baseline: what ran before, and what runs elsewhere) is a
 third column. `--against REV` adds the same file at git revision REV as a column (a kernel change
@@ -25,7 +27,7 @@ import time
 
 import torch
 
-from trillium.kernels import dense_cpu
+from trillium.kernels import dense_cpu, onednn_packed
 from trillium.kernels.c_library import FLAGS, CLibrary
 
 SHAPES = ((1024, 512), (512, 512), (2752, 512), (512, 1376))  # one layer's (N, K)
@@ -51,6 +53,7 @@ def main() -> None:
     kernels = {
         "dense_cpu.c": lambda x, w: dense_cpu.linear(x, w),
         "oneDNN": lambda x, w: onednn(x, w, None, "none", [], ""),
+        "oneDNN packed": lambda x, w: onednn_packed.linear(x, w, None),
     }
     narrow = _narrow_tiles() if dense_cpu.WIDE else None
     if narrow is not None:
@@ -60,6 +63,7 @@ def main() -> None:
     print(f"{len(weights)} float32 weights, {nbytes / 1e6:.0f} MB per step, {args.threads} threads, "
           f"dense_cpu.MAX_ROWS = {dense_cpu.MAX_ROWS}, {dense_cpu.vector_bits()}-bit tiles")
     print(f"{'rows':>5} {'dense_cpu.c ms':>15} {'GB/s':>6} {'oneDNN ms':>10} {'GB/s':>6} {'speedup':>8}"
+          f" {'packed ms':>10} {'over oneDNN':>12}"
           + (f" {'256-bit tiles ms':>17} {'speedup':>8}" if narrow else "")
           + (f" {args.against[:12] + ' ms':>17} {'speedup':>8} same bits" if args.against else ""))
     for m in (int(r) for r in args.rows.split(",")):
@@ -80,13 +84,13 @@ def main() -> None:
                         for w in weights:
                             fn(xs[w.shape[1]], w)
                     times[name].append((time.perf_counter() - start) / args.repeats)
-        dense, dnn, *rest = (statistics.median(times[name]) for name in kernels)
+        dense, dnn, packed, *rest = (statistics.median(times[name]) for name in kernels)
         same = ""
         if args.against and m <= dense_cpu.MAX_ROWS:
             x, w = xs[512], weights[0]
             same = f" {torch.equal(dense_cpu.linear(x, w), kernels[args.against](x, w))}"
         print(f"{m:>5} {dense * 1e3:>15.2f} {nbytes / dense / 1e9:>6.1f} {dnn * 1e3:>10.2f} "
-              f"{nbytes / dnn / 1e9:>6.1f} {dnn / dense:>7.2f}x"
+              f"{nbytes / dnn / 1e9:>6.1f} {dnn / dense:>7.2f}x {packed * 1e3:>10.2f} {dnn / packed:>11.2f}x"
               + "".join(f" {t * 1e3:>17.2f} {t / dense:>7.2f}x" for t in rest) + same)
 
 

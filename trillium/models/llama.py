@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trillium import kernels
-from trillium.kernels import AttentionMetadata, dense_cpu, native_ops, padded_rows
+from trillium.kernels import AttentionMetadata, dense_cpu, native_ops, onednn_packed, padded_rows
 from trillium.models.config import ModelConfig, torch_dtype
 from trillium.models.kv_cache import KvCache, allocate_kv_caches, kv_cache_block_bytes  # noqa: F401 (re-exported)
 from trillium.models.rope import build_cos_sin_cache, default_num_positions
@@ -65,8 +65,10 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # us at 1, 15.3 -> 6.9 ms at 1024; decode step of the bench model 35 -> 22 ms).
 # Same math, different blocking: outputs differ from F.linear by ~1e-6
 # relative, so greedy tokens can flip where the top two logits are within
-# ~1e-5. oneDNN reads the plain weights on every call (no packed copy), so
-# weight updates and sleep need nothing. Inference only (no autograd).
+# ~1e-5. oneDNN multiplies a copy of each weight packed once into its blocked
+# layout (kernels/onednn_packed.py: the reorder of the plain weight on every
+# call cost up to 1.3x; whatever changes weights calls its forget()).
+# Inference only (no autograd).
 # Making this None puts every call of more than dense_cpu.MAX_ROWS rows back on F.linear.
 _ONEDNN_LINEAR = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
 
@@ -107,13 +109,14 @@ def _cpu_linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         return dense_cpu.linear(x, weight, bias)
     if _ONEDNN_LINEAR is None:
         return F.linear(x, weight, bias)
-    return _ONEDNN_LINEAR(x, weight, bias, "none", [], "")
+    return onednn_packed.linear(x, weight, bias)
 
 
 # WHY an op of our own: Inductor's lowering of mkldnn._linear_pointwise expects
 # weights it packed itself (freezing), and F.linear in a graph becomes MKL's
 # sgemm again (see _ONEDNN_LINEAR). Opaque to the compiler, the same kernels as
-# eager (`_cpu_linear`), reading the live weights (updates and sleep need nothing).
+# eager (`_cpu_linear`), reading the live weights (or oneDNN's packed copy of them,
+# dropped wherever weights change: kernels/onednn_packed.py).
 # NOTE: torch.library.Library, not @custom_op: the latter wraps every call in
 # Python autograd and dynamo-disable layers (and imports torch._dynamo on the
 # first call); this op runs 4 times per layer per step.
@@ -462,6 +465,7 @@ class LlamaForCausalLM(nn.Module):
             if tuple(dst.shape) != tuple(tensor.shape):
                 raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(dst.shape)}")
             dst.copy_(tensor)
+            onednn_packed.forget()  # INVARIANT (kernels/onednn_packed.py): no packed copy outlives a write
             loaded.add(name)
         return loaded
 

@@ -48,6 +48,8 @@ import sys
 import attrs
 import torch
 
+from trillium.kernels import onednn_packed
+
 log = logging.getLogger(__name__)
 
 HUGE_PAGE_BYTES = 2 << 20
@@ -83,6 +85,7 @@ def pack(model: torch.nn.Module, *, buffers: bool = True) -> ArenaReport | None:
             num_tensors, arena_bytes, huge_bytes = num_tensors + len(tensors), arena_bytes + total, huge_bytes + huge
     if not num_tensors:
         return None
+    onednn_packed.forget()  # made from the storage the weights just left
     report = ArenaReport(num_tensors, arena_bytes, huge_bytes, thp_mode)
     log.info("weights: %d tensors, %.1f MB in %d arena(s), %.1f MB of them on 2 MB pages (THP %s)",
              num_tensors, arena_bytes / 1e6, sum(map(bool, groups)), huge_bytes / 1e6, thp_mode or "absent")

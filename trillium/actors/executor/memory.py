@@ -40,6 +40,7 @@ import torch
 from trillium.actors.protocol.execute import NO_TRANSFERS, KvTransfers
 from trillium.actors.protocol.admin import ControlError
 from trillium.actors.protocol.vocabulary import WakeTag
+from trillium.kernels import onednn_packed
 from trillium.models import weight_arena
 
 log = logging.getLogger(__name__)
@@ -209,6 +210,7 @@ class DeviceMemory:
             # reference to the Parameter object stay valid.
             param.data = torch.empty(0, dtype=param.dtype, device=param.device)
         self._missing = set(model.checkpoint_weight_names())
+        onednn_packed.forget()  # the packed copies go with the weights they were made from
         return freed
 
     def _release(self) -> None:

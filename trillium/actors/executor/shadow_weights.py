@@ -12,6 +12,8 @@ from __future__ import annotations
 import attrs
 import torch
 
+from trillium.kernels import onednn_packed
+
 
 class ShadowWeights:
     """A second copy of the model's parameters that updates are received into.
@@ -80,6 +82,7 @@ class ShadowWeights:
     def swap_in(self, plan: "ShadowPlan") -> None:
         """Make the received (and validated) shadow rows live."""
         params = dict(self._model.named_parameters())
+        onednn_packed.forget()  # INVARIANT (kernels/onednn_packed.py): these writes bump no version counter
         for param_name, rows in plan.covered.items():
             param, shadow = params[param_name], self._shadow[param_name]
             if rows is None and param.device.type != "cpu":

@@ -1,0 +1,105 @@
+"""oneDNN's float32 matmul on a weight packed once into its own blocked layout.
+
+    linear(x [..., K] float32, weight [N, K] float32, bias [N] | None) -> [..., N] float32
+    forget() -> None        drop every packed copy (called wherever weights change or go)
+    packed_bytes() -> int   bytes the packed copies hold now
+    ENABLED                 TRILLIUM_ONEDNN_PACKED (1, the default, or 0), read once at import
+
+`models/llama.py` sends a float32 CPU linear of more rows than dense_cpu.MAX_ROWS (prefill
+chunks, decode batches past dense_cpu's reach) to oneDNN's `mkldnn._linear_pointwise`. Given the
+plain [N, K] weight, oneDNN reorders the whole weight into its blocked layout on every call, then
+multiplies. Here the reorder runs once per weight (`mkldnn._reorder_linear_weight`, the layout
+for a 64-row batch) and later calls take the packed copy, as vLLM's CPU backend does (its
+`create_onednn_mm` handle). WHY: on the 2-core AMD EPYC (Zen 4) we benchmark on, the bench model's
+33 linears at 2 threads (110 MB of weights, read from memory as in a decode step) took 19.5 / 21.6
+ms at 64 rows packed / plain, 10.6 / 14.3 at 32, 70.8 / 77.8 at 256, 561 / 574 at 2048 rows
+(bench/dense_linear.py prints both); 64 mixed requests at once, served, 1.14x output tok/s.
+Results are oneDNN's on either layout (same blocked kernels; not bit for bit the plain call's at
+every row count: a different kernel may be picked).
+
+INVARIANT: a packed copy is used only for the weight it was made from, unchanged. Weights change by
+writes that torch's version counter does not see (`param.data.copy_`, the loader's and the updaters'
+way), so every place that changes or drops weights calls `forget()`: `LlamaForCausalLM.load_weights`
+(start-up, updates from disk or a process group, the draft model's), the shadow swap
+(executor/shadow_weights.py), the arena move (models/weight_arena.py) and sleep's discard
+(executor/memory.py). As a second guard a copy is also dropped when its weight's data pointer,
+shape or version counter moved.
+
+Memory: the packed copies are a second copy of every float32 linear weight that runs more than
+dense_cpu.MAX_ROWS rows (made at its first such call; sleep drops them). TRILLIUM_ONEDNN_PACKED=0
+keeps oneDNN on the plain weights (no copy; the reorder on every call); any other value than 0
+or 1 is a start-up error.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+
+_BATCH_HINT = 64  # the row count oneDNN picks its packed layout for; as fast as each row count's own
+# layout at 16-2048 rows on the bench shapes (a 1-row layout was 1.05-1.5x slower past 16 rows)
+
+
+def _enabled() -> bool:
+    asked = os.environ.get("TRILLIUM_ONEDNN_PACKED", "1")
+    if asked not in ("0", "1"):
+        raise ValueError(f"TRILLIUM_ONEDNN_PACKED={asked!r}: expected 1 (pack float32 weights for oneDNN once, "
+                         "the default) or 0 (oneDNN reorders the plain weight on every call)")
+    return asked == "1" and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+ENABLED = _enabled()
+_LINEAR = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
+
+
+class _Packed:
+    """A weight's packed copy and what the weight was when it was made."""
+
+    __slots__ = ("owner", "key", "tensor", "nbytes")
+
+    def __init__(self, weight: torch.Tensor):
+        self.owner = weakref.ref(weight)
+        self.key = _key(weight)
+        self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _BATCH_HINT)
+        self.nbytes = weight.numel() * weight.element_size()
+
+
+def _key(weight: torch.Tensor) -> tuple:
+    # NOTE: an inference tensor (made under torch.inference_mode) has no version counter
+    version = -1 if weight.is_inference() else weight._version
+    return weight.data_ptr(), tuple(weight.shape), weight.stride(), version
+
+
+# id(weight) -> its packed copy. WHY id and a weak reference rather than a WeakKeyDictionary: tensors
+# compare elementwise, and the weak reference tells a reused id from the same weight.
+_COPIES: dict[int, _Packed] = {}
+
+
+def _packed(weight: torch.Tensor) -> torch.Tensor:
+    entry = _COPIES.get(id(weight))
+    if entry is None or entry.owner() is not weight or entry.key != _key(weight):
+        entry = _COPIES[id(weight)] = _Packed(weight)
+    return entry.tensor
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """oneDNN's x @ weight.T + bias, on the packed copy (ENABLED) or on the plain weight."""
+    if ENABLED and weight.dim() == 2 and weight.is_contiguous():
+        return _LINEAR(x, _packed(weight), bias, "none", [], "")
+    return _LINEAR(x, weight, bias, "none", [], "")
+
+
+def forget() -> None:
+    """Drop every packed copy: the next call of each weight packs it afresh (see the INVARIANT)."""
+    _COPIES.clear()
+
+
+def packed_bytes() -> int:
+    return sum(entry.nbytes for entry in _COPIES.values())
+
+
+available = _LINEAR is not None
+
+__all__ = ["ENABLED", "available", "forget", "linear", "packed_bytes"]
