@@ -30,6 +30,10 @@ def _fresh():
     onednn_packed.forget()
 
 
+def _param(*shape, generator=None) -> torch.nn.Parameter:
+    return torch.nn.Parameter(torch.randn(*shape, generator=generator), requires_grad=False)
+
+
 def _close(got, want):
     torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
 
@@ -38,18 +42,23 @@ def _close(got, want):
 @pytest.mark.parametrize("bias", [False, True])
 def test_a_packed_linear_matches_float32_matmul_at_any_row_count(n, k, bias):
     g = torch.Generator().manual_seed(n + k)
-    w = torch.randn(n, k, generator=g)
+    w = _param(n, k, generator=g)
     b = torch.randn(n, generator=g) if bias else None
+    with torch.no_grad():
+        _check_rows(w, b, g, k, bias)
+    assert onednn_packed.packed_bytes() == w.numel() * 4, "one packed copy, made once"
+
+
+def _check_rows(w, b, g, k, bias):
     for rows in (1, 5, ROWS, 300):
         x = torch.randn(rows, k, generator=g)
         _close(onednn_packed.linear(x, w, b), x @ w.T + (b if bias else 0))
     x3 = torch.randn(3, 7, k, generator=g)  # leading dims kept
     _close(onednn_packed.linear(x3, w, b), x3 @ w.T + (b if bias else 0))
-    assert onednn_packed.packed_bytes() == w.numel() * 4, "one packed copy, made once"
 
 
 def test_the_copy_is_made_once_and_reused():
-    w = torch.randn(64, 32)
+    w = _param(64, 32)
     x = torch.randn(ROWS, 32)
     onednn_packed.linear(x, w, None)
     first = onednn_packed._COPIES[id(w)].tensor
@@ -146,7 +155,19 @@ def test_sleep_level_2_drops_the_copies_with_the_weights(model_and_weights):
 
 def test_an_inference_tensor_weight_is_packed_too():
     with torch.inference_mode():
-        w = torch.randn(64, 32)  # no version counter: forget() alone guards it
+        w = _param(64, 32)  # no version counter: forget() alone guards it
     x = torch.randn(ROWS, 32)
     _close(onednn_packed.linear(x, w, None), x @ w.T)
     assert onednn_packed.packed_bytes() == w.numel() * 4
+
+
+def test_a_weight_made_for_one_call_is_not_packed_and_a_freed_parameter_takes_its_copy_along():
+    x = torch.randn(ROWS, 32)
+    temporary = torch.randn(64, 32)  # as a GGUF / int4 layer's dequantized matrix
+    _close(onednn_packed.linear(x, temporary, None), x @ temporary.T)
+    assert onednn_packed.packed_bytes() == 0
+    w = _param(64, 32)
+    onednn_packed.linear(x, w, None)
+    assert onednn_packed.packed_bytes() == w.numel() * 4
+    del w
+    assert onednn_packed.packed_bytes() == 0 and not onednn_packed._COPIES

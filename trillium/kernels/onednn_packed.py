@@ -11,22 +11,25 @@ plain [N, K] weight, oneDNN reorders the whole weight into its blocked layout on
 multiplies. Here the reorder runs once per weight (`mkldnn._reorder_linear_weight`, the layout
 for a 64-row batch) and later calls take the packed copy, as vLLM's CPU backend does (its
 `create_onednn_mm` handle). WHY: on the 2-core AMD EPYC (Zen 4) we benchmark on, the bench model's
-33 linears at 2 threads (110 MB of weights, read from memory as in a decode step) took 19.5 / 21.6
-ms at 64 rows packed / plain, 10.6 / 14.3 at 32, 70.8 / 77.8 at 256, 561 / 574 at 2048 rows
+33 linears at 2 threads (110 MB of weights, read from memory as in a decode step) took 23.1 / 29.0
+ms at 64 rows packed / plain, 10.9 / 15.1 at 32, 75.5 / 78.2 at 256, 574 / 596 at 2048 rows
 (bench/dense_linear.py prints both); 64 mixed requests at once, served, 1.14x output tok/s.
+Only parameters are packed: a weight made for one call (a GGUF or int4 layer's dequantized matrix)
+would be packed for nothing and its copy kept; those run on the plain tensor.
 Results are oneDNN's on either layout (same blocked kernels; not bit for bit the plain call's at
 every row count: a different kernel may be picked).
 
 INVARIANT: a packed copy is used only for the weight it was made from, unchanged. Weights change by
 writes that torch's version counter does not see (`param.data.copy_`, the loader's and the updaters'
 way), so every place that changes or drops weights calls `forget()`: `LlamaForCausalLM.load_weights`
-(start-up, updates from disk or a process group, the draft model's), the shadow swap
-(executor/shadow_weights.py), the arena move (models/weight_arena.py) and sleep's discard
-(executor/memory.py). As a second guard a copy is also dropped when its weight's data pointer,
-shape or version counter moved.
+(start-up, updates from disk or a process group, the draft model's), the EAGLE head's update
+(speculative/draft_weights.py), the shadow swap (executor/shadow_weights.py), the arena move
+(models/weight_arena.py) and sleep level 2's discard (executor/memory.py). As a second guard a copy
+is also made again when its weight's data pointer, shape or version counter moved, and it goes
+when its parameter is freed.
 
-Memory: the packed copies are a second copy of every float32 linear weight that runs more than
-dense_cpu.MAX_ROWS rows (made at its first such call; sleep drops them). TRILLIUM_ONEDNN_PACKED=0
+Memory: the packed copies are a second copy of every float32 linear parameter that runs more than
+dense_cpu.MAX_ROWS rows (made at its first such call; sleep level 2 drops them). TRILLIUM_ONEDNN_PACKED=0
 keeps oneDNN on the plain weights (no copy; the reorder on every call); any other value than 0
 or 1 is a start-up error.
 """
@@ -60,7 +63,10 @@ class _Packed:
     __slots__ = ("owner", "key", "tensor", "nbytes")
 
     def __init__(self, weight: torch.Tensor):
-        self.owner = weakref.ref(weight)
+        key = id(weight)
+        # the entry goes with its parameter (unless a newer entry took the id meanwhile)
+        self.owner = weakref.ref(weight, lambda ref: _COPIES.pop(key) if _COPIES.get(key, None) is not None
+                                 and _COPIES[key].owner is ref else None)
         self.key = _key(weight)
         self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _BATCH_HINT)
         self.nbytes = weight.numel() * weight.element_size()
@@ -86,7 +92,7 @@ def _packed(weight: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """oneDNN's x @ weight.T + bias, on the packed copy (ENABLED) or on the plain weight."""
-    if ENABLED and weight.dim() == 2 and weight.is_contiguous():
+    if ENABLED and isinstance(weight, torch.nn.Parameter) and weight.dim() == 2 and weight.is_contiguous():
         return _LINEAR(x, _packed(weight), bias, "none", [], "")
     return _LINEAR(x, weight, bias, "none", [], "")
 

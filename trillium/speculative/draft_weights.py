@@ -47,6 +47,7 @@ import torch
 
 from trillium.actors.executor import weights
 from trillium.actors.protocol.admin import ControlError
+from trillium.kernels import onednn_packed
 from trillium.speculative.proposer import AdaptiveDepth
 
 
@@ -157,3 +158,4 @@ class _HeadWeights:
         merged = self.head.hf_weights()
         merged.update({name.removeprefix("model."): t for name, t in named})
         self.head.load_hf(merged)
+        onednn_packed.forget()  # INVARIANT (kernels/onednn_packed.py): no packed copy outlives a write
