@@ -8,6 +8,8 @@ caller hands in this step's k, v (models/kv_cache.py `KvCache.attend`).
               step's tokens (seq_len == q_len > 1, inside any window) and
               share one q_len; rest: the indices of the other prefills
     attend_run(q, k, v, run, scale, enable_gqa) -> [rows, H, D]
+              (float32 on the CPU: the C kernel, paged_attention_cpu.fresh_prefill_attention;
+              otherwise SDPA)
 
 WHY: a prompt's first chunk (no cached prefix) sees only keys this step
 computed, and a float cache of q's dtype holds them unchanged, so gathering
@@ -29,6 +31,8 @@ from __future__ import annotations
 import attrs
 import torch
 import torch.nn.functional as F
+
+from trillium.kernels import paged_attention_cpu
 
 
 @attrs.frozen
@@ -61,7 +65,12 @@ def plan_runs(qlens: list[int], slens: list[int], starts: list[int], window: int
 
 def attend_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run: Run, scale: float,
                enable_gqa: bool) -> torch.Tensor:
-    """Causal attention of each sequence of `run` over its own keys -> [rows, H, D]."""
+    """Causal attention of each sequence of `run` over its own keys -> [rows, H, D]. float32 on the CPU
+    takes the C kernel (paged_attention_cpu.fresh_prefill_attention; SDPA's flash kernel ran the bench
+    model's prompts at about half its speed), the rest SDPA."""
+    qr, kr, vr = q[run.rows], k[run.rows], v[run.rows]
+    if paged_attention_cpu.prefill_supported(qr, kr, vr):
+        return paged_attention_cpu.fresh_prefill_attention(qr, kr, vr, run.num_seqs, run.q_len, scale)
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k.shape[1]
     shape = (run.num_seqs, run.q_len)

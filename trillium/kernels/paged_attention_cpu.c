@@ -1,4 +1,6 @@
-/* Decode attention on CPU over the paged KV cache, read in place (no gathered copy).
+/* Decode attention on CPU over the paged KV cache, read in place (no gathered copy); and, at the end of
+ * the file, causal prefill attention of a prompt's first chunk over its own keys
+ * (trillium_fresh_prefill_attention).
  *
  * Built at first use by trillium/kernels/paged_attention_cpu.py through c_library.py (the system C
  * compiler, -O3 -march=native, -ffp-contract=fast, OpenMP) and called through ctypes.
@@ -614,4 +616,249 @@ int trillium_paged_decode_attention(const float *q, long b, long h, long d, long
     }
     free(first); free(item_row); free(parts);
     return 0;
+}
+
+/* ---- Causal prefill attention over a step's own keys -------------------------------------------
+ *
+ * fresh_prefill.py's runs: sequences whose whole context is this step's tokens (a prompt's first
+ * chunk), q [rows, H, D], k, v [rows, KH, D] straight from the qkv projection (any row and head
+ * stride, D contiguous), num_seqs sequences of q_len consecutive rows; out [rows, H, D] contiguous.
+ * Row p of a sequence attends to its keys 0..p (causal), scores q.k * scale, softmax, times V: the
+ * math of torch's causal SDPA (which this replaces for float32 on the CPU), rounded otherwise.
+ *
+ * Work item: PF_QB consecutive query positions of one sequence and one KV head, for all g heads of
+ * its GQA group (g * PF_QB query rows sharing every K / V row they read). Keys go in blocks of PF_KB:
+ * the block's K rows transposed once into kt [D][PF_KB] (then each query row's scores are PF_KB-wide
+ * vector FMAs of a broadcast query element, 4 rows at a time: 2 vector loads feed 8 FMAs), the
+ * block's online softmax per row (max raised once per block, the accumulator rescaled then), and
+ * P.V two rows at a time (each V vector loaded once for both). Only the diagonal block is masked;
+ * blocks wholly past a row's position are skipped. Items are claimed last query block first (they
+ * have the most keys) with OpenMP's dynamic schedule.
+ *
+ * WHY: torch's CPU flash attention runs its float32 blocks through MKL sgemm calls (64-row query
+ * blocks, each call packing its operands): the bench model's prefill attention ran at ~37-45
+ * GFLOP/s, ~25% of a prefill chunk's time on the 2-core Zen 4. Figures in bench/prefill_attention.py.
+ */
+#if defined(__AVX512F__)
+#define PF_VW 16
+#else
+#define PF_VW 8
+#endif
+#define PF_QB 16
+#define PF_KB 64
+/* query rows a score tile takes (its accumulators: 2 vectors a row; 16 of 32 registers under AVX-512,
+ * 8 of 16 under AVX2) */
+#if defined(__AVX512F__)
+#define PF_QK_ROWS 8
+#else
+#define PF_QK_ROWS 4
+#endif
+#define PF_MAX_D 256
+#define PF_MAX_G 16
+
+typedef float pf_vec __attribute__((vector_size(PF_VW * 4)));
+typedef float pf_uvec __attribute__((vector_size(PF_VW * 4), aligned(4), may_alias));
+
+static inline pf_vec pf_load(const float *p) { return *(const pf_uvec *)p; }
+static inline void pf_store(float *p, pf_vec v) { *(pf_uvec *)p = v; }
+
+typedef struct {
+    const float *q, *k, *v;
+    long q_row, q_head, k_row, k_head, v_row, v_head;
+    long g, q_len, h, d;
+    float scale;
+    float *out;
+} Prefill;
+
+/* Scores of query rows r0 .. r0 + nr - 1 (nr <= PF_QK_ROWS) against the block's PF_KB keys (kt [D][PF_KB],
+ * zero past the block's keys): s[r * PF_KB + t]. */
+static inline __attribute__((always_inline)) void pf_scores(const float *restrict qs, const float *restrict kt,
+                                                            float *restrict s, long r0, long nr, const long D) {
+    for (long t0 = 0; t0 < PF_KB; t0 += 2 * PF_VW) {
+        pf_vec a[PF_QK_ROWS][2] = {{{0}}};
+        for (long e = 0; e < D; e++) {
+            const pf_vec b0 = pf_load(kt + e * PF_KB + t0), b1 = pf_load(kt + e * PF_KB + t0 + PF_VW);
+            for (long i = 0; i < PF_QK_ROWS; i++) {
+                if (i >= nr) break;
+                const float x = qs[(r0 + i) * D + e];
+                a[i][0] += x * b0;
+                a[i][1] += x * b1;
+            }
+        }
+        for (long i = 0; i < nr; i++) {
+            pf_store(s + (r0 + i) * PF_KB + t0, a[i][0]);
+            pf_store(s + (r0 + i) * PF_KB + t0 + PF_VW, a[i][1]);
+        }
+    }
+}
+
+/* Row r's n visible scores (s[r * PF_KB ..]) -> their exp against the row's raised max; its sum and
+ * accumulator rescaled when the max rose (block_softmax's steps for one row, in vector registers). */
+static inline void pf_softmax_row(float *restrict sr, long n, float *restrict accr, long d, float *m, float *l) {
+#if defined(__AVX512F__)
+    __m512 vmx = _mm512_set1_ps(*m);
+    for (long t = 0; t < n; t += 16) {
+        const __mmask16 k = first_lanes(n - t);
+        vmx = _mm512_mask_max_ps(vmx, k, vmx, _mm512_maskz_loadu_ps(k, sr + t));
+    }
+    const float mx = _mm512_reduce_max_ps(vmx);
+    if (mx != *m) raise_max(accr, d, m, l, mx);
+    __m512 vsum = _mm512_setzero_ps();
+    for (long t = 0; t < n; t += 16) {
+        const __mmask16 k = first_lanes(n - t);
+        const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sr + t), _mm512_set1_ps(mx)));
+        _mm512_mask_storeu_ps(sr + t, k, e);
+        vsum = _mm512_mask_add_ps(vsum, k, vsum, e);
+    }
+    *l += _mm512_reduce_add_ps(vsum);
+#elif defined(TRILLIUM_ATTENTION_AVX2)
+    __m256 vmx = _mm256_set1_ps(*m);
+    for (long t = 0; t < n; t += 8) {
+        const __m256 live = _mm256_castsi256_ps(first_lanes8(n - t));
+        vmx = _mm256_blendv_ps(vmx, _mm256_max_ps(vmx, _mm256_maskload_ps(sr + t, first_lanes8(n - t))), live);
+    }
+    __m128 h4 = _mm_max_ps(_mm256_castps256_ps128(vmx), _mm256_extractf128_ps(vmx, 1));
+    h4 = _mm_max_ps(h4, _mm_movehl_ps(h4, h4));
+    const float mx = _mm_cvtss_f32(_mm_max_ss(h4, _mm_movehdup_ps(h4)));
+    if (mx != *m) raise_max(accr, d, m, l, mx);
+    const __m256 vm = _mm256_set1_ps(mx);
+    __m256 vsum = _mm256_setzero_ps();
+    for (long t = 0; t < n; t += 8) {
+        const __m256i k = first_lanes8(n - t);
+        const __m256 live = _mm256_castsi256_ps(k);
+        const __m256 x = _mm256_blendv_ps(vm, _mm256_maskload_ps(sr + t, k), live);
+        const __m256 e = _mm256_and_ps(exp_nonpositive8(_mm256_sub_ps(x, vm)), live);
+        _mm256_maskstore_ps(sr + t, k, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    *l += hsum8(vsum);
+#else
+    float mx = *m;
+    for (long t = 0; t < n; t++) mx = sr[t] > mx ? sr[t] : mx;
+    if (mx != *m) raise_max(accr, d, m, l, mx);
+    float sum = 0.0f;
+    for (long t = 0; t < n; t++) {
+        sr[t] = exp_nonpositive(sr[t] - mx);
+        sum += sr[t];
+    }
+    *l += sum;
+#endif
+}
+
+static inline __attribute__((always_inline)) void prefill_item(const Prefill *c, long seq, long kvh, long p0,
+                                                               long p1, float *restrict work, const long D) {
+    const long g = c->g, nq = p1 - p0, rows = g * nq;
+    float *qs = work, *acc = qs + PF_QB * PF_MAX_G * PF_MAX_D, *kt = acc + PF_QB * PF_MAX_G * PF_MAX_D;
+    float *vb = kt + PF_MAX_D * PF_KB, *s = vb + PF_MAX_D * PF_KB, *m = s + PF_QB * PF_MAX_G * PF_KB;
+    float *l = m + PF_QB * PF_MAX_G;
+    const long base = seq * c->q_len;  /* the sequence's first row */
+    /* row r = j * nq + i: head kvh * g + j at position p0 + i */
+    for (long j = 0; j < g; j++)
+        for (long i = 0; i < nq; i++) {
+            const float *src = c->q + (base + p0 + i) * c->q_row + (kvh * g + j) * c->q_head;
+            float *dst = qs + (j * nq + i) * D;
+#pragma omp simd
+            for (long e = 0; e < D; e++) dst[e] = src[e] * c->scale;
+        }
+    start_item(rows, D, acc, m, l);
+    for (long kb0 = 0; kb0 < p1; kb0 += PF_KB) {
+        const long kn = p1 - kb0 < PF_KB ? p1 - kb0 : PF_KB;
+        for (long t = 0; t < kn; t++) {
+            const float *kr = c->k + (base + kb0 + t) * c->k_row + kvh * c->k_head;
+            for (long e = 0; e < D; e++) kt[e * PF_KB + t] = kr[e];
+        }
+        for (long t = kn; t < PF_KB; t++)
+            for (long e = 0; e < D; e++) kt[e * PF_KB + t] = 0.0f;
+        for (long t = 0; t < kn; t++)  /* WHY a copy: V rows lie a qkv row apart (one 4 KB page each at the
+                                        * bench shape); read 2 * g * PF_QB / 2 times, they come from L1 */
+            memcpy(vb + t * D, c->v + (base + kb0 + t) * c->v_row + kvh * c->v_head, (size_t)D * sizeof(float));
+        for (long r0 = 0; r0 < rows; r0 += PF_QK_ROWS)
+            pf_scores(qs, kt, s, r0, rows - r0 < PF_QK_ROWS ? rows - r0 : PF_QK_ROWS, D);
+        long vis[PF_QB * PF_MAX_G];  /* each row's keys visible in this block */
+        for (long r = 0; r < rows; r++) {
+            const long pos = p0 + r % nq, n = pos - kb0 + 1 < kn ? pos - kb0 + 1 : kn;
+            vis[r] = n > 0 ? n : 0;
+            if (vis[r] > 0) pf_softmax_row(s + r * PF_KB, vis[r], acc + r * D, D, &m[r], &l[r]);
+        }
+        /* P.V: rows in pairs, each V vector loaded once for both */
+        for (long r = 0; r < rows; r += 2) {
+            const long r1 = r + 1 < rows ? r + 1 : r, n0 = vis[r], n1 = r1 != r ? vis[r1] : 0;
+            const long n = n0 > n1 ? n0 : n1;
+            pf_vec a0[PF_MAX_D / PF_VW], a1[PF_MAX_D / PF_VW];
+            for (long e = 0; e < D / PF_VW; e++) { a0[e] = pf_load(acc + r * D + e * PF_VW); a1[e] = pf_load(acc + r1 * D + e * PF_VW); }
+            const float *s0 = s + r * PF_KB, *s1 = s + r1 * PF_KB;
+            for (long t = 0; t < n; t++) {
+                const float *vr = vb + t * D;
+                const float w0 = t < n0 ? s0[t] : 0.0f, w1 = t < n1 ? s1[t] : 0.0f;
+                for (long e = 0; e < D / PF_VW; e++) {
+                    const pf_vec x = pf_load(vr + e * PF_VW);
+                    a0[e] += w0 * x;
+                    a1[e] += w1 * x;
+                }
+            }
+            for (long e = 0; e < D / PF_VW; e++) {
+                pf_store(acc + r * D + e * PF_VW, a0[e]);
+                if (r1 != r) pf_store(acc + r1 * D + e * PF_VW, a1[e]);
+            }
+        }
+    }
+    for (long r = 0; r < rows; r++) {
+        const long j = r / nq, i = r % nq;
+        const float inv = 1.0f / l[r];  /* l >= 1: a row always sees its own key */
+        float *o = c->out + ((base + p0 + i) * c->h + kvh * g + j) * D;
+#pragma omp simd
+        for (long e = 0; e < D; e++) o[e] = acc[r * D + e] * inv;
+    }
+}
+
+static __attribute__((noinline)) void prefill_item_d64(const Prefill *c, long seq, long kvh, long p0, long p1,
+                                                       float *work) {
+    prefill_item(c, seq, kvh, p0, p1, work, 64);
+}
+
+static __attribute__((noinline)) void prefill_item_d128(const Prefill *c, long seq, long kvh, long p0, long p1,
+                                                        float *work) {
+    prefill_item(c, seq, kvh, p0, p1, work, 128);
+}
+
+static __attribute__((noinline)) void prefill_item_any(const Prefill *c, long seq, long kvh, long p0, long p1,
+                                                       float *work) {
+    prefill_item(c, seq, kvh, p0, p1, work, c->d);
+}
+
+/* Returns 0, or -1 for a shape it does not take (head dim not a multiple of the vector width or past
+ * PF_MAX_D, a GQA group past PF_MAX_G heads, no memory). Strides in floats. */
+int trillium_fresh_prefill_attention(const float *q, long q_row, long q_head, const float *k, long k_row,
+                                     long k_head, const float *v, long v_row, long v_head, long num_seqs,
+                                     long q_len, long h, long kh, long d, float scale, float *out,
+                                     int num_threads) {
+    if (kh <= 0 || h % kh || d <= 0 || d % PF_VW || d > PF_MAX_D || h / kh > PF_MAX_G || q_len <= 0)
+        return -1;
+    const Prefill c = {q, k, v, q_row, q_head, k_row, k_head, v_row, v_head, h / kh, q_len, h, d, scale, out};
+    const long nqb = (q_len + PF_QB - 1) / PF_QB, items = num_seqs * kh * nqb;
+    const size_t work_floats = 2 * (size_t)PF_QB * PF_MAX_G * PF_MAX_D + 2 * (size_t)PF_MAX_D * PF_KB
+                               + (size_t)PF_QB * PF_MAX_G * PF_KB + 2 * (size_t)PF_QB * PF_MAX_G;
+    /* WHY a floor: a thread team's wake-up costs more than a short prompt's attention */
+    const int threads = q_len * q_len * h * d * num_seqs < (1L << 18) ? 1 : num_threads;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        float *work = aligned_alloc(64, (work_floats * sizeof(float) + 63) / 64 * 64);
+        if (work == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (long it = 0; it < items; it++) {
+            if (work == NULL) continue;
+            /* the last query blocks first: they read the most keys */
+            const long qb = nqb - 1 - it % nqb, rest = it / nqb, kvh = rest % kh, seq = rest / kh;
+            const long p0 = qb * PF_QB, p1 = p0 + PF_QB < q_len ? p0 + PF_QB : q_len;
+            if (d == 64) prefill_item_d64(&c, seq, kvh, p0, p1, work);
+            else if (d == 128) prefill_item_d128(&c, seq, kvh, p0, p1, work);
+            else prefill_item_any(&c, seq, kvh, p0, p1, work);
+        }
+        free(work);
+    }
+    return failed ? -1 : 0;
 }

@@ -4,6 +4,8 @@
     mixed_split(meta) -> (rows, meta, other rows, meta) | None   (a mixed step's decode rows and the rest)
     decode_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, *, sliding_window, softcap) -> out
     available() -> bool, unavailable_reason() -> str | None   (a C compiler built the kernel here)
+    prefill_supported(q, k, v) -> bool; fresh_prefill_attention(q, k, v, num_seqs, q_len, scale) -> out
+        (causal attention of context-free prefills over their own keys: fresh_prefill.attend_run)
 
 What it replaces: for a pure decode step (every sequence has one query
 token) `reference.paged_attention` gathers each sequence's blocks into a
@@ -67,6 +69,11 @@ def _declare(lib: ctypes.CDLL) -> None:
         _P, ctypes.c_int,  # out, threads
     ]  # fmt: skip
     lib.trillium_paged_decode_attention.restype = ctypes.c_int
+    lib.trillium_fresh_prefill_attention.argtypes = [
+        _P, _L, _L, _P, _L, _L, _P, _L, _L,  # q, k, v with their row and head strides
+        _L, _L, _L, _L, _L, _F, _P, ctypes.c_int,  # sequences, q_len, H, KH, D, scale, out, threads
+    ]  # fmt: skip
+    lib.trillium_fresh_prefill_attention.restype = ctypes.c_int
 
 
 _LIBRARY = CLibrary(_SOURCE, "the CPU paged decode attention kernel", _declare)
@@ -145,6 +152,38 @@ def decode_attention(
     )  # fmt: skip
     if rc != 0:
         raise ValueError(f"paged decode attention refused q {tuple(q.shape)} over a cache {tuple(k_cache.shape)}")
+    return out
+
+
+def prefill_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Can `fresh_prefill_attention` take these (a run's q [T, H, D], k, v [T, KH, D])?"""
+    if not (q.dtype == k.dtype == v.dtype == torch.float32) or q.device.type != "cpu":
+        return False
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        return False
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    if num_heads % k.shape[1] or num_heads // k.shape[1] > PREFILL_MAX_GROUP or head_dim % 16 or head_dim > 256:
+        return False
+    return os.environ.get("TRILLIUM_KERNELS", "") != "reference" and _LIBRARY.available()
+
+
+PREFILL_MAX_GROUP = 16  # query heads per KV head the prefill kernel takes (PF_MAX_G)
+
+
+def fresh_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_seqs: int, q_len: int,
+                            scale: float) -> torch.Tensor:
+    """Causal attention of `num_seqs` sequences of `q_len` consecutive rows, each over its own keys (a
+    context-free prefill run, fresh_prefill.py): q [T, H, D], k, v [T, KH, D] -> out [T, H, D] float32.
+    The C file's `trillium_fresh_prefill_attention` says how."""
+    num_rows, num_heads, head_dim = q.shape
+    out = torch.empty(num_rows, num_heads, head_dim, dtype=torch.float32)
+    rc = _LIBRARY.get().trillium_fresh_prefill_attention(
+        q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
+        v.data_ptr(), v.stride(0), v.stride(1), num_seqs, q_len, num_heads, k.shape[1], head_dim, scale,
+        out.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise ValueError(f"the prefill attention kernel refused q {tuple(q.shape)}, k {tuple(k.shape)}")
     return out
 
 
