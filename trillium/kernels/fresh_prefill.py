@@ -1,4 +1,5 @@
-"""Context-free prefills attend over this step's own keys: no cache gather, one SDPA per run.
+"""Context-free prefills attend over this step's own keys: no cache gather, one call per run (the C
+kernel for float32 on the CPU, else SDPA).
 
 Used by the torch reference's `paged_attention` (reference.py) when the
 caller hands in this step's k, v (models/kv_cache.py `KvCache.attend`).
@@ -70,7 +71,9 @@ def attend_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run: Run, scal
     model's prompts at about half its speed), the rest SDPA."""
     qr, kr, vr = q[run.rows], k[run.rows], v[run.rows]
     if paged_attention_cpu.prefill_supported(qr, kr, vr):
-        return paged_attention_cpu.fresh_prefill_attention(qr, kr, vr, run.num_seqs, run.q_len, scale)
+        out = paged_attention_cpu.fresh_prefill_attention(qr, kr, vr, run.num_seqs, run.q_len, scale)
+        if out is not None:
+            return out
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k.shape[1]
     shape = (run.num_seqs, run.q_len)

@@ -629,7 +629,8 @@ int trillium_paged_decode_attention(const float *q, long b, long h, long d, long
  * Work item: PF_QB consecutive query positions of one sequence and one KV head, for all g heads of
  * its GQA group (g * PF_QB query rows sharing every K / V row they read). Keys go in blocks of PF_KB:
  * the block's K rows transposed once into kt [D][PF_KB] (then each query row's scores are PF_KB-wide
- * vector FMAs of a broadcast query element, 4 rows at a time: 2 vector loads feed 8 FMAs), the
+ * vector FMAs of a broadcast query element, PF_QK_ROWS rows at a time: under AVX-512 2 vector loads
+ * feed 16 FMAs), the block's V rows copied once into a contiguous buffer, the
  * block's online softmax per row (max raised once per block, the accumulator rescaled then), and
  * P.V two rows at a time (each V vector loaded once for both). Only the diagonal block is masked;
  * blocks wholly past a row's position are skipped. Items are claimed last query block first (they
@@ -659,8 +660,10 @@ int trillium_paged_decode_attention(const float *q, long b, long h, long d, long
 typedef float pf_vec __attribute__((vector_size(PF_VW * 4)));
 typedef float pf_uvec __attribute__((vector_size(PF_VW * 4), aligned(4), may_alias));
 
-static inline pf_vec pf_load(const float *p) { return *(const pf_uvec *)p; }
-static inline void pf_store(float *p, pf_vec v) { *(pf_uvec *)p = v; }
+/* WHY macros: a function taking or returning these vectors draws GCC's ABI note where they are wider
+ * than the build's registers (a plain x86-64 build) */
+#define pf_load(p) (*(const pf_uvec *)(p))
+#define pf_store(p, v) (*(pf_uvec *)(p) = (v))
 
 typedef struct {
     const float *q, *k, *v;
@@ -851,8 +854,9 @@ int trillium_fresh_prefill_attention(const float *q, long q_row, long q_head, co
 #pragma omp for schedule(dynamic, 1)
         for (long it = 0; it < items; it++) {
             if (work == NULL) continue;
-            /* the last query blocks first: they read the most keys */
-            const long qb = nqb - 1 - it % nqb, rest = it / nqb, kvh = rest % kh, seq = rest / kh;
+            /* the last query blocks (of every sequence and KV head) first: they read the most keys */
+            const long qb = nqb - 1 - it / (num_seqs * kh), rest = it % (num_seqs * kh), kvh = rest % kh,
+                       seq = rest / kh;
             const long p0 = qb * PF_QB, p1 = p0 + PF_QB < q_len ? p0 + PF_QB : q_len;
             if (d == 64) prefill_item_d64(&c, seq, kvh, p0, p1, work);
             else if (d == 128) prefill_item_d128(&c, seq, kvh, p0, p1, work);

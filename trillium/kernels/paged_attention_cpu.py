@@ -171,10 +171,11 @@ PREFILL_MAX_GROUP = 16  # query heads per KV head the prefill kernel takes (PF_M
 
 
 def fresh_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_seqs: int, q_len: int,
-                            scale: float) -> torch.Tensor:
+                            scale: float) -> torch.Tensor | None:
     """Causal attention of `num_seqs` sequences of `q_len` consecutive rows, each over its own keys (a
     context-free prefill run, fresh_prefill.py): q [T, H, D], k, v [T, KH, D] -> out [T, H, D] float32.
-    The C file's `trillium_fresh_prefill_attention` says how."""
+    The C file's `trillium_fresh_prefill_attention` says how. None where it could not run (no memory
+    for its work buffers): the caller takes SDPA."""
     num_rows, num_heads, head_dim = q.shape
     out = torch.empty(num_rows, num_heads, head_dim, dtype=torch.float32)
     rc = _LIBRARY.get().trillium_fresh_prefill_attention(
@@ -182,9 +183,7 @@ def fresh_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n
         v.data_ptr(), v.stride(0), v.stride(1), num_seqs, q_len, num_heads, k.shape[1], head_dim, scale,
         out.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
-    if rc != 0:
-        raise ValueError(f"the prefill attention kernel refused q {tuple(q.shape)}, k {tuple(k.shape)}")
-    return out
+    return out if rc == 0 else None
 
 
 _MIXED_KEY = "paged_attention_cpu.mixed"
