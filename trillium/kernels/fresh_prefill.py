@@ -79,9 +79,9 @@ def attend_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run: Run, scal
     shape = (run.num_seqs, run.q_len)
     # WHY 4-D: CPU SDPA's flash kernel (3-D inputs fall back to the math path, reference.py).
     o = F.scaled_dot_product_attention(
-        q[run.rows].view(*shape, num_heads, head_dim).transpose(1, 2),
-        k[run.rows].view(*shape, num_kv_heads, head_dim).transpose(1, 2),
-        v[run.rows].view(*shape, num_kv_heads, head_dim).transpose(1, 2),
+        qr.view(*shape, num_heads, head_dim).transpose(1, 2),
+        kr.view(*shape, num_kv_heads, head_dim).transpose(1, 2),
+        vr.view(*shape, num_kv_heads, head_dim).transpose(1, 2),
         is_causal=True, scale=scale, enable_gqa=enable_gqa,
     )
     return o.transpose(1, 2).reshape(run.num_seqs * run.q_len, num_heads, head_dim)

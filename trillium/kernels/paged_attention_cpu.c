@@ -149,22 +149,28 @@ static inline void raise_max(float *restrict ah, long d, float *m, float *l, flo
     *m = mx;
 }
 
-/* One block's nk scores per head (s[h * bs + t], scaled) -> their exp against the running max, the
- * max raised and what each head accumulated rescaled, the sums added. */
+/* One row's n scores (sr, scaled) -> their exp against its running max *m, the max raised and what
+ * the row accumulated (accr, d values, and its sum *l) rescaled, the sum added. */
+static inline void softmax_row(float *restrict sr, long n, float *restrict accr, long d, float *m, float *l) {
+    float mx = *m, sum = 0.0f;
+    for (long t = 0; t < n; t++) mx = sr[t] > mx ? sr[t] : mx;
+#pragma omp simd reduction(+ : sum)
+    for (long t = 0; t < n; t++) {
+        sr[t] = exp_nonpositive(sr[t] - mx);
+        sum += sr[t];
+    }
+    if (mx != *m) raise_max(accr, d, m, l, mx);
+    *l += sum;
+}
+
+/* One block's nk scores per head (s[h * bs + t], scaled), soft-capped where the model has it, through
+ * softmax_row. */
 static inline void block_softmax(const Cache *c, long nk, float *restrict s, float *restrict acc,
                                  float *restrict m, float *restrict l) {
     const long bs = c->bs, d = c->d, h_all = c->kh * c->g;
     for (long h = 0; h < h_all; h++) {
-        float *sh = s + h * bs, mx = m[h], sum = 0.0f;
-        softcap_scores(c, sh, nk);
-        for (long t = 0; t < nk; t++) mx = sh[t] > mx ? sh[t] : mx;
-#pragma omp simd reduction(+ : sum)
-        for (long t = 0; t < nk; t++) {
-            sh[t] = exp_nonpositive(sh[t] - mx);
-            sum += sh[t];
-        }
-        if (mx != m[h]) raise_max(acc + h * d, d, &m[h], &l[h], mx);
-        l[h] += sum;
+        softcap_scores(c, s + h * bs, nk);
+        softmax_row(s + h * bs, nk, acc + h * d, d, &m[h], &l[h]);
     }
 }
 
@@ -207,29 +213,32 @@ static inline __m512 sum16x16(const __m512 *a) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(e[0], e[1], 0x88), _mm512_shuffle_f32x4(e[0], e[1], 0xDD));
 }
 
-/* block_softmax in 16-lane registers (lanes past nk masked off); soft-capping and the rescale are
- * block_softmax's own. */
+/* softmax_row in 16-lane registers (lanes past n masked off); the rescale is softmax_row's own. */
+static inline void softmax_row16(float *restrict sr, long n, float *restrict accr, long d, float *m, float *l) {
+    __m512 vmx = _mm512_set1_ps(*m);
+    for (long t = 0; t < n; t += 16) {
+        const __mmask16 k = first_lanes(n - t);
+        vmx = _mm512_mask_max_ps(vmx, k, vmx, _mm512_maskz_loadu_ps(k, sr + t));
+    }
+    const float mx = _mm512_reduce_max_ps(vmx);
+    __m512 vsum = _mm512_setzero_ps();
+    for (long t = 0; t < n; t += 16) {
+        const __mmask16 k = first_lanes(n - t);
+        const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sr + t), _mm512_set1_ps(mx)));
+        _mm512_mask_storeu_ps(sr + t, k, e);
+        vsum = _mm512_mask_add_ps(vsum, k, vsum, e);
+    }
+    if (mx != *m) raise_max(accr, d, m, l, mx);
+    *l += _mm512_reduce_add_ps(vsum);
+}
+
+/* block_softmax with softmax_row16. */
 static inline void block_softmax16(const Cache *c, long nk, float *restrict s, float *restrict acc,
                                    float *restrict m, float *restrict l) {
     const long bs = c->bs, d = c->d, h_all = c->kh * c->g;
     for (long h = 0; h < h_all; h++) {
-        float *sh = s + h * bs;
-        softcap_scores(c, sh, nk);
-        __m512 vmx = _mm512_set1_ps(m[h]);
-        for (long t = 0; t < nk; t += 16) {
-            const __mmask16 k = first_lanes(nk - t);
-            vmx = _mm512_mask_max_ps(vmx, k, vmx, _mm512_maskz_loadu_ps(k, sh + t));
-        }
-        const float mx = _mm512_reduce_max_ps(vmx);
-        __m512 vsum = _mm512_setzero_ps();
-        for (long t = 0; t < nk; t += 16) {
-            const __mmask16 k = first_lanes(nk - t);
-            const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sh + t), _mm512_set1_ps(mx)));
-            _mm512_mask_storeu_ps(sh + t, k, e);
-            vsum = _mm512_mask_add_ps(vsum, k, vsum, e);
-        }
-        if (mx != m[h]) raise_max(acc + h * d, d, &m[h], &l[h], mx);
-        l[h] += _mm512_reduce_add_ps(vsum);
+        softcap_scores(c, s + h * bs, nk);
+        softmax_row16(s + h * bs, nk, acc + h * d, d, &m[h], &l[h]);
     }
 }
 #endif
@@ -391,34 +400,38 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* block_softmax in 8-lane registers (lanes past nk held at the max, so their exp is 1, then masked
- * off the sum); soft-capping and the rescale are block_softmax's own. */
+/* softmax_row in 8-lane registers (lanes past n held at the max, so their exp is 1, then masked off
+ * the sum); the rescale is softmax_row's own. */
+static inline void softmax_row8(float *restrict sr, long n, float *restrict accr, long d, float *m, float *l) {
+    __m256 vmx = _mm256_set1_ps(*m);
+    for (long t = 0; t < n; t += 8) {
+        const __m256 live = _mm256_castsi256_ps(first_lanes8(n - t));
+        vmx = _mm256_blendv_ps(vmx, _mm256_max_ps(vmx, _mm256_maskload_ps(sr + t, first_lanes8(n - t))), live);
+    }
+    __m128 h4 = _mm_max_ps(_mm256_castps256_ps128(vmx), _mm256_extractf128_ps(vmx, 1));
+    h4 = _mm_max_ps(h4, _mm_movehl_ps(h4, h4));
+    const float mx = _mm_cvtss_f32(_mm_max_ss(h4, _mm_movehdup_ps(h4)));
+    const __m256 vm = _mm256_set1_ps(mx);
+    __m256 vsum = _mm256_setzero_ps();
+    for (long t = 0; t < n; t += 8) {
+        const __m256i k = first_lanes8(n - t);
+        const __m256 live = _mm256_castsi256_ps(k);
+        const __m256 x = _mm256_blendv_ps(vm, _mm256_maskload_ps(sr + t, k), live);
+        const __m256 e = _mm256_and_ps(exp_nonpositive8(_mm256_sub_ps(x, vm)), live);
+        _mm256_maskstore_ps(sr + t, k, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    if (mx != *m) raise_max(accr, d, m, l, mx);
+    *l += hsum8(vsum);
+}
+
+/* block_softmax with softmax_row8. */
 static inline void block_softmax8(const Cache *c, long nk, float *restrict s, float *restrict acc,
                                   float *restrict m, float *restrict l) {
     const long bs = c->bs, d = c->d, h_all = c->kh * c->g;
     for (long h = 0; h < h_all; h++) {
-        float *sh = s + h * bs;
-        softcap_scores(c, sh, nk);
-        __m256 vmx = _mm256_set1_ps(m[h]);
-        for (long t = 0; t < nk; t += 8) {
-            const __m256 live = _mm256_castsi256_ps(first_lanes8(nk - t));
-            vmx = _mm256_blendv_ps(vmx, _mm256_max_ps(vmx, _mm256_maskload_ps(sh + t, first_lanes8(nk - t))), live);
-        }
-        __m128 h4 = _mm_max_ps(_mm256_castps256_ps128(vmx), _mm256_extractf128_ps(vmx, 1));
-        h4 = _mm_max_ps(h4, _mm_movehl_ps(h4, h4));
-        const float mx = _mm_cvtss_f32(_mm_max_ss(h4, _mm_movehdup_ps(h4)));
-        const __m256 vm = _mm256_set1_ps(mx);
-        __m256 vsum = _mm256_setzero_ps();
-        for (long t = 0; t < nk; t += 8) {
-            const __m256i k = first_lanes8(nk - t);
-            const __m256 live = _mm256_castsi256_ps(k);
-            const __m256 x = _mm256_blendv_ps(vm, _mm256_maskload_ps(sh + t, k), live);
-            const __m256 e = _mm256_and_ps(exp_nonpositive8(_mm256_sub_ps(x, vm)), live);
-            _mm256_maskstore_ps(sh + t, k, e);
-            vsum = _mm256_add_ps(vsum, e);
-        }
-        if (mx != m[h]) raise_max(acc + h * d, d, &m[h], &l[h], mx);
-        l[h] += hsum8(vsum);
+        softcap_scores(c, s + h * bs, nk);
+        softmax_row8(s + h * bs, nk, acc + h * d, d, &m[h], &l[h]);
     }
 }
 
@@ -695,58 +708,14 @@ static inline __attribute__((always_inline)) void pf_scores(const float *restric
     }
 }
 
-/* Row r's n visible scores (s[r * PF_KB ..]) -> their exp against the row's raised max; its sum and
- * accumulator rescaled when the max rose (block_softmax's steps for one row, in vector registers). */
-static inline void pf_softmax_row(float *restrict sr, long n, float *restrict accr, long d, float *m, float *l) {
+/* A row's softmax step in the widest registers the build has (the decode kernel's own). */
 #if defined(__AVX512F__)
-    __m512 vmx = _mm512_set1_ps(*m);
-    for (long t = 0; t < n; t += 16) {
-        const __mmask16 k = first_lanes(n - t);
-        vmx = _mm512_mask_max_ps(vmx, k, vmx, _mm512_maskz_loadu_ps(k, sr + t));
-    }
-    const float mx = _mm512_reduce_max_ps(vmx);
-    if (mx != *m) raise_max(accr, d, m, l, mx);
-    __m512 vsum = _mm512_setzero_ps();
-    for (long t = 0; t < n; t += 16) {
-        const __mmask16 k = first_lanes(n - t);
-        const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sr + t), _mm512_set1_ps(mx)));
-        _mm512_mask_storeu_ps(sr + t, k, e);
-        vsum = _mm512_mask_add_ps(vsum, k, vsum, e);
-    }
-    *l += _mm512_reduce_add_ps(vsum);
+#define pf_softmax_row softmax_row16
 #elif defined(TRILLIUM_ATTENTION_AVX2)
-    __m256 vmx = _mm256_set1_ps(*m);
-    for (long t = 0; t < n; t += 8) {
-        const __m256 live = _mm256_castsi256_ps(first_lanes8(n - t));
-        vmx = _mm256_blendv_ps(vmx, _mm256_max_ps(vmx, _mm256_maskload_ps(sr + t, first_lanes8(n - t))), live);
-    }
-    __m128 h4 = _mm_max_ps(_mm256_castps256_ps128(vmx), _mm256_extractf128_ps(vmx, 1));
-    h4 = _mm_max_ps(h4, _mm_movehl_ps(h4, h4));
-    const float mx = _mm_cvtss_f32(_mm_max_ss(h4, _mm_movehdup_ps(h4)));
-    if (mx != *m) raise_max(accr, d, m, l, mx);
-    const __m256 vm = _mm256_set1_ps(mx);
-    __m256 vsum = _mm256_setzero_ps();
-    for (long t = 0; t < n; t += 8) {
-        const __m256i k = first_lanes8(n - t);
-        const __m256 live = _mm256_castsi256_ps(k);
-        const __m256 x = _mm256_blendv_ps(vm, _mm256_maskload_ps(sr + t, k), live);
-        const __m256 e = _mm256_and_ps(exp_nonpositive8(_mm256_sub_ps(x, vm)), live);
-        _mm256_maskstore_ps(sr + t, k, e);
-        vsum = _mm256_add_ps(vsum, e);
-    }
-    *l += hsum8(vsum);
+#define pf_softmax_row softmax_row8
 #else
-    float mx = *m;
-    for (long t = 0; t < n; t++) mx = sr[t] > mx ? sr[t] : mx;
-    if (mx != *m) raise_max(accr, d, m, l, mx);
-    float sum = 0.0f;
-    for (long t = 0; t < n; t++) {
-        sr[t] = exp_nonpositive(sr[t] - mx);
-        sum += sr[t];
-    }
-    *l += sum;
+#define pf_softmax_row softmax_row
 #endif
-}
 
 static inline __attribute__((always_inline)) void prefill_item(const Prefill *c, long seq, long kvh, long p0,
                                                                long p1, float *restrict work, const long D) {

@@ -69,8 +69,8 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # layout (kernels/onednn_packed.py: the reorder of the plain weight on every
 # call cost 1.04-1.76x at 16-2048 rows; whatever changes weights calls its forget()).
 # Inference only (no autograd).
-# Making this None puts every call of more than dense_cpu.MAX_ROWS rows back on F.linear.
-_ONEDNN_LINEAR = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
+# Making this False puts every call of more than dense_cpu.MAX_ROWS rows back on F.linear.
+_ONEDNN = onednn_packed.available
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -82,7 +82,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         and weight.device.type == "cpu"
         and x.numel() > 0
         and not torch.is_grad_enabled()
-        and (_ONEDNN_LINEAR is not None or dense_cpu.available())
+        and (_ONEDNN or dense_cpu.available())
     ):
         if torch.compiler.is_compiling():
             if native_ops.loaded() and dense_cpu.fits(x, weight, bias):  # decode rows: dense_cpu.c from C++
@@ -107,14 +107,14 @@ def _cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def _cpu_linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if dense_cpu.takes(x, weight, bias):
         return dense_cpu.linear(x, weight, bias)
-    if _ONEDNN_LINEAR is None:
+    if not _ONEDNN:
         return F.linear(x, weight, bias)
     return onednn_packed.linear(x, weight, bias)
 
 
 # WHY an op of our own: Inductor's lowering of mkldnn._linear_pointwise expects
 # weights it packed itself (freezing), and F.linear in a graph becomes MKL's
-# sgemm again (see _ONEDNN_LINEAR). Opaque to the compiler, the same kernels as
+# sgemm again (see _ONEDNN). Opaque to the compiler, the same kernels as
 # eager (`_cpu_linear`), reading the live weights (or oneDNN's packed copy of them,
 # dropped wherever weights change: kernels/onednn_packed.py).
 # NOTE: torch.library.Library, not @custom_op: the latter wraps every call in
