@@ -8,13 +8,16 @@ of float32 weights, more than any cache here) with random weights; one "step"
 multiplies M activation rows through all 33, as a decode step of M sequences
 does. Per M: ms per step of trillium/kernels/dense_cpu.c (what `llama.linear`
 runs up to dense_cpu.MAX_ROWS rows) and of oneDNN's `_linear_pointwise` (what
-it runs above, on the plain weights as before kernels/onednn_packed.py), and of
-oneDNN on its packed copy of each weight (what `llama.linear` runs above now), alternated
+it runs above, on the plain weights as before kernels/onednn_packed.py), of
+oneDNN on its packed copy of each weight (what `llama.linear` runs past
+panel_cpu.MAX_ROWS rows, and past dense_cpu's rows where the panel kernel is not
+built), and on an AVX-512F CPU of kernels/panel_cpu.c on its panel copy (what
+`llama.linear` runs from dense_cpu.MAX_ROWS + 1 to panel_cpu.MAX_ROWS rows), alternated
 --rounds times (a shared machine drifts), medians, and the weight bytes per second
 each reads. Where dense_cpu.c builds its 512-bit
 tiles (`dense_cpu.WIDE`: an Intel CPU with AVX-512) the same source built with
-the 256-bit tiles (the baseline: what ran before, and what runs elsewhere) is a
-third column. `--against REV` adds the same file at git revision REV as a column (a kernel change
+the 256-bit tiles (the baseline: what ran before, and what runs elsewhere) is one
+more column. `--against REV` adds the same file at git revision REV as a column (a kernel change
 old against new in one run; trillium/benchmarks/revisions.py) and checks the two give the same bits.
 Nothing is asserted.
 """
@@ -27,7 +30,7 @@ import time
 
 import torch
 
-from trillium.kernels import dense_cpu, onednn_packed
+from trillium.kernels import dense_cpu, onednn_packed, panel_cpu
 from trillium.kernels.c_library import FLAGS, CLibrary
 
 SHAPES = ((1024, 512), (512, 512), (2752, 512), (512, 1376))  # one layer's (N, K)
@@ -47,14 +50,18 @@ def main() -> None:
         raise SystemExit(f"the dense kernel did not build: {dense_cpu.unavailable_reason()}")
     onednn = torch.ops.mkldnn._linear_pointwise
     gen = torch.Generator().manual_seed(0)
-    weights = [torch.randn(n, k, generator=gen) for _ in range(8) for n, k in SHAPES]
-    weights.append(torch.randn(8192, 512, generator=gen))
+    # WHY parameters: onednn_packed and panel_cpu pack only parameters (a model's weights), and a plain
+    # tensor would send their columns to the unpacked path
+    weights = [_param(n, k, gen) for _ in range(8) for n, k in SHAPES]
+    weights.append(_param(8192, 512, gen))
     nbytes = sum(w.numel() * 4 for w in weights)
     kernels = {
         "dense_cpu.c": lambda x, w: dense_cpu.linear(x, w),
         "oneDNN": lambda x, w: onednn(x, w, None, "none", [], ""),
         "oneDNN packed": lambda x, w: onednn_packed.linear(x, w, None),
     }
+    if panel_cpu.available():
+        kernels["panel"] = lambda x, w: panel_cpu.linear(x, w)
     narrow = _narrow_tiles() if dense_cpu.WIDE else None
     if narrow is not None:
         kernels["256-bit tiles"] = narrow
@@ -64,6 +71,7 @@ def main() -> None:
           f"dense_cpu.MAX_ROWS = {dense_cpu.MAX_ROWS}, {dense_cpu.vector_bits()}-bit tiles")
     print(f"{'rows':>5} {'dense_cpu.c ms':>15} {'GB/s':>6} {'oneDNN ms':>10} {'GB/s':>6} {'speedup':>8}"
           f" {'packed ms':>10} {'over oneDNN':>12}"
+          + (f" {'panel ms':>9} {'over packed':>12}" if "panel" in kernels else "")
           + (f" {'256-bit tiles ms':>17} {'speedup':>8}" if narrow else "")
           + (f" {args.against[:12] + ' ms':>17} {'speedup':>8} same bits" if args.against else ""))
     for m in (int(r) for r in args.rows.split(",")):
@@ -84,14 +92,22 @@ def main() -> None:
                         for w in weights:
                             fn(xs[w.shape[1]], w)
                     times[name].append((time.perf_counter() - start) / args.repeats)
-        dense, dnn, packed, *rest = (statistics.median(times[name]) for name in kernels)
+        medians = {name: statistics.median(t) for name, t in times.items()}
+        dense, dnn, packed = medians.pop("dense_cpu.c"), medians.pop("oneDNN"), medians.pop("oneDNN packed")
+        panel = medians.pop("panel", None)
+        rest = list(medians.values())
         same = ""
         if args.against and m <= dense_cpu.MAX_ROWS:
             x, w = xs[512], weights[0]
             same = f" {torch.equal(dense_cpu.linear(x, w), kernels[args.against](x, w))}"
         print(f"{m:>5} {dense * 1e3:>15.2f} {nbytes / dense / 1e9:>6.1f} {dnn * 1e3:>10.2f} "
               f"{nbytes / dnn / 1e9:>6.1f} {dnn / dense:>7.2f}x {packed * 1e3:>10.2f} {dnn / packed:>11.2f}x"
+              + ("" if panel is None else f" {panel * 1e3:>9.2f} {packed / panel:>11.2f}x")
               + "".join(f" {t * 1e3:>17.2f} {t / dense:>7.2f}x" for t in rest) + same)
+
+
+def _param(n: int, k: int, gen: torch.Generator) -> torch.nn.Parameter:
+    return torch.nn.Parameter(torch.randn(n, k, generator=gen), requires_grad=False)
 
 
 def _at_revision(rev: str):

@@ -61,9 +61,9 @@ def test_the_copy_is_made_once_and_reused():
     w = _param(64, 32)
     x = torch.randn(ROWS, 32)
     onednn_packed.linear(x, w, None)
-    first = onednn_packed._COPIES[id(w)].tensor
+    first = onednn_packed._COPIES[(id(w), "onednn")].tensor
     onednn_packed.linear(x, w, None)
-    assert onednn_packed._COPIES[id(w)].tensor is first
+    assert onednn_packed._COPIES[(id(w), "onednn")].tensor is first
 
 
 def test_forget_drops_a_copy_that_a_data_write_left_stale():

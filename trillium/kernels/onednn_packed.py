@@ -1,7 +1,9 @@
 """oneDNN's float32 matmul on a weight packed once into its own blocked layout.
 
     linear(x [..., K] float32, weight [N, K] float32, bias [N] | None) -> [..., N] float32
-    forget() -> None        drop every packed copy (called wherever weights change or go)
+    copy_of(weight, kind, make) -> Tensor   a parameter's copy `make(weight)`, made once per kind (the
+                                            same cache and INVARIANT: panel_cpu.py keeps its panels here)
+    forget() -> None        drop every packed copy, of every kind (called wherever weights change or go)
     packed_bytes() -> int   bytes the packed copies hold now
     ENABLED                 TRILLIUM_ONEDNN_PACKED (1, the default, or 0), read once at import
 
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Callable
 
 import torch
 
@@ -62,14 +65,15 @@ class _Packed:
 
     __slots__ = ("owner", "key", "tensor", "nbytes")
 
-    def __init__(self, weight: torch.Tensor):
-        key = id(weight)
-        # the entry goes with its parameter (unless a newer entry took the id meanwhile)
-        self.owner = weakref.ref(weight, lambda ref: _COPIES.pop(key) if _COPIES.get(key, None) is not None
-                                 and _COPIES[key].owner is ref else None)
+    def __init__(self, weight: torch.Tensor, kind: str, make: Callable[[torch.Tensor], torch.Tensor]):
+        slot = (id(weight), kind)
+        # the entry goes with its parameter (unless a newer entry took the slot meanwhile)
+        self.owner = weakref.ref(weight, lambda ref: _COPIES.pop(slot) if _COPIES.get(slot, None) is not None
+                                 and _COPIES[slot].owner is ref else None)
         self.key = _key(weight)
-        self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _BATCH_HINT)
-        self.nbytes = weight.numel() * weight.element_size()
+        self.tensor = make(weight.detach())
+        self.nbytes = self.tensor.numel() * self.tensor.element_size() if self.tensor.layout == torch.strided \
+            else weight.numel() * weight.element_size()  # oneDNN's opaque tensor: about the weight's size
 
 
 def _key(weight: torch.Tensor) -> tuple:
@@ -78,22 +82,28 @@ def _key(weight: torch.Tensor) -> tuple:
     return weight.data_ptr(), tuple(weight.shape), weight.stride(), version
 
 
-# id(weight) -> its packed copy. WHY id and a weak reference rather than a WeakKeyDictionary: tensors
-# compare elementwise, and the weak reference tells a reused id from the same weight.
-_COPIES: dict[int, _Packed] = {}
+# (id(weight), kind) -> its packed copy. WHY id and a weak reference rather than a WeakKeyDictionary:
+# tensors compare elementwise, and the weak reference tells a reused id from the same weight.
+_COPIES: dict[tuple[int, str], _Packed] = {}
 
 
-def _packed(weight: torch.Tensor) -> torch.Tensor:
-    entry = _COPIES.get(id(weight))
+def copy_of(weight: torch.Tensor, kind: str, make: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """`make(weight)` for this parameter, made at the first call per `kind` and again only after
+    forget() or when the weight moved, changed shape or version (the INVARIANT above)."""
+    entry = _COPIES.get((id(weight), kind))
     if entry is None or entry.owner() is not weight or entry.key != _key(weight):
-        entry = _COPIES[id(weight)] = _Packed(weight)
+        entry = _COPIES[(id(weight), kind)] = _Packed(weight, kind, make)
     return entry.tensor
+
+
+def _reorder(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight, _BATCH_HINT)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """oneDNN's x @ weight.T + bias, on the packed copy (ENABLED) or on the plain weight."""
     if ENABLED and isinstance(weight, torch.nn.Parameter) and weight.dim() == 2 and weight.is_contiguous():
-        return _LINEAR(x, _packed(weight), bias, "none", [], "")
+        return _LINEAR(x, copy_of(weight, "onednn", _reorder), bias, "none", [], "")
     return _LINEAR(x, weight, bias, "none", [], "")
 
 
@@ -108,4 +118,4 @@ def packed_bytes() -> int:
 
 available = _LINEAR is not None
 
-__all__ = ["ENABLED", "available", "forget", "linear", "packed_bytes"]
+__all__ = ["ENABLED", "available", "copy_of", "forget", "linear", "packed_bytes"]

@@ -1,0 +1,128 @@
+"""float32 linears of decode batches past dense_cpu's rows, on weights packed once into panels (panel_cpu.c).
+
+    takes(x, weight, bias) -> bool      does this kernel run it? (see below; cheap: per layer per step)
+    linear(x [M, K], weight [N, K], bias [N] | None) -> [M, N] float32   (call when `takes` says so)
+    MAX_ROWS = 128                      the most rows it takes
+    ENABLED                             TRILLIUM_PANEL_LINEAR (1, the default, or 0), read once at import
+    available() / unavailable_reason()  the build (AVX-512F CPUs only)
+
+`models/llama.py` sends a float32 CPU linear of dense_cpu.MAX_ROWS < M <= MAX_ROWS rows here, ahead
+of oneDNN (kernels/onednn_packed.py), where the weight is a parameter and the CPU has AVX-512F.
+WHY: on the 2-core AMD EPYC (Zen 4) we benchmark on, the bench model's 33 linears at 2 threads
+(110 MB of weights, read from memory as a decode step reads them) ran at 126-165 GFLOP/s through
+oneDNN on its packed copy at 16-64 rows, 160-195 here (bench/dense_linear.py's panel column; the
+C file says how). Past ~128 rows the two tie, and oneDNN's blocking over rows is ahead on prefill
+chunks (1024 rows: 198 against 190 GFLOP/s), so those stay on oneDNN.
+
+Only measured on a Zen 4: the library is not built on a CPU without AVX-512F (an AVX2 machine keeps
+dense_cpu.c's tiles to 64 rows, then oneDNN, as before).
+
+The panels are a copy of the weight kept in onednn_packed's cache (`copy_of(weight, "panel", ...)`),
+so the same INVARIANT holds: every place that changes or drops weights calls `onednn_packed.forget()`,
+a copy is made again when its weight moved, changed shape or version, and goes with its parameter.
+Memory: one more copy of each float32 linear parameter that runs 17-128 rows (made at its first such
+call). TRILLIUM_PANEL_LINEAR=0 sends those rows to oneDNN as before (no copy); any other value than 0
+or 1 is a start-up error.
+
+A row's result is one FMA chain per output in K order: the same bits whatever the rows beside it,
+their count or the threads (the tests check it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import torch
+
+from trillium.kernels import dense_cpu, onednn_packed
+from trillium.kernels.c_library import FLAGS, CLibrary, cpu_flags
+
+MAX_ROWS = 128
+WIDTH = 48  # panel_cpu.c's NR: output channels a panel holds
+
+
+def _enabled() -> bool:
+    asked = os.environ.get("TRILLIUM_PANEL_LINEAR", "1")
+    if asked not in ("0", "1"):
+        raise ValueError(f"TRILLIUM_PANEL_LINEAR={asked!r}: expected 1 (float32 decode batches of "
+                         f"{dense_cpu.MAX_ROWS + 1}-{MAX_ROWS} rows on panel-packed weights, the default) or 0 (oneDNN)")
+    return asked == "1"
+
+
+ENABLED = _enabled()
+_AVX512 = "avx512f" in cpu_flags().split()
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.trillium_panel_width.argtypes = []
+    lib.trillium_panel_width.restype = ctypes.c_int
+    lib.trillium_panel_pack.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
+    lib.trillium_panel_pack.restype = None
+    lib.trillium_panel_linear.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long,
+                                          ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
+                                          ctypes.c_int]
+    lib.trillium_panel_linear.restype = ctypes.c_int
+    if lib.trillium_panel_width() != WIDTH:
+        raise RuntimeError("panel_cpu.c was not built for AVX-512F")
+
+
+_LIBRARY = CLibrary(Path(__file__).with_name("panel_cpu.c"), "the float32 panel linear kernel", _declare,
+                    flags=FLAGS)
+# the reference switch (kernels/dispatch.py) keeps every float32 linear on its plain path
+_ON = ENABLED and _AVX512 and os.environ.get("TRILLIUM_KERNELS", "") != "reference"
+
+
+def available() -> bool:
+    return _AVX512 and _LIBRARY.available()
+
+
+def unavailable_reason() -> str | None:
+    if not _AVX512:
+        return "the CPU has no AVX-512F (the kernel is built and measured for it only)"
+    return _LIBRARY.unavailable_reason()
+
+
+def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """float32 CPU x [dense_cpu.MAX_ROWS < M <= MAX_ROWS, K] with unit stride in its rows, a contiguous
+    float32 parameter [N, K], bias None or contiguous float32; the library built."""
+    return (
+        _ON
+        and x.dim() == 2
+        and dense_cpu.MAX_ROWS < x.shape[0] <= MAX_ROWS
+        and x.stride(1) == 1
+        and x.stride(0) >= x.shape[1]
+        and isinstance(weight, torch.nn.Parameter)
+        and weight.dim() == 2
+        and weight.is_contiguous()
+        and weight.shape[1] == x.shape[1]
+        and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
+        and _LIBRARY.get() is not None
+    )
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] float32 contiguous -> its panels, flat [ceil(N / 48) * K * 48] (zeros past N)."""
+    n, k = weight.shape
+    out = torch.empty(-(-n // WIDTH) * k * WIDTH, dtype=torch.float32)
+    _LIBRARY.get().trillium_panel_pack(weight.data_ptr(), n, k, out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ weight [N, K].T (+ bias) -> [M, N] float32, on the weight's panels (made at the first call)."""
+    m, k = x.shape
+    n = weight.shape[0]
+    panels = onednn_packed.copy_of(weight, "panel", pack)
+    out = torch.empty(m, n, dtype=torch.float32)
+    rc = _LIBRARY.get().trillium_panel_linear(
+        x.data_ptr(), m, k, x.stride(0), panels.data_ptr(), n, None if bias is None else bias.data_ptr(),
+        out.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise ValueError(f"the float32 panel kernel refused x {tuple(x.shape)} @ w {tuple(weight.shape)}")
+    return out
+
+
+__all__ = ["ENABLED", "MAX_ROWS", "WIDTH", "available", "linear", "pack", "takes", "unavailable_reason"]
