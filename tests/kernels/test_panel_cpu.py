@@ -1,4 +1,4 @@
-"""kernels/panel_cpu.py: float32 linears of 17-128 rows on panel-packed weights (AVX-512F CPUs).
+"""kernels/panel_cpu.py: float32 linears past dense_cpu's rows on panel-packed weights (AVX-512F CPUs).
 
 The reference is the float64 product rounded to float32; a row's bits must not depend on the rows
 beside it or the threads; the panels live in onednn_packed's cache, so they follow weight writes
@@ -41,7 +41,7 @@ def test_the_product_matches_float64_at_every_row_count_it_takes(n, k, bias):
     g = torch.Generator().manual_seed(n * 31 + k)
     w = _param(n, k, g)
     b = torch.randn(n, generator=g) if bias else None
-    for rows in (LOW, LOW + 1, 24, 31, 33, 64, 71, panel_cpu.MAX_ROWS):
+    for rows in (LOW, LOW + 1, 24, 31, 33, 64, 71, 128, 257, 600):
         if rows < LOW:
             continue
         x = torch.randn(rows, k, generator=g)
@@ -66,9 +66,9 @@ def test_a_rows_bits_do_not_depend_on_the_batch_or_the_threads():
     g = torch.Generator().manual_seed(5)
     w = _param(300, 512, g)
     b = torch.randn(300, generator=g)
-    x = torch.randn(panel_cpu.MAX_ROWS, 512, generator=g)
+    x = torch.randn(600, 512, generator=g)  # three blocks of rows (panel_cpu.c's ROW_BLOCK 256)
     full = panel_cpu.linear(x, w, b)
-    for rows in (LOW, 20, 33, 64, 100):
+    for rows in (LOW, 20, 33, 64, 100, 256, 300):
         assert torch.equal(panel_cpu.linear(x[:rows].clone(), w, b), full[:rows])
         assert torch.equal(panel_cpu.linear(x[-rows:].clone(), w, b), full[-rows:])  # other tile positions
     threads = torch.get_num_threads()
@@ -85,7 +85,6 @@ def test_what_it_does_not_take():
     x = torch.randn(40, 32, generator=g)
     assert panel_cpu.takes(x, w, None)
     assert not panel_cpu.takes(x[:LOW - 1], w, None), "dense_cpu's rows"
-    assert not panel_cpu.takes(torch.randn(panel_cpu.MAX_ROWS + 1, 32), w, None), "oneDNN's rows"
     assert not panel_cpu.takes(x, w.detach().clone(), None), "a weight made for one call is not packed"
     assert not panel_cpu.takes(torch.randn(32, 40).T, w, None), "rows with a stride inside them"
     assert not panel_cpu.takes(x.unsqueeze(0), w, None)
@@ -107,15 +106,20 @@ def test_a_write_to_the_weight_is_seen_after_forget_and_a_version_bump_without()
     torch.testing.assert_close(panel_cpu.linear(x, w, None), _reference(x, w, None), atol=1e-4, rtol=1e-5)
 
 
-def test_llama_linear_sends_decode_batches_here_and_prefill_chunks_to_onednn():
+def test_llama_linear_sends_rows_past_dense_cpus_here_and_a_plain_tensor_to_onednn():
     g = torch.Generator().manual_seed(11)
     w = _param(96, 64, g)
     with torch.no_grad():
-        for rows, kind in ((40, "panel"), (panel_cpu.MAX_ROWS, "panel"), (panel_cpu.MAX_ROWS + 1, "onednn")):
+        for rows in (LOW - 1, LOW, 40, 1000):
             onednn_packed.forget()
             x = torch.randn(rows, 64, generator=g)
             torch.testing.assert_close(llama.linear(x, w), _reference(x, w, None), atol=1e-4, rtol=1e-5)
-            assert [k for _, k in onednn_packed._COPIES] == ([kind] if onednn_packed.ENABLED or kind == "panel" else [])
+            assert [k for _, k in onednn_packed._COPIES] == ([] if rows < LOW else ["panel"])
+        onednn_packed.forget()
+        temporary = w.detach().clone()  # a GGUF / int4 layer's per-call matrix: oneDNN, nothing packed
+        x = torch.randn(40, 64, generator=g)
+        torch.testing.assert_close(llama.linear(x, temporary), _reference(x, w, None), atol=1e-4, rtol=1e-5)
+        assert onednn_packed.packed_bytes() == 0
 
 
 @pytest.mark.parametrize("value,ok", [("0", True), ("yes", False)])

@@ -4,12 +4,13 @@
  * -ffp-contract=fast, OpenMP; no torch headers) and called through ctypes. AVX-512F only: the
  * Python side does not load it elsewhere (it was measured on a Zen 4 alone).
  *
- * WHY: a decode step of 17-128 rows (a batch of that many sequences) is past the reach of
- * dense_cpu.c's tiles on a Zen 4 (16 rows there), and oneDNN's matmul on its packed copy ran the
- * bench model's 33 linears (110 MB of weights, read from memory as in a decode step) at 126-165
- * GFLOP/s at 16-64 rows, ~65-85% of what the two cores do on weights held in cache. This kernel
- * streams each weight once from memory and keeps each weight vector it loads in a register for
- * MR rows: bench/dense_linear.py's panel column.
+ * WHY: a decode step of more than 16 rows (a batch of that many sequences) is past the reach of
+ * dense_cpu.c's tiles on a Zen 4, and oneDNN's matmul on its packed copy ran the bench model's 33
+ * linears (110 MB of weights, read from memory as in a decode step) at 126-165 GFLOP/s at 16-64
+ * rows, ~65-85% of what the two cores do on weights held in cache. This kernel streams each weight
+ * once from memory and keeps each weight vector it loads in a register for MR rows:
+ * bench/dense_linear.py's panel column. Prefill chunks (hundreds of rows) run here too: level with
+ * oneDNN alone, ahead served (panel_cpu.py has the figures).
  *
  * Layout: the weight w [N, K] is packed once (trillium_panel_pack) into panels of NR = 48 output
  * channels: panel p holds w[p*NR + c][i] at [i][c] (c < NR, zeros past N), so a panel is one
@@ -23,7 +24,7 @@
  * tests check it). The bits differ from dense_cpu.c's (two accumulators and a horizontal sum) and
  * from oneDNN's.
  *
- * Threads split the (panel, tile of rows) items, panel by panel, into contiguous ranges.
+ * Threads share out (panel, tile of rows) items, a block of rows at a time (trillium_panel_linear).
  */
 #include <stddef.h>
 #include <string.h>
@@ -34,6 +35,7 @@
 
 #define NR 48 /* output channels a panel holds: 3 vectors of 16 */
 #define MR 8  /* activation rows a tile multiplies: with 3 vectors, 24 of the 32 registers hold sums */
+#define ROW_BLOCK 256 /* rows the panels stream past at a time (a multiple of MR) */
 
 /* The build's panel width (0: not built for AVX-512F, nothing else here works). */
 int trillium_panel_width(void) {
@@ -119,17 +121,25 @@ int trillium_panel_linear(const float *x, long m, long k, long xs, const float *
 #if defined(__AVX512F__)
     if (m <= 0 || k <= 0 || n <= 0 || xs < k) return -1;
     const long panels = (n + NR - 1) / NR, tiles = (m + MR - 1) / MR;
-    /* WHY items of a panel by a tile of rows, in panel order, in contiguous ranges: each thread still
-     * streams its own run of panels, and with few panels (11 at N = 512) a panel's tiles can go to
-     * both threads instead of one thread taking a whole panel more (6 against 5: the 512x512
-     * projection at 64 rows ran at ~105 GFLOP/s served). */
-#pragma omp parallel for num_threads(threads) schedule(guided)
-    for (long it = 0; it < panels * tiles; it++) {
-        const long p = it / tiles, r0 = (it % tiles) * MR;
-        const long cols = n - p * NR < NR ? n - p * NR : NR;
-        const int rows = m - r0 < MR ? (int)(m - r0) : MR;
-        TILES[rows](x + r0 * xs, xs, packed + p * k * NR, k, bias == NULL ? NULL : bias + p * NR,
-                    y + r0 * n + p * NR, n, cols);
+    /* WHY items of a panel by a tile of rows, in panel order, handed out by OpenMP's guided schedule:
+     * with few panels (11 at N = 512) a panel's tiles can go to both threads instead of one thread
+     * taking a whole panel more (6 against 5: the 512x512 projection at 64 rows ran at ~105 GFLOP/s
+     * served), and a thread the OS pauses (the server's other processes share the cores) does not
+     * hold the other at the barrier with half the work left; the first chunks are long runs of
+     * panels, each thread one sequential stream.
+     * WHY blocks of ROW_BLOCK rows, one after the other: a prefill chunk's rows (x) are read again
+     * for every panel; a block's rows (256 x K floats) stay in cache while the panels stream by. */
+#pragma omp parallel num_threads(threads)
+    for (long t0 = 0; t0 < tiles; t0 += ROW_BLOCK / MR) {
+        const long block = tiles - t0 < ROW_BLOCK / MR ? tiles - t0 : ROW_BLOCK / MR;
+#pragma omp for schedule(guided)
+        for (long it = 0; it < panels * block; it++) {
+            const long p = it / block, r0 = (t0 + it % block) * MR;
+            const long cols = n - p * NR < NR ? n - p * NR : NR;
+            const int rows = m - r0 < MR ? (int)(m - r0) : MR;
+            TILES[rows](x + r0 * xs, xs, packed + p * k * NR, k, bias == NULL ? NULL : bias + p * NR,
+                        y + r0 * n + p * NR, n, cols);
+        }
     }
     return 0;
 #else

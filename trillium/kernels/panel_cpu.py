@@ -1,18 +1,20 @@
-"""float32 linears of decode batches past dense_cpu's rows, on weights packed once into panels (panel_cpu.c).
+"""float32 linears past dense_cpu's rows, on weights packed once into panels (panel_cpu.c).
 
     takes(x, weight, bias) -> bool      does this kernel run it? (see below; cheap: per layer per step)
     linear(x [M, K], weight [N, K], bias [N] | None) -> [M, N] float32   (call when `takes` says so)
-    MAX_ROWS = 128                      the most rows it takes
     ENABLED                             TRILLIUM_PANEL_LINEAR (1, the default, or 0), read once at import
     available() / unavailable_reason()  the build (AVX-512F CPUs only)
 
-`models/llama.py` sends a float32 CPU linear of dense_cpu.MAX_ROWS < M <= MAX_ROWS rows here, ahead
-of oneDNN (kernels/onednn_packed.py), where the weight is a parameter and the CPU has AVX-512F.
-WHY: on the 2-core AMD EPYC (Zen 4) we benchmark on, the bench model's 33 linears at 2 threads
-(110 MB of weights, read from memory as a decode step reads them) ran at 126-165 GFLOP/s through
-oneDNN on its packed copy at 16-64 rows, 160-195 here (bench/dense_linear.py's panel column; the
-C file says how). Past ~128 rows the two tie, and oneDNN's blocking over rows is ahead on prefill
-chunks (1024 rows: 198 against 190 GFLOP/s), so those stay on oneDNN.
+`models/llama.py` sends a float32 CPU linear of more than dense_cpu.MAX_ROWS rows here (decode
+batches past dense_cpu's reach, prefill chunks) instead of oneDNN (kernels/onednn_packed.py), where
+the weight is a parameter and the CPU has AVX-512F. WHY: on the 2-core AMD EPYC (Zen 4) we
+benchmark on, the bench model's 33 linears at 2 threads (110 MB of weights, read from memory as a
+decode step reads them) ran at 126-165 GFLOP/s through oneDNN on its packed copy at 16-64 rows and
+160-195 here (bench/dense_linear.py's panel column; the C file says how). From ~128 rows the two
+are level alone (1024-2048 rows: 191-192 against 198 GFLOP/s; 7B-sized 4096 x 4096 / 11008 x 4096 /
+4096 x 11008 weights at 32-2048 rows: within 4% either way), and served, where the server's other
+processes share the two cores, this kernel's dynamic split ran the all64 prompts' prefill 1.06x
+oneDNN's (README: "Panel-packed float32 linears").
 
 Only measured on a Zen 4: the library is not built on a CPU without AVX-512F (an AVX2 machine keeps
 dense_cpu.c's tiles to 64 rows, then oneDNN, as before).
@@ -20,9 +22,9 @@ dense_cpu.c's tiles to 64 rows, then oneDNN, as before).
 The panels are a copy of the weight kept in onednn_packed's cache (`copy_of(weight, "panel", ...)`),
 so the same INVARIANT holds: every place that changes or drops weights calls `onednn_packed.forget()`,
 a copy is made again when its weight moved, changed shape or version, and goes with its parameter.
-Memory: one more copy of each float32 linear parameter that runs 17-128 rows (made at its first such
-call). TRILLIUM_PANEL_LINEAR=0 sends those rows to oneDNN as before (no copy); any other value than 0
-or 1 is a start-up error.
+Memory: a second copy of each float32 linear parameter that runs more than dense_cpu.MAX_ROWS rows,
+in place of oneDNN's (made at its first such call; sleep level 2 drops it). TRILLIUM_PANEL_LINEAR=0
+sends those rows to oneDNN as before; any other value than 0 or 1 is a start-up error.
 
 A row's result is one FMA chain per output in K order: the same bits whatever the rows beside it,
 their count or the threads (the tests check it).
@@ -39,7 +41,6 @@ import torch
 from trillium.kernels import dense_cpu, onednn_packed
 from trillium.kernels.c_library import FLAGS, CLibrary, cpu_flags
 
-MAX_ROWS = 128
 WIDTH = 48  # panel_cpu.c's NR: output channels a panel holds
 
 
@@ -47,7 +48,7 @@ def _enabled() -> bool:
     asked = os.environ.get("TRILLIUM_PANEL_LINEAR", "1")
     if asked not in ("0", "1"):
         raise ValueError(f"TRILLIUM_PANEL_LINEAR={asked!r}: expected 1 (float32 decode batches of "
-                         f"{dense_cpu.MAX_ROWS + 1}-{MAX_ROWS} rows on panel-packed weights, the default) or 0 (oneDNN)")
+                         f"more than {dense_cpu.MAX_ROWS} rows on panel-packed weights, the default) or 0 (oneDNN)")
     return asked == "1"
 
 
@@ -85,12 +86,12 @@ def unavailable_reason() -> str | None:
 
 
 def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """float32 CPU x [dense_cpu.MAX_ROWS < M <= MAX_ROWS, K] with unit stride in its rows, a contiguous
+    """float32 CPU x [M > dense_cpu.MAX_ROWS, K] with unit stride in its rows, a contiguous
     float32 parameter [N, K], bias None or contiguous float32; the library built."""
     return (
         _ON
         and x.dim() == 2
-        and dense_cpu.MAX_ROWS < x.shape[0] <= MAX_ROWS
+        and x.shape[0] > dense_cpu.MAX_ROWS
         and x.stride(1) == 1
         and x.stride(0) >= x.shape[1]
         and isinstance(weight, torch.nn.Parameter)
@@ -125,4 +126,4 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out
 
 
-__all__ = ["ENABLED", "MAX_ROWS", "WIDTH", "available", "linear", "pack", "takes", "unavailable_reason"]
+__all__ = ["ENABLED", "WIDTH", "available", "linear", "pack", "takes", "unavailable_reason"]

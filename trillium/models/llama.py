@@ -74,8 +74,8 @@ _ONEDNN = onednn_packed.available
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear; float32 CPU inference runs `_cpu_linear` (a few rows: dense_cpu's kernel; decode batches
-    past those: panel_cpu's; more: oneDNN)."""
+    """F.linear; float32 CPU inference runs `_cpu_linear` (a few rows: dense_cpu's kernel; more:
+    panel_cpu's on an AVX-512F CPU, else oneDNN)."""
     if (
         x.dtype == torch.float32
         and weight.dtype == torch.float32
@@ -99,9 +99,8 @@ def _cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     small-M path (the bench model's 33 linears of a batch-1 decode step: 8.8 against 12.0 ms, bench/dense_linear.py);
     its 512-bit tiles (Intel AVX-512), and its 256-bit ones on AVX2 without AVX-512, stay ahead up to
     64 rows (1.05-1.07x there; dense_cpu.MAX_ROWS). With more rows each weight is reused: on an
-    AVX-512F CPU panel_cpu.c's kernel on panel-packed weights takes up to panel_cpu.MAX_ROWS rows
-    (decode batches; 1.07-1.2x oneDNN's packed matmul at 17-64 rows on a Zen 4), and past that (prefill
-    chunks) oneDNN's blocked matmul wins. Inside a compiled decode
+    AVX-512F CPU panel_cpu.c's kernel on panel-packed weights takes them (1.06-1.3x oneDNN's packed
+    matmul at 17-64 rows on a Zen 4, level past ~128), elsewhere oneDNN's blocked matmul. Inside a compiled decode
     graph only the live rows are computed (kernels/padded_rows.py: a 5-token verify step in the
     8-row graph pays 5 rows), the padding rows are zeros."""
     return padded_rows.skip_padding(x, weight.shape[0], lambda live: _cpu_linear_rows(live, weight, bias))
@@ -110,7 +109,7 @@ def _cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def _cpu_linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if dense_cpu.takes(x, weight, bias):
         return dense_cpu.linear(x, weight, bias)
-    if panel_cpu.takes(x, weight, bias):  # decode batches past dense_cpu's rows (AVX-512F: kernels/panel_cpu.py)
+    if panel_cpu.takes(x, weight, bias):  # past dense_cpu's rows, AVX-512F (kernels/panel_cpu.py)
         return panel_cpu.linear(x, weight, bias)
     if not _ONEDNN:
         return F.linear(x, weight, bias)
