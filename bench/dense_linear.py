@@ -9,10 +9,10 @@ multiplies M activation rows through all 33, as a decode step of M sequences
 does. Per M: ms per step of trillium/kernels/dense_cpu.c (what `llama.linear`
 runs up to dense_cpu.MAX_ROWS rows) and of oneDNN's `_linear_pointwise` (what
 it runs above, on the plain weights as before kernels/onednn_packed.py), of
-oneDNN on its packed copy of each weight (what `llama.linear` runs past
-panel_cpu.MAX_ROWS rows, and past dense_cpu's rows where the panel kernel is not
-built), and on an AVX-512F CPU of kernels/panel_cpu.c on its panel copy (what
-`llama.linear` runs from dense_cpu.MAX_ROWS + 1 to panel_cpu.MAX_ROWS rows), alternated
+oneDNN on its packed copy of each weight (what `llama.linear` runs past dense_cpu's
+rows where the panel kernel is not used), and on an AVX-512F CPU other than Intel's
+of kernels/panel_cpu.c on its panel copy (what `llama.linear` runs past dense_cpu's
+rows there), alternated
 --rounds times (a shared machine drifts), medians, and the weight bytes per second
 each reads. Where dense_cpu.c builds its 512-bit
 tiles (`dense_cpu.WIDE`: an Intel CPU with AVX-512) the same source built with
@@ -80,6 +80,10 @@ def main() -> None:
             for k, x in xs.items():
                 w = next(w for w in weights if w.shape[1] == k)
                 torch.testing.assert_close(dense_cpu.linear(x, w), x @ w.T, atol=1e-3, rtol=1e-4)
+        if "panel" in kernels:
+            for k, x in xs.items():
+                w = next(w for w in weights if w.shape[1] == k)
+                torch.testing.assert_close(panel_cpu.linear(x, w), x @ w.T, atol=1e-3, rtol=1e-4)
         times: dict[str, list[float]] = {name: [] for name in kernels}
         with torch.inference_mode():
             for _ in range(args.rounds):

@@ -20,7 +20,7 @@ from trillium.models.loader import load_model
 
 pytestmark = pytest.mark.skipif(not (onednn_packed.available and onednn_packed.ENABLED),
                                 reason="no oneDNN in this torch build")
-ROWS = dense_cpu.MAX_ROWS + 17  # past dense_cpu: the calls that reach oneDNN
+ROWS = dense_cpu.MAX_ROWS + 17  # past dense_cpu: oneDNN's rows (the panel kernel's on a Zen 4: the same cache)
 
 
 @pytest.fixture(autouse=True)

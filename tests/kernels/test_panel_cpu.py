@@ -12,10 +12,10 @@ import sys
 import pytest
 import torch
 
-from trillium.kernels import dense_cpu, onednn_packed, panel_cpu
+from trillium.kernels import dense_cpu, onednn_packed, padded_rows, panel_cpu
 from trillium.models import llama
 
-pytestmark = pytest.mark.skipif(not panel_cpu.available(), reason=f"panel kernel: {panel_cpu.unavailable_reason()}")
+built = pytest.mark.skipif(not panel_cpu.available(), reason=f"panel kernel: {panel_cpu.unavailable_reason()}")
 LOW = dense_cpu.MAX_ROWS + 1  # the fewest rows it takes
 
 
@@ -35,13 +35,14 @@ def _reference(x, w, b):
     return (out if b is None else out + b.double()).float()
 
 
-@pytest.mark.parametrize("n,k", [(1024, 512), (512, 1376), (48, 64), (47, 33), (49, 1), (97, 515), (5, 8)])
+@built
+@pytest.mark.parametrize("n,k", [(1024, 512), (512, 1376), (48, 64), (47, 33), (49, 1), (97, 515), (70, 24), (5, 8)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_product_matches_float64_at_every_row_count_it_takes(n, k, bias):
     g = torch.Generator().manual_seed(n * 31 + k)
     w = _param(n, k, g)
     b = torch.randn(n, generator=g) if bias else None
-    for rows in (LOW, LOW + 1, 24, 31, 33, 64, 71, 128, 257, 600):
+    for rows in (LOW, LOW + 1, 19, 21, 22, 24, 31, 33, 64, 71, 128, 257, 600):  # every tile height 1-8
         if rows < LOW:
             continue
         x = torch.randn(rows, k, generator=g)
@@ -53,6 +54,7 @@ def test_the_product_matches_float64_at_every_row_count_it_takes(n, k, bias):
     assert onednn_packed.packed_bytes() == panels * panel_cpu.WIDTH * k * 4, "one panel copy, made once"
 
 
+@built
 def test_strided_rows_read_in_place():
     g = torch.Generator().manual_seed(3)
     w = _param(100, 40, g)
@@ -62,6 +64,7 @@ def test_strided_rows_read_in_place():
     torch.testing.assert_close(panel_cpu.linear(x, w, None), _reference(x, w, None), atol=1e-4, rtol=1e-5)
 
 
+@built
 def test_a_rows_bits_do_not_depend_on_the_batch_or_the_threads():
     g = torch.Generator().manual_seed(5)
     w = _param(300, 512, g)
@@ -74,11 +77,14 @@ def test_a_rows_bits_do_not_depend_on_the_batch_or_the_threads():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert torch.equal(panel_cpu.linear(x, w, b), full)
+        alone = panel_cpu.linear(x, w, b)
+        torch.set_num_threads(3)
+        assert torch.equal(panel_cpu.linear(x, w, b), alone)
     finally:
         torch.set_num_threads(threads)
 
 
+@built
 def test_what_it_does_not_take():
     g = torch.Generator().manual_seed(7)
     w = _param(64, 32, g)
@@ -93,6 +99,7 @@ def test_what_it_does_not_take():
     assert onednn_packed.packed_bytes() == 0
 
 
+@built
 def test_a_write_to_the_weight_is_seen_after_forget_and_a_version_bump_without():
     g = torch.Generator().manual_seed(9)
     w = _param(64, 32, g)
@@ -106,6 +113,7 @@ def test_a_write_to_the_weight_is_seen_after_forget_and_a_version_bump_without()
     torch.testing.assert_close(panel_cpu.linear(x, w, None), _reference(x, w, None), atol=1e-4, rtol=1e-5)
 
 
+@built
 def test_llama_linear_sends_rows_past_dense_cpus_here_and_a_plain_tensor_to_onednn():
     g = torch.Generator().manual_seed(11)
     w = _param(96, 64, g)
@@ -120,6 +128,48 @@ def test_llama_linear_sends_rows_past_dense_cpus_here_and_a_plain_tensor_to_oned
         x = torch.randn(40, 64, generator=g)
         torch.testing.assert_close(llama.linear(x, temporary), _reference(x, w, None), atol=1e-4, rtol=1e-5)
         assert onednn_packed.packed_bytes() == 0
+
+
+@built
+def test_one_cache_for_both_kinds_a_freed_parameter_takes_its_panels_along_and_inference_tensors():
+    g = torch.Generator().manual_seed(13)
+    w = _param(64, 32, g)
+    x = torch.randn(40, 32, generator=g)
+    panel_cpu.linear(x, w, None)
+    onednn_packed.linear(x, w, None)
+    kinds = sorted(k for _, k in onednn_packed._COPIES)
+    assert kinds == (["onednn", "panel"] if onednn_packed.ENABLED else ["panel"])
+    onednn_packed.forget()
+    assert onednn_packed.packed_bytes() == 0
+    panel_cpu.linear(x, w, None)
+    del w
+    assert not onednn_packed._COPIES, "the panels went with their parameter"
+    with torch.inference_mode():
+        v = _param(64, 32, g)  # no version counter: forget() alone guards it
+    torch.testing.assert_close(panel_cpu.linear(x, v, None), _reference(x, v, None), atol=1e-4, rtol=1e-5)
+
+
+@built
+def test_a_compiled_graphs_call_computes_the_live_rows_only():
+    g = torch.Generator().manual_seed(17)
+    w = _param(96, 64, g)
+    x = torch.randn(64, 64, generator=g)  # a 64-row bucket with 40 live rows
+    with torch.no_grad(), padded_rows.live_rows(40):
+        out = torch.ops.trillium.cpu_linear(x, w, None)
+    torch.testing.assert_close(out[:40], _reference(x[:40], w, None), atol=1e-4, rtol=1e-5)
+    assert not out[40:].any()
+    assert [k for _, k in onednn_packed._COPIES] == ["panel"]
+
+
+def test_the_reference_switch_keeps_the_plain_path():
+    code = ("import torch; from trillium.kernels import onednn_packed as o; from trillium.models import llama;"
+            "w = torch.nn.Parameter(torch.randn(64, 32), requires_grad=False);"
+            "torch.set_grad_enabled(False); llama.linear(torch.randn(40, 32), w);"
+            "print(sorted(k for _, k in o._COPIES))")
+    run = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRILLIUM_KERNELS": "reference"},
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "panel" not in run.stdout
 
 
 @pytest.mark.parametrize("value,ok", [("0", True), ("yes", False)])

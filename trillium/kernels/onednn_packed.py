@@ -8,7 +8,8 @@
     ENABLED                 TRILLIUM_ONEDNN_PACKED (1, the default, or 0), read once at import
 
 `models/llama.py` sends a float32 CPU linear of more rows than dense_cpu.MAX_ROWS (prefill
-chunks, decode batches past dense_cpu's reach) to oneDNN's `mkldnn._linear_pointwise`. Given the
+chunks, decode batches past dense_cpu's reach) to oneDNN's `mkldnn._linear_pointwise` (except where
+kernels/panel_cpu.py takes them: a Zen 4-class CPU, its own copy in this cache). Given the
 plain [N, K] weight, oneDNN reorders the whole weight into its blocked layout on every call, then
 multiplies. Here the reorder runs once per weight (`mkldnn._reorder_linear_weight`, the layout
 for a 64-row batch) and later calls take the packed copy, as vLLM's CPU backend does (its
@@ -31,9 +32,10 @@ is also made again when its weight's data pointer, shape or version counter move
 when its parameter is freed.
 
 Memory: the packed copies are a second copy of every float32 linear parameter that runs more than
-dense_cpu.MAX_ROWS rows (made at its first such call; sleep level 2 drops them). TRILLIUM_ONEDNN_PACKED=0
-keeps oneDNN on the plain weights (no copy; the reorder on every call); any other value than 0
-or 1 is a start-up error.
+dense_cpu.MAX_ROWS rows (made at its first such call, oneDNN's or the panel kernel's, whichever runs
+those rows; sleep level 2 drops them). TRILLIUM_ONEDNN_PACKED=0 keeps oneDNN on the plain weights
+(no oneDNN copy; the reorder on every call; the panel kernel's copies are TRILLIUM_PANEL_LINEAR's);
+any other value than 0 or 1 is a start-up error.
 """
 
 from __future__ import annotations

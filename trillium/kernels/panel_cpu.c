@@ -2,7 +2,7 @@
  *
  * Built at first use by trillium/kernels/panel_cpu.py (the system C compiler, -O3 -march=native,
  * -ffp-contract=fast, OpenMP; no torch headers) and called through ctypes. AVX-512F only: the
- * Python side does not load it elsewhere (it was measured on a Zen 4 alone).
+ * Python side loads it on such a CPU that is not Intel's (it was measured on a Zen 4 alone).
  *
  * WHY: a decode step of more than 16 rows (a batch of that many sequences) is past the reach of
  * dense_cpu.c's tiles on a Zen 4, and oneDNN's matmul on its packed copy ran the bench model's 33
@@ -27,8 +27,6 @@
  * Threads share out (panel, tile of rows) items, a block of rows at a time (trillium_panel_linear).
  */
 #include <stddef.h>
-#include <string.h>
-#include <omp.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif

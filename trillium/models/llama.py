@@ -69,13 +69,14 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # layout (kernels/onednn_packed.py: the reorder of the plain weight on every
 # call cost 1.04-1.76x at 16-2048 rows; whatever changes weights calls its forget()).
 # Inference only (no autograd).
-# Making this False puts every call of more than dense_cpu.MAX_ROWS rows back on F.linear.
+# Making this False puts every call of more than dense_cpu.MAX_ROWS rows that panel_cpu does not take
+# back on F.linear.
 _ONEDNN = onednn_packed.available
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear; float32 CPU inference runs `_cpu_linear` (a few rows: dense_cpu's kernel; more:
-    panel_cpu's on an AVX-512F CPU, else oneDNN)."""
+    panel_cpu's on a Zen 4-class CPU, else oneDNN)."""
     if (
         x.dtype == torch.float32
         and weight.dtype == torch.float32
@@ -99,7 +100,7 @@ def _cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     small-M path (the bench model's 33 linears of a batch-1 decode step: 8.8 against 12.0 ms, bench/dense_linear.py);
     its 512-bit tiles (Intel AVX-512), and its 256-bit ones on AVX2 without AVX-512, stay ahead up to
     64 rows (1.05-1.07x there; dense_cpu.MAX_ROWS). With more rows each weight is reused: on an
-    AVX-512F CPU panel_cpu.c's kernel on panel-packed weights takes them (1.06-1.3x oneDNN's packed
+    AVX-512F CPU that is not Intel's panel_cpu.c's kernel on panel-packed weights takes them (1.06-1.3x oneDNN's packed
     matmul at 17-64 rows on a Zen 4, level past ~128), elsewhere oneDNN's blocked matmul. Inside a compiled decode
     graph only the live rows are computed (kernels/padded_rows.py: a 5-token verify step in the
     8-row graph pays 5 rows), the padding rows are zeros."""
@@ -109,7 +110,7 @@ def _cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def _cpu_linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if dense_cpu.takes(x, weight, bias):
         return dense_cpu.linear(x, weight, bias)
-    if panel_cpu.takes(x, weight, bias):  # past dense_cpu's rows, AVX-512F (kernels/panel_cpu.py)
+    if panel_cpu.takes(x, weight, bias):  # past dense_cpu's rows on a Zen 4-class CPU (kernels/panel_cpu.py)
         return panel_cpu.linear(x, weight, bias)
     if not _ONEDNN:
         return F.linear(x, weight, bias)
@@ -119,8 +120,8 @@ def _cpu_linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 # WHY an op of our own: Inductor's lowering of mkldnn._linear_pointwise expects
 # weights it packed itself (freezing), and F.linear in a graph becomes MKL's
 # sgemm again (see _ONEDNN). Opaque to the compiler, the same kernels as
-# eager (`_cpu_linear`), reading the live weights (or oneDNN's packed copy of them,
-# dropped wherever weights change: kernels/onednn_packed.py).
+# eager (`_cpu_linear`), reading the live weights (or oneDNN's or the panel kernel's packed copy of
+# them, dropped wherever weights change: kernels/onednn_packed.py).
 # NOTE: torch.library.Library, not @custom_op: the latter wraps every call in
 # Python autograd and dynamo-disable layers (and imports torch._dynamo on the
 # first call); this op runs 4 times per layer per step.
