@@ -174,7 +174,8 @@ def test_the_reference_switch_keeps_the_plain_path():
 
 @pytest.mark.parametrize("value,ok", [("0", True), ("yes", False)])
 def test_the_switch(value, ok):
-    code = ("import torch; from trillium.kernels import onednn_packed as o, panel_cpu as p; from trillium.models import llama;"
+    code = ("import torch; from trillium.kernels import onednn_packed as o, panel_cpu;"
+            "from trillium.models import llama;"
             "w = torch.nn.Parameter(torch.randn(64, 32), requires_grad=False);"
             "torch.set_grad_enabled(False); llama.linear(torch.randn(40, 32), w);"
             "print(sorted(k for _, k in o._COPIES))")

@@ -7,9 +7,9 @@
 
 `models/llama.py` sends a float32 CPU linear of more than dense_cpu.MAX_ROWS rows here (decode
 batches past dense_cpu's reach, prefill chunks) instead of oneDNN (kernels/onednn_packed.py), where
-the weight is a parameter and the CPU has AVX-512F and is not Intel's (a Zen 4). WHY: on the 2-core AMD EPYC (Zen 4) we
-benchmark on, the bench model's 33 linears at 2 threads (110 MB of weights, read from memory as a
-decode step reads them) ran at 126-165 GFLOP/s through oneDNN on its packed copy at 16-64 rows and
+the weight is a parameter and the CPU has AVX-512F and is not Intel's (a Zen 4). WHY: on the 2-core
+AMD EPYC (Zen 4) we benchmark on, the bench model's 33 linears at 2 threads (110 MB of weights, read
+from memory as a decode step reads them) ran at 126-165 GFLOP/s through oneDNN on its packed copy at 16-64 rows and
 160-195 here (bench/dense_linear.py's panel column; the C file says how). From ~128 rows the two
 are level alone (1024-2048 rows: 191-192 against 198 GFLOP/s; 7B-sized 4096 x 4096 / 11008 x 4096 /
 4096 x 11008 weights at 32-2048 rows: within 4% either way), and served, where the server's other
@@ -49,8 +49,8 @@ WIDTH = 48  # panel_cpu.c's NR: output channels a panel holds
 def _enabled() -> bool:
     asked = os.environ.get("TRILLIUM_PANEL_LINEAR", "1")
     if asked not in ("0", "1"):
-        raise ValueError(f"TRILLIUM_PANEL_LINEAR={asked!r}: expected 1 (float32 decode batches of "
-                         f"linears of more than {dense_cpu.MAX_ROWS} rows on panel-packed weights, the default) or 0 (oneDNN)")
+        raise ValueError(f"TRILLIUM_PANEL_LINEAR={asked!r}: expected 1 (float32 linears of more than "
+                         f"{dense_cpu.MAX_ROWS} rows on panel-packed weights, the default) or 0 (oneDNN)")
     return asked == "1"
 
 

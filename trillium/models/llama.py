@@ -95,13 +95,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def _cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """float32 CPU inference. WHY two kernels: up to dense_cpu.MAX_ROWS rows (decode and verify steps)
+    """float32 CPU inference. WHY more than one kernel: up to dense_cpu.MAX_ROWS rows (decode and verify steps)
     the product is bound by reading the weights, which dense_cpu.c streams ~1.5x faster than oneDNN's
     small-M path (the bench model's 33 linears of a batch-1 decode step: 8.8 against 12.0 ms, bench/dense_linear.py);
     its 512-bit tiles (Intel AVX-512), and its 256-bit ones on AVX2 without AVX-512, stay ahead up to
     64 rows (1.05-1.07x there; dense_cpu.MAX_ROWS). With more rows each weight is reused: on an
-    AVX-512F CPU that is not Intel's panel_cpu.c's kernel on panel-packed weights takes them (1.06-1.3x oneDNN's packed
-    matmul at 17-64 rows on a Zen 4, level past ~128), elsewhere oneDNN's blocked matmul. Inside a compiled decode
+    AVX-512F CPU that is not Intel's panel_cpu.c's kernel on panel-packed weights takes them
+    (1.16-1.3x oneDNN's packed matmul at 17-64 rows on a Zen 4, level past ~128 alone, 1.10x on the
+    all64 workload served), elsewhere oneDNN's blocked matmul. Inside a compiled decode
     graph only the live rows are computed (kernels/padded_rows.py: a 5-token verify step in the
     8-row graph pays 5 rows), the padding rows are zeros."""
     return padded_rows.skip_padding(x, weight.shape[0], lambda live: _cpu_linear_rows(live, weight, bias))
