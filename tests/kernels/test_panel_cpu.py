@@ -35,6 +35,21 @@ def _reference(x, w, b):
     return (out if b is None else out + b.double()).float()
 
 
+def _close(got, x, w, b=None):
+    torch.testing.assert_close(got, _reference(x, w, b), atol=1e-4, rtol=1e-5)
+
+
+def _copies_after_a_linear(env: dict) -> subprocess.CompletedProcess:
+    """A fresh process runs llama.linear on 40 rows of a parameter under `env` and prints the kinds
+    of packed copy it made (the switches are read at import)."""
+    code = ("import torch; from trillium.kernels import onednn_packed as o; from trillium.models import llama;"
+            "w = torch.nn.Parameter(torch.randn(64, 32), requires_grad=False);"
+            "torch.set_grad_enabled(False); llama.linear(torch.randn(40, 32), w);"
+            "print(sorted(k for _, k in o._COPIES))")
+    return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=120)
+
+
 @built
 @pytest.mark.parametrize("n,k", [(1024, 512), (512, 1376), (48, 64), (47, 33), (49, 1), (97, 515), (70, 24), (5, 8)])
 @pytest.mark.parametrize("bias", [False, True])
@@ -61,7 +76,7 @@ def test_strided_rows_read_in_place():
     wide = torch.randn(40, 64, generator=g)
     x = wide[:, 7:47]  # rows 64 floats apart
     assert panel_cpu.takes(x, w, None)
-    torch.testing.assert_close(panel_cpu.linear(x, w, None), _reference(x, w, None), atol=1e-4, rtol=1e-5)
+    _close(panel_cpu.linear(x, w, None), x, w)
 
 
 @built
@@ -107,10 +122,10 @@ def test_a_write_to_the_weight_is_seen_after_forget_and_a_version_bump_without()
     panel_cpu.linear(x, w, None)
     w.data.copy_(torch.randn(64, 32, generator=g))  # the loader's write: no version bump
     onednn_packed.forget()
-    torch.testing.assert_close(panel_cpu.linear(x, w, None), _reference(x, w, None), atol=1e-4, rtol=1e-5)
+    _close(panel_cpu.linear(x, w, None), x, w)
     with torch.no_grad():
         w.copy_(torch.randn(64, 32, generator=g))  # a version bump
-    torch.testing.assert_close(panel_cpu.linear(x, w, None), _reference(x, w, None), atol=1e-4, rtol=1e-5)
+    _close(panel_cpu.linear(x, w, None), x, w)
 
 
 @built
@@ -121,12 +136,12 @@ def test_llama_linear_sends_rows_past_dense_cpus_here_and_a_plain_tensor_to_oned
         for rows in (LOW - 1, LOW, 40, 1000):
             onednn_packed.forget()
             x = torch.randn(rows, 64, generator=g)
-            torch.testing.assert_close(llama.linear(x, w), _reference(x, w, None), atol=1e-4, rtol=1e-5)
+            _close(llama.linear(x, w), x, w)
             assert [k for _, k in onednn_packed._COPIES] == ([] if rows < LOW else ["panel"])
         onednn_packed.forget()
         temporary = w.detach().clone()  # a GGUF / int4 layer's per-call matrix: oneDNN, nothing packed
         x = torch.randn(40, 64, generator=g)
-        torch.testing.assert_close(llama.linear(x, temporary), _reference(x, w, None), atol=1e-4, rtol=1e-5)
+        _close(llama.linear(x, temporary), x, w)
         assert onednn_packed.packed_bytes() == 0
 
 
@@ -146,7 +161,7 @@ def test_one_cache_for_both_kinds_a_freed_parameter_takes_its_panels_along_and_i
     assert not onednn_packed._COPIES, "the panels went with their parameter"
     with torch.inference_mode():
         v = _param(64, 32, g)  # no version counter: forget() alone guards it
-    torch.testing.assert_close(panel_cpu.linear(x, v, None), _reference(x, v, None), atol=1e-4, rtol=1e-5)
+    _close(panel_cpu.linear(x, v, None), x, v)
 
 
 @built
@@ -156,31 +171,20 @@ def test_a_compiled_graphs_call_computes_the_live_rows_only():
     x = torch.randn(64, 64, generator=g)  # a 64-row bucket with 40 live rows
     with torch.no_grad(), padded_rows.live_rows(40):
         out = torch.ops.trillium.cpu_linear(x, w, None)
-    torch.testing.assert_close(out[:40], _reference(x[:40], w, None), atol=1e-4, rtol=1e-5)
+    _close(out[:40], x[:40], w)
     assert not out[40:].any()
     assert [k for _, k in onednn_packed._COPIES] == ["panel"]
 
 
 def test_the_reference_switch_keeps_the_plain_path():
-    code = ("import torch; from trillium.kernels import onednn_packed as o; from trillium.models import llama;"
-            "w = torch.nn.Parameter(torch.randn(64, 32), requires_grad=False);"
-            "torch.set_grad_enabled(False); llama.linear(torch.randn(40, 32), w);"
-            "print(sorted(k for _, k in o._COPIES))")
-    run = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRILLIUM_KERNELS": "reference"},
-                         capture_output=True, text=True, timeout=120)
+    run = _copies_after_a_linear({"TRILLIUM_KERNELS": "reference"})
     assert run.returncode == 0, run.stderr
     assert "panel" not in run.stdout
 
 
 @pytest.mark.parametrize("value,ok", [("0", True), ("yes", False)])
 def test_the_switch(value, ok):
-    code = ("import torch; from trillium.kernels import onednn_packed as o, panel_cpu;"
-            "from trillium.models import llama;"
-            "w = torch.nn.Parameter(torch.randn(64, 32), requires_grad=False);"
-            "torch.set_grad_enabled(False); llama.linear(torch.randn(40, 32), w);"
-            "print(sorted(k for _, k in o._COPIES))")
-    run = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRILLIUM_PANEL_LINEAR": value},
-                         capture_output=True, text=True, timeout=120)
+    run = _copies_after_a_linear({"TRILLIUM_PANEL_LINEAR": value})
     if ok:
         assert run.returncode == 0, run.stderr
         assert "panel" not in run.stdout, "TRILLIUM_PANEL_LINEAR=0 keeps those rows on oneDNN"
