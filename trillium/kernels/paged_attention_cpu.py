@@ -114,7 +114,12 @@ def step_supported(k_cache: torch.Tensor, v_cache: torch.Tensor, meta: Attention
         return False
     if meta.block_tables.stride(-1) != 1 or not meta.seq_lens.is_contiguous():
         return False
-    # Read per call, as dispatch does for CUDA: the switch tests and benchmarks flip.
+    return _on()
+
+
+def _on() -> bool:
+    """The kernels may run: not TRILLIUM_KERNELS=reference, and the library built. Read per call, as
+    dispatch does for CUDA: the switch tests and benchmarks flip."""
     return os.environ.get("TRILLIUM_KERNELS", "") != "reference" and _LIBRARY.available()
 
 
@@ -164,7 +169,7 @@ def prefill_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool
     num_heads, head_dim = q.shape[1], q.shape[2]
     if num_heads % k.shape[1] or num_heads // k.shape[1] > PREFILL_MAX_GROUP or head_dim % 16 or head_dim > 256:
         return False
-    return os.environ.get("TRILLIUM_KERNELS", "") != "reference" and _LIBRARY.available()
+    return _on()
 
 
 PREFILL_MAX_GROUP = 16  # query heads per KV head the prefill kernel takes (PF_MAX_G)
