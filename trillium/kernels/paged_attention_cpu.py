@@ -6,6 +6,10 @@
     available() -> bool, unavailable_reason() -> str | None   (a C compiler built the kernel here)
     prefill_supported(q, k, v) -> bool; fresh_prefill_attention(q, k, v, num_seqs, q_len, scale) -> out
         (causal attention of context-free prefills over their own keys: fresh_prefill.attend_run)
+    context_prefill_supported(q, k_cache, v_cache, table) -> bool;
+    context_prefill_attention(q, k_cache, v_cache, table, context, scale) -> out
+        (one sequence's prefill chunk after a context, keys read from the paged cache in place:
+        reference._attend_prefill)
 
 What it replaces: for a pure decode step (every sequence has one query
 token) `reference.paged_attention` gathers each sequence's blocks into a
@@ -24,9 +28,11 @@ a 256-entry table built by `fp8.widen_fp8` (so the values are the
 reference's, bit for bit); contiguous caches; int32 block tables and
 sequence lengths (what `AttentionMetadata.build` makes). Sliding window and
 soft-capping are in the kernel (the reference has both; it has no ALiBi, nor
-does this). Everything else (prefill, bfloat16 / float16 queries or caches,
-no C compiler, TRILLIUM_KERNELS=reference) goes to the reference,
-explicitly, in `dispatch.paged_attention`. A mixed step (decode rows beside
+does this). Everything else (prefill chunks, bfloat16 / float16 queries or
+caches, no C compiler, TRILLIUM_KERNELS=reference) goes to the reference,
+explicitly, in `dispatch.paged_attention`; the reference hands float32
+prefill chunks to this file's prefill kernels (fresh_prefill.attend_run,
+reference._attend_prefill). A mixed step (decode rows beside
 prefill chunks) is split there (`mixed_split`): the decode rows take the
 kernel, the prefill chunks the reference, so a decode row is computed as in
 a decode step whatever else its step holds.
@@ -74,6 +80,11 @@ def _declare(lib: ctypes.CDLL) -> None:
         _L, _L, _L, _L, _L, _F, _P, ctypes.c_int,  # sequences, q_len, H, KH, D, scale, out, threads
     ]  # fmt: skip
     lib.trillium_fresh_prefill_attention.restype = ctypes.c_int
+    lib.trillium_paged_prefill_attention.argtypes = [
+        _P, _L, _L, _P, _P, _L, _L, _P,  # q with its row and head strides, k, v caches, block size, KH, table
+        _L, _L, _L, _L, _F, _P, ctypes.c_int,  # context, q_len, H, D, scale, out, threads
+    ]  # fmt: skip
+    lib.trillium_paged_prefill_attention.restype = ctypes.c_int
 
 
 _LIBRARY = CLibrary(_SOURCE, "the CPU paged decode attention kernel", _declare)
@@ -187,6 +198,43 @@ def fresh_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n
         q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
         v.data_ptr(), v.stride(0), v.stride(1), num_seqs, q_len, num_heads, k.shape[1], head_dim, scale,
         out.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    return out if rc == 0 else None
+
+
+def context_prefill_supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                              table: torch.Tensor) -> bool:
+    """Can `context_prefill_attention` take one sequence's chunk q [T, H, D] over these caches and its
+    block table? (float32 everywhere, contiguous caches, int32 table: fp8 caches keep the reference)"""
+    if not (q.dtype == k_cache.dtype == v_cache.dtype == torch.float32) or q.device.type != "cpu":
+        return False
+    if q.stride(-1) != 1 or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        return False
+    if table.dtype != torch.int32 or table.stride(-1) != 1 or k_cache.shape[3] != q.shape[2]:
+        return False
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    if num_heads % num_kv_heads or num_heads // num_kv_heads > PREFILL_MAX_GROUP or head_dim % 16 or head_dim > 256:
+        return False
+    return _on()
+
+
+def context_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
+                              context: int, scale: float) -> torch.Tensor | None:
+    """Causal attention of one sequence's chunk q [T, H, D] at positions context .. context + T - 1 over
+    its keys 0 .. context + T - 1 in the paged caches (this chunk's already written), through its block
+    table (int32, at least ceil((context + T) / block_size) entries) -> out [T, H, D] float32. The C
+    file's `trillium_paged_prefill_attention` says how. None where it could not run (no memory for its
+    work buffers): the caller takes SDPA."""
+    num_rows, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    if table.numel() * block_size < context + num_rows:
+        raise ValueError(f"a block table of {table.numel()} blocks of {block_size} does not hold "
+                         f"{context + num_rows} keys")
+    out = torch.empty(num_rows, num_heads, head_dim, dtype=torch.float32)
+    rc = _LIBRARY.get().trillium_paged_prefill_attention(
+        q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(), block_size, num_kv_heads,
+        table.data_ptr(), context, num_rows, num_heads, head_dim, scale, out.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
     return out if rc == 0 else None
 

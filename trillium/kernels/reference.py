@@ -18,6 +18,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from trillium.kernels import paged_attention_cpu
 from trillium.kernels.fp8 import is_fp8, quantize_fp8, widen_fp8
 from trillium.kernels.fresh_prefill import Run, attend_run, plan_runs
 from trillium.kernels.metadata import AttentionMetadata
@@ -205,6 +206,7 @@ class _PrefillSeq:
     table: torch.Tensor  # [num_blocks] block ids (with a window: from the first block it reads)
     seq_len: int  # keys gathered from `table` and attended (masked)
     mask: torch.Tensor | None  # [q_len, seq_len] bool (True: attend); None: plain causal (no context)
+    context: int | None = None  # keys before the chunk where it attends plain causally after them (no window)
 
 
 @attrs.frozen
@@ -271,7 +273,7 @@ def _build_plan(meta: AttentionMetadata, k_cache: torch.Tensor, dtype: torch.dty
                 first = max(0, ctx - window + 1) // block_size
                 mask = mask[:, first * block_size :]
             prefill.append(_PrefillSeq(slice(starts[b], starts[b + 1]), meta.block_tables[b, first:nblk],
-                                       slen - first * block_size, mask))
+                                       slen - first * block_size, mask, None if _windowed(slen, window) else ctx))
     in_order = len(decode_idx) == len(qlens) and decode_idx == list(range(len(qlens)))
     return _Plan(chunks, tuple(prefill), in_order, runs)
 
@@ -482,7 +484,17 @@ def _attend_prefill(
     enable_gqa: bool,
     softcap: float | None = None,
 ) -> torch.Tensor:
-    """SDPA for one sequence with q_len > 1 -> [q_len, H, D]."""
+    """SDPA for one sequence with q_len > 1 -> [q_len, H, D].
+
+    float32 on the CPU without a window or soft-capping takes the C kernel instead, reading the keys
+    where the cache holds them (paged_attention_cpu.context_prefill_attention: a 4000-token prompt's
+    later chunks spent ~47% of its prefill in SDPA and the gathers). Same math, rounded otherwise."""
+    if softcap is None and seq.context is not None:
+        qs = q[seq.rows]
+        if paged_attention_cpu.context_prefill_supported(qs, k_cache, v_cache, seq.table):
+            out = paged_attention_cpu.context_prefill_attention(qs, k_cache, v_cache, seq.table, seq.context, scale)
+            if out is not None:
+                return out
     keys, values = _gather_kv(k_cache, v_cache, seq.table, q.dtype)  # [nblk * bs, KH, D]
     if softcap is not None:
         qs = q[seq.rows].transpose(0, 1)
