@@ -6,7 +6,7 @@ Oracles: the float64 per-head `dense_causal_attention` (support/paged_batches.py
 SDPA path that `reference.paged_attention` takes under TRILLIUM_KERNELS=reference (what every later
 chunk ran before). Odd shapes: contexts of 0 to 1000 keys ending mid-block, chunks of 1 to 300 rows
 around the kernel's 16-row query blocks and 64-key blocks, block sizes 1 / 5 / 16 / 32 in shuffled
-tables, GQA groups 1 to 8, head dims 16 / 32 / 64 / 128; unowned slots hold NaN (never read).
+tables, GQA groups 1 to 16, head dims 16 / 32 / 64 / 128 / 256; unowned slots hold NaN (never read).
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ CASES = [  # (context, chunk rows, H, KH, D, block size)
     (33, 65, 9, 3, 32, 1),
     (250, 129, 8, 1, 128, 16),
     (7, 20, 16, 2, 16, 16),
+    (9, 30, 16, 1, 32, 16),
+    (3, 20, 4, 2, 256, 8),
 ]
 
 
@@ -68,7 +70,16 @@ def test_a_mixed_step_through_the_reference_gives_the_gather_paths_result(monkey
     kernel for the chunks) against itself under TRILLIUM_KERNELS=reference (gather + SDPA) and the oracle."""
     batch = make_paged_batch([30, 1, 100, 1, 12], [200, 77, 100, 5, 1000], num_heads=8, num_kv_heads=4,
                              head_dim=64, block_size=16, seed=5)
+    calls = []
+    kernel_fn = paged_attention_cpu.context_prefill_attention
+
+    def counted(q, k_cache, v_cache, table, context, scale):
+        calls.append((q.shape[0], context))
+        return kernel_fn(q, k_cache, v_cache, table, context, scale)
+
+    monkeypatch.setattr(paged_attention_cpu, "context_prefill_attention", counted)
     kernel = reference.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+    assert sorted(calls) == [(12, 988), (30, 170), (100, 0)]  # both later chunks and the first chunk
     monkeypatch.setenv("TRILLIUM_KERNELS", "reference")
     batch.meta.derived.clear()
     sdpa = reference.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
@@ -91,7 +102,8 @@ def test_windows_and_soft_capping_keep_the_gather_path(monkeypatch):
     torch.testing.assert_close(capped.double(), dense_causal_attention(batch, softcap=5.0), atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("what", ["bfloat16", "head dim 40", "group of 32", "int64 table", "reference switch"])
+@pytest.mark.parametrize("what", ["bfloat16", "head dim 40", "group of 32", "int64 table", "strided table",
+                                  "strided cache", "caches of two shapes", "reference switch"])
 def test_what_it_does_not_take(what, monkeypatch):
     h, kh, d, dtype = 8, 4, 64, torch.float32
     if what == "bfloat16":
@@ -103,10 +115,16 @@ def test_what_it_does_not_take(what, monkeypatch):
     elif what == "reference switch":
         monkeypatch.setenv("TRILLIUM_KERNELS", "reference")
     batch = make_paged_batch([20], [50], num_heads=h, num_kv_heads=kh, head_dim=d, block_size=16, dtype=dtype)
-    table = batch.meta.block_tables[0]
+    table, k_cache, v_cache = batch.meta.block_tables[0], batch.k_cache, batch.v_cache
     if what == "int64 table":
         table = table.long()
-    assert not paged_attention_cpu.context_prefill_supported(batch.q, batch.k_cache, batch.v_cache, table)
+    elif what == "strided table":
+        table = table.repeat_interleave(2)[::2]
+    elif what == "strided cache":
+        k_cache = k_cache.transpose(1, 2).contiguous().transpose(1, 2)
+    elif what == "caches of two shapes":
+        v_cache = v_cache[:-1]
+    assert not paged_attention_cpu.context_prefill_supported(batch.q, k_cache, v_cache, table)
 
 
 def test_a_table_too_short_for_the_keys_is_refused():

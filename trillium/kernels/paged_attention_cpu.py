@@ -210,7 +210,9 @@ def context_prefill_supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         return False
     if q.stride(-1) != 1 or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         return False
-    if table.dtype != torch.int32 or table.stride(-1) != 1 or k_cache.shape[3] != q.shape[2]:
+    if k_cache.device.type != "cpu" or v_cache.shape != k_cache.shape or k_cache.shape[3] != q.shape[2]:
+        return False
+    if table.dtype != torch.int32 or table.stride(-1) != 1 or table.device.type != "cpu":
         return False
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
