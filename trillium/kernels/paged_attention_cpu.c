@@ -807,7 +807,8 @@ static inline __attribute__((always_inline)) void prefill_item(const Prefill *c,
 #if defined(__AVX512F__)
         for (; t + 16 <= kn; t += 16) {  /* 16 keys at a time transposed in registers (D: a multiple of 16) */
             const float *kr[16];
-            for (int i = 0; i < 16; i++) kr[i] = pf_key_row(c, c->k, c->k_row, c->k_head, base, kb0 + t + i, kvh, D);
+            for (int i = 0; i < 16; i++)
+                kr[i] = pf_key_row(c, c->k, c->k_row, c->k_head, base, kb0 + t + i, kvh, D);
             for (long e0 = 0; e0 < D; e0 += 16) pf_transpose16(kr, e0, kt, t);
         }
 #endif
@@ -819,7 +820,8 @@ static inline __attribute__((always_inline)) void prefill_item(const Prefill *c,
             for (long e = 0; e < D; e++) kt[e * PF_KB + t] = 0.0f;
         for (long t = 0; t < kn; t++)  /* WHY a copy: V rows lie a qkv row apart (one 4 KB page each at the
                                         * bench shape); read 2 * g * PF_QB / 2 times, they come from L1 */
-            memcpy(vb + t * D, pf_key_row(c, c->v, c->v_row, c->v_head, base, kb0 + t, kvh, D), (size_t)D * sizeof(float));
+            memcpy(vb + t * D, pf_key_row(c, c->v, c->v_row, c->v_head, base, kb0 + t, kvh, D),
+                   (size_t)D * sizeof(float));
         for (long r0 = 0; r0 < rows; r0 += PF_QK_ROWS) {
             if (rows - r0 >= PF_QK_ROWS) pf_scores_tile(qs, kt, s, r0, D);
             else pf_scores(qs, kt, s, r0, rows - r0, D);

@@ -177,10 +177,13 @@ def prefill_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool
         return False
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         return False
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    if num_heads % k.shape[1] or num_heads // k.shape[1] > PREFILL_MAX_GROUP or head_dim % 16 or head_dim > 256:
-        return False
-    return _on()
+    return _prefill_shape(q.shape[1], k.shape[1], q.shape[2]) and _on()
+
+
+def _prefill_shape(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Heads and head dim the prefill kernels take (the C file's PF_MAX_G, PF_MAX_D and vector width)."""
+    return not (num_heads % num_kv_heads or num_heads // num_kv_heads > PREFILL_MAX_GROUP or head_dim % 16
+                or head_dim > 256)
 
 
 PREFILL_MAX_GROUP = 16  # query heads per KV head the prefill kernel takes (PF_MAX_G)
@@ -212,13 +215,9 @@ def context_prefill_supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         return False
     if k_cache.device.type != "cpu" or v_cache.shape != k_cache.shape or k_cache.shape[3] != q.shape[2]:
         return False
-    if table.dtype != torch.int32 or table.stride(-1) != 1 or table.device.type != "cpu":
+    if table.dtype != torch.int32 or table.dim() != 1 or table.stride(0) != 1 or table.device.type != "cpu":
         return False
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    num_kv_heads = k_cache.shape[2]
-    if num_heads % num_kv_heads or num_heads // num_kv_heads > PREFILL_MAX_GROUP or head_dim % 16 or head_dim > 256:
-        return False
-    return _on()
+    return _prefill_shape(q.shape[1], k_cache.shape[2], q.shape[2]) and _on()
 
 
 def context_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,

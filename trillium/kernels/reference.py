@@ -375,7 +375,8 @@ def paged_attention(
 
     WHY this shape on CPU: decode rows (q_len == 1) are gathered into padded
     batches (a few cache-sized chunks) and run as one SDPA call per chunk; the
-    few prefill sequences run one SDPA call each. A per-sequence loop over
+    few prefill sequences run one SDPA call each (float32 on the CPU: the C
+    prefill kernels instead, reading the cache in place; `_attend_prefill`). A per-sequence loop over
     decodes would cost one call per sequence per layer. Which rows go where
     (and their masks) is planned once per step, see `_plan`.
 
