@@ -878,21 +878,19 @@ static __attribute__((noinline)) void prefill_item_any(const Prefill *c, long se
     prefill_item(c, seq, kvh, p0, p1, work, c->d);
 }
 
-/* Returns 0, or -1 for a shape it does not take (head dim not a multiple of the vector width or past
- * PF_MAX_D, a GQA group past PF_MAX_G heads, no memory). Strides in floats. */
-int trillium_fresh_prefill_attention(const float *q, long q_row, long q_head, const float *k, long k_row,
-                                     long k_head, const float *v, long v_row, long v_head, long num_seqs,
-                                     long q_len, long h, long kh, long d, float scale, float *out,
-                                     int num_threads) {
-    if (kh <= 0 || h % kh || d <= 0 || d % PF_VW || d > PF_MAX_D || h / kh > PF_MAX_G || q_len <= 0)
-        return -1;
-    const Prefill c = {q, k, v, q_row, q_head, k_row, k_head, v_row, v_head, h / kh, q_len, h, d, scale, out,
-                       NULL, 0, 0, 0};
+/* Heads and head dim the prefill kernels take: D a multiple of the vector width up to PF_MAX_D, GQA
+ * groups up to PF_MAX_G heads. */
+static int prefill_shape(long q_len, long h, long kh, long d) {
+    return kh > 0 && h % kh == 0 && d > 0 && d % PF_VW == 0 && d <= PF_MAX_D && h / kh <= PF_MAX_G && q_len > 0;
+}
+
+/* Every work item of num_seqs sequences of c->q_len query rows (PF_QB positions of one sequence and KV
+ * head each) on `threads` threads, each with its own work buffers. 0, or -1: no memory for them. */
+static int prefill_items(const Prefill *c, long num_seqs, int threads) {
+    const long kh = c->h / c->g, q_len = c->q_len, d = c->d;
     const long nqb = (q_len + PF_QB - 1) / PF_QB, items = num_seqs * kh * nqb;
     const size_t work_floats = 2 * (size_t)PF_QB * PF_MAX_G * PF_MAX_D + 2 * (size_t)PF_MAX_D * PF_KB
                                + (size_t)PF_QB * PF_MAX_G * PF_KB + 2 * (size_t)PF_QB * PF_MAX_G;
-    /* WHY a floor: a thread team's wake-up costs more than a short prompt's attention */
-    const int threads = q_len * q_len * h * d * num_seqs < (1L << 18) ? 1 : num_threads;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
@@ -908,13 +906,26 @@ int trillium_fresh_prefill_attention(const float *q, long q_row, long q_head, co
             const long qb = nqb - 1 - it / (num_seqs * kh), rest = it % (num_seqs * kh), kvh = rest % kh,
                        seq = rest / kh;
             const long p0 = qb * PF_QB, p1 = p0 + PF_QB < q_len ? p0 + PF_QB : q_len;
-            if (d == 64) prefill_item_d64(&c, seq, kvh, p0, p1, work);
-            else if (d == 128) prefill_item_d128(&c, seq, kvh, p0, p1, work);
-            else prefill_item_any(&c, seq, kvh, p0, p1, work);
+            if (d == 64) prefill_item_d64(c, seq, kvh, p0, p1, work);
+            else if (d == 128) prefill_item_d128(c, seq, kvh, p0, p1, work);
+            else prefill_item_any(c, seq, kvh, p0, p1, work);
         }
         free(work);
     }
     return failed ? -1 : 0;
+}
+
+/* Returns 0, or -1 for a shape it does not take (head dim not a multiple of the vector width or past
+ * PF_MAX_D, a GQA group past PF_MAX_G heads, no memory). Strides in floats. */
+int trillium_fresh_prefill_attention(const float *q, long q_row, long q_head, const float *k, long k_row,
+                                     long k_head, const float *v, long v_row, long v_head, long num_seqs,
+                                     long q_len, long h, long kh, long d, float scale, float *out,
+                                     int num_threads) {
+    if (!prefill_shape(q_len, h, kh, d)) return -1;
+    const Prefill c = {q, k, v, q_row, q_head, k_row, k_head, v_row, v_head, h / kh, q_len, h, d, scale, out,
+                       NULL, 0, 0, 0};
+    /* WHY a floor: a thread team's wake-up costs more than a short prompt's attention */
+    return prefill_items(&c, num_seqs, q_len * q_len * h * d * num_seqs < (1L << 18) ? 1 : num_threads);
 }
 
 /* One sequence's prefill chunk after `ctx` keys already in the cache (a prompt's later chunk, or its
@@ -934,32 +945,7 @@ int trillium_fresh_prefill_attention(const float *q, long q_row, long q_head, co
 int trillium_paged_prefill_attention(const float *q, long q_row, long q_head, const float *k, const float *v,
                                      long bs, long kh, const int32_t *table, long ctx, long q_len, long h, long d,
                                      float scale, float *out, int num_threads) {
-    if (kh <= 0 || h % kh || d <= 0 || d % PF_VW || d > PF_MAX_D || h / kh > PF_MAX_G || q_len <= 0 || bs <= 0 ||
-        ctx < 0)
-        return -1;
+    if (!prefill_shape(q_len, h, kh, d) || bs <= 0 || ctx < 0) return -1;
     const Prefill c = {q, k, v, q_row, q_head, 0, 0, 0, 0, h / kh, q_len, h, d, scale, out, table, bs, kh, ctx};
-    const long nqb = (q_len + PF_QB - 1) / PF_QB, items = kh * nqb;
-    const size_t work_floats = 2 * (size_t)PF_QB * PF_MAX_G * PF_MAX_D + 2 * (size_t)PF_MAX_D * PF_KB
-                               + (size_t)PF_QB * PF_MAX_G * PF_KB + 2 * (size_t)PF_QB * PF_MAX_G;
-    const int threads = q_len * (ctx + q_len) * h * d < (1L << 18) ? 1 : num_threads;
-    int failed = 0;
-#pragma omp parallel num_threads(threads)
-    {
-        float *work = aligned_alloc(64, (work_floats * sizeof(float) + 63) / 64 * 64);
-        if (work == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (long it = 0; it < items; it++) {
-            if (work == NULL) continue;
-            const long qb = nqb - 1 - it / kh, kvh = it % kh;  /* the last query blocks first */
-            const long p0 = qb * PF_QB, p1 = p0 + PF_QB < q_len ? p0 + PF_QB : q_len;
-            if (d == 64) prefill_item_d64(&c, 0, kvh, p0, p1, work);
-            else if (d == 128) prefill_item_d128(&c, 0, kvh, p0, p1, work);
-            else prefill_item_any(&c, 0, kvh, p0, p1, work);
-        }
-        free(work);
-    }
-    return failed ? -1 : 0;
+    return prefill_items(&c, 1, q_len * (ctx + q_len) * h * d < (1L << 18) ? 1 : num_threads);
 }
