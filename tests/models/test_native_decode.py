@@ -17,10 +17,11 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from trillium.kernels import AttentionMetadata, dense_cpu, gguf_cpu, native_ops
+from trillium.kernels import AttentionMetadata, dense_cpu, gguf_cpu, native_ops, onednn_packed, panel_cpu
 from trillium.kernels.metadata import DecodeRun
 from trillium.models.gguf_writer import write_gguf
 from trillium.models.loader import load_model
+from trillium.models import native_decode
 from trillium.models.native_decode import NativeDecode
 
 pytestmark = pytest.mark.skipif(not native_ops.load(), reason=f"no native ops: {native_ops.unavailable_reason()}")
@@ -99,12 +100,36 @@ def test_native_decode_has_the_eager_forwards_bits(checkpoint, tmp_path, case: s
         assert model.model.layers[0].self_attn.q_norm is not None  # per-head q / k norms before rope
     if case == "mistral-sliding":
         assert all(layer.self_attn.sliding_window == 8 for layer in model.model.layers)
-    # the rows every linear's kernel takes: dense_cpu's (64 on AVX2), the packed kernel's 64 with int8
+    # the rows every linear's kernel takes: float32 ones dense_cpu's (64 on AVX2), or native_decode.MAX_ROWS
+    # where panel_cpu runs those past dense_cpu's (a Zen 4); the packed kernel's 64 with int8
     # activations, 32 with float32 ones (the K-quants)
-    expected_rows = {"gguf-int8": min(dense_cpu.MAX_ROWS, 64), "gguf-kquants": min(dense_cpu.MAX_ROWS, 32)}
-    assert native.max_rows == expected_rows.get(case, dense_cpu.MAX_ROWS)
-    for seed, rows in enumerate(sorted({1, 3, native.max_rows})):
+    float_rows = native_decode.MAX_ROWS if panel_cpu.active() else dense_cpu.MAX_ROWS
+    expected_rows = {"gguf-int8": 64, "gguf-kquants": min(float_rows, 32)}  # kquants: a float32 QKV in layer 0
+    assert native.max_rows == expected_rows.get(case, float_rows)
+    for seed, rows in enumerate(sorted({1, 3, min(dense_cpu.MAX_ROWS + 1, native.max_rows), min(40, native.max_rows),
+                                        native.max_rows})):
         _decode_steps(model, native, rows, seed)
+
+
+@pytest.mark.skipif(not panel_cpu.active(), reason="float32 rows past dense_cpu's run on the panels only here")
+def test_native_decode_past_dense_rows_reads_the_updated_weights_panels(checkpoint) -> None:
+    """Past dense_cpu.MAX_ROWS rows the layers' float32 linears run on their panel-packed copies
+    (onednn_packed.copy_of): after a live update (load_weights: in place, forget()) and a
+    `param.data` swap the native rows are still eager's -- the copies made again, not the old ones."""
+    model = load_model(checkpoint("llama"), dtype="float32", progress=False)[0]
+    native, _ = NativeDecode.build(model)
+    rows = dense_cpu.MAX_ROWS + 4
+    _decode_steps(model, native, rows, seed=5)
+    params = dict(model.named_parameters())
+    with torch.inference_mode():
+        before = onednn_packed.copy_of(params["model.layers.0.mlp.down_proj.weight"], "panel", panel_cpu.pack).clone()
+        down = "model.layers.0.mlp.down_proj.weight"
+        model.load_weights([(down, params[down] * -3)])
+        gate_up = params["model.layers.1.mlp.gate_up_proj.weight"]
+        gate_up.data = gate_up.data + torch.randn(gate_up.shape, generator=torch.Generator().manual_seed(1)) * 0.5
+    _decode_steps(model, native, rows, seed=6)
+    after = onednn_packed.copy_of(params["model.layers.0.mlp.down_proj.weight"], "panel", panel_cpu.pack)
+    assert torch.equal(after, before * -3)  # the updated weight's panels (packing is a copy)
 
 
 def test_native_decode_refuses_other_families_and_reshaped_weights(checkpoint) -> None:
@@ -127,12 +152,14 @@ def test_native_decode_refuses_other_families_and_reshaped_weights(checkpoint) -
                 step.clear()
 
 
+@pytest.mark.parametrize("rows", [3, 20])
 @pytest.mark.parametrize("case", ["llama", "qwen2", "llama-tied", "gguf-int8"])
-def test_native_greedy_run_is_the_eager_forwards_and_argmax(checkpoint, tmp_path, case: str) -> None:
+def test_native_greedy_run_is_the_eager_forwards_and_argmax(checkpoint, tmp_path, case: str, rows: int) -> None:
     """NativeDecode.greedy (trillium_native_greedy): K decode forwards, each fed the argmax of the one
     before, are the eager forward + compute_logits + torch's argmax, bit for bit (logits, tokens and
     the keys and values written), on an untied head, a tied one, a biased QKV and a packed head; a
-    row's stop id ends the run after the forward that sampled it."""
+    row's stop id ends the run after the forward that sampled it. 20 rows: past dense_cpu's 16 on a
+    Zen 4, the layers and the head on their panels (the packed model: its kernels' most rows)."""
     if case.startswith("gguf") and not gguf_cpu.available():
         pytest.skip(f"no packed kernel: {gguf_cpu.unavailable_reason()}")
     model = _model(checkpoint, tmp_path, case)
@@ -140,8 +167,8 @@ def test_native_greedy_run_is_the_eager_forwards_and_argmax(checkpoint, tmp_path
     assert native is not None and not native.greedy_refused, (why_not, native and native.greedy_refused)
     if case == "gguf-int8":
         assert type(model.lm_head).__name__ == "GgufLinear"
-    rows, steps = 3, 5
-    lens = [6, 19, 11]
+    rows, steps = min(rows, native.greedy_rows), 5
+    lens = [6, 19, 11, *(4 + (7 * i) % 23 for i in range(rows - 3))][:rows]
     per_seq = -(-(max(lens) + steps) // BLOCK)
     tables = [list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)) for i in range(rows)]
     generator = torch.Generator().manual_seed(3)
@@ -167,7 +194,8 @@ def test_native_greedy_run_is_the_eager_forwards_and_argmax(checkpoint, tmp_path
                 cache.k_cache.copy_(k)
                 cache.v_cache.copy_(v)
             run = DecodeRun.build([n + 1 for n in lens], tables, BLOCK, steps)
-            stop_ids = [frozenset(), frozenset() if stop_at is None else {expected_tokens[stop_at][1]}, frozenset()]
+            stop_ids = [frozenset(), frozenset() if stop_at is None else {expected_tokens[stop_at][1]},
+                        *[frozenset()] * (rows - 2)]
             got_logits = torch.full((steps, rows, model.lm_head_weight.shape[0] if model.lm_head is None
                                      else native._head.shape[0]), float("nan"))
             step = native_ops.Step()

@@ -52,6 +52,7 @@ typedef int (*gguf_matmul_fn)(int, const float *, long, long, long, const uint8_
 typedef long (*gguf_row_bytes_fn)(int, long, int);
 typedef int (*dense_linear_fn)(const float *, long, long, long, const float *, long, const float *, float *,
                                int);
+typedef int (*panel_linear_fn)(const float *, long, long, long, const float *, long, const float *, float *, int);
 typedef int (*decode_attention_fn)(const float *, long, long, long, long, long, const void *, const void *,
                                    const float *, long, long, const int32_t *, long, const int32_t *,
                                    const int32_t *, float, const float *, const float *, long, float, float *,
@@ -67,6 +68,8 @@ namespace {
 gguf_matmul_fn g_gguf_float32 = nullptr, g_gguf_int8 = nullptr;
 gguf_row_bytes_fn g_gguf_row_bytes = nullptr;
 dense_linear_fn g_dense = nullptr;
+panel_linear_fn g_panel = nullptr;  // NULL: native decode takes float32 linears of up to g_dense_rows rows only
+long g_dense_rows = 0;              // dense_cpu.MAX_ROWS: more rows than this run on the panels
 decode_attention_fn g_attention = nullptr;
 rms_norm_fn g_rms_norm = nullptr;
 silu_and_mul_fn g_silu_and_mul = nullptr;
@@ -289,6 +292,14 @@ void trillium_native_bind(void *gguf_row_bytes, void *gguf_float32, void *gguf_i
     g_attention = reinterpret_cast<decode_attention_fn>(attention);
 }
 
+/* The panel kernel (panel_cpu.c's trillium_panel_linear, or NULL where models/llama.py does not run it)
+ * and dense_cpu.MAX_ROWS: native decode's float32 linears of more rows than that run on the weights'
+ * panels, as trillium::cpu_linear's Python path sends them (kernels/panel_cpu.py). */
+void trillium_native_bind_panel(void *panel, long dense_rows) {
+    g_panel = reinterpret_cast<panel_linear_fn>(panel);
+    g_dense_rows = dense_rows;
+}
+
 void trillium_native_set_live_rows(long n) { t_live_rows = n; }
 
 /* A new step, or NULL when kMaxSteps - 1 are alive (the caller then runs the Python op). */
@@ -347,6 +358,8 @@ void trillium_native_step_set(void *handle, long num_tokens, const int64_t *slot
  * bias: none; NULL q / k norms: none, else Qwen3's per-head norms of q and k before rope);
  * `linear_kinds`: 4 a layer (QKV, output, gate/up, down), -1 for float32 weights, else the GGUF type of
  * blocks kept packed (| kNativeLinearInt8 for int8 activations): native_linear says how each runs.
+ * `panels`: 4 a layer, in the same order, each float32 weight's panel-packed copy (panel_cpu.pack), read
+ * when n is past g_dense_rows (NULL then: refused; unused, and may be NULL, for fewer rows).
  * The step (its slots, block tables and key counts, each layer's float32 cache) is the one
  * trillium_native_step_set filled for this forward.
  *
@@ -355,12 +368,16 @@ void trillium_native_step_set(void *handle, long num_tokens, const int64_t *slot
  * keys for some layers: the caller raises). */
 constexpr long kNativeLayerPointers = 12;
 constexpr long kNativeLinearInt8 = 1L << 16;  // a linear kind's flag: the packed kernel's int8 activations
+constexpr long kNativeRows = 256;             // the most rows a native forward takes (native_decode.MAX_ROWS)
 
-/* y [m, n] = x [m, k] @ W^T (+ bias) as trillium_native::cpu_linear (kind -1: float32 W) or ::gguf_linear
- * (kind: the ggml type, | kNativeLinearInt8 for int8 activations; W its blocks) compute it. */
-static int native_linear(long kind, const void *w, const float *bias, const float *x, long m, long k, long n,
-                         float *y, int threads) {
-    if (kind < 0) return g_dense(x, m, k, k, static_cast<const float *>(w), n, bias, y, threads);
+/* y [m, n] = x [m, k] @ W^T (+ bias) as trillium::cpu_linear (kind -1: float32 W; up to g_dense_rows rows
+ * dense_cpu.c's kernel, more on W's panel-packed copy `panel`) or ::gguf_linear (kind: the ggml type,
+ * | kNativeLinearInt8 for int8 activations; W its blocks) compute it. */
+static int native_linear(long kind, const void *w, const float *panel, const float *bias, const float *x, long m,
+                         long k, long n, float *y, int threads) {
+    if (kind < 0 && m <= g_dense_rows) return g_dense(x, m, k, k, static_cast<const float *>(w), n, bias, y, threads);
+    if (kind < 0)
+        return g_panel == nullptr || panel == nullptr || g_panel(x, m, k, k, panel, n, bias, y, threads) ? -1 : 0;
     const bool int8 = kind & kNativeLinearInt8;
     const int type = static_cast<int>(kind & (kNativeLinearInt8 - 1));
     const gguf_matmul_fn matmul = int8 ? g_gguf_int8 : g_gguf_float32;
@@ -376,15 +393,18 @@ static int native_linear(long kind, const void *w, const float *bias, const floa
 int trillium_native_decode(void *step_handle, long n, const int64_t *ids, const int64_t *positions, long num_layers,
                            long hidden, long heads, long kv_heads, long head_dim, long inter, float eps, float scale,
                            const long *windows, const void *const *layer_ptrs, const long *linear_kinds,
-                           const float *embed, long vocab,
+                           const float *const *panels, const float *embed, long vocab,
                            const float *final_norm, const float *table, long table_rows, float *out, int threads) {
     const Step *step = static_cast<const Step *>(step_handle);
-    if (step == nullptr || n <= 0 || n > kDenseRows || num_layers <= 0 || step->num_tokens != n ||
+    if (step == nullptr || n <= 0 || n > kNativeRows || num_layers <= 0 || step->num_tokens != n ||
         step->row_seq != nullptr ||
         static_cast<long>(step->layers.size()) != num_layers || step->kv_heads != kv_heads ||
         step->head_dim != head_dim || g_dense == nullptr || g_attention == nullptr || g_rms_norm == nullptr ||
         g_silu_and_mul == nullptr || g_rope == nullptr)
         return -1;
+    if (n > g_dense_rows)  // every float32 linear on its panels, or nothing written
+        for (long i = 0; i < num_layers * 4; i++)
+            if (linear_kinds[i] < 0 && (g_panel == nullptr || panels == nullptr || panels[i] == nullptr)) return -1;
     for (long t = 0; t < n; t++) {
         if (ids[t] < 0 || ids[t] >= vocab || positions[t] < 0 || positions[t] >= table_rows) return -1;
         if (step->slot_mapping[t] < 0 || step->slot_mapping[t] >= step->layers[0].slots) return -1;
@@ -404,10 +424,12 @@ int trillium_native_decode(void *step_handle, long n, const int64_t *ids, const 
     for (long l = 0; l < num_layers; l++) {
         const void *const *w = layer_ptrs + l * kNativeLayerPointers;
         const long *kind = linear_kinds + l * 4;  // qkv, o, gate/up, down
+        const float *const *panel = panels == nullptr ? nullptr : panels + l * 4;
+#define PANEL(i) (panel == nullptr ? nullptr : panel[i])
         const float *const *f = reinterpret_cast<const float *const *>(w);
         const Layer &cache = step->layers[l];
         g_rms_norm(x, n, 1, hidden, hidden, 0, f[0], eps, h, threads);
-        if (native_linear(kind[0], w[1], f[2], h, n, hidden, qkv_size, qkv, threads)) return -2;
+        if (native_linear(kind[0], w[1], PANEL(0), f[2], h, n, hidden, qkv_size, qkv, threads)) return -2;
         const float *q_in = qkv, *k_in = qkv + q_size;  // the heads rope reads, at (stride_t, head_dim)
         long q_stride = qkv_size, k_stride = qkv_size;
         if (f[10] != nullptr) {  // q / k norms (Qwen3): each head's row normed first, as the norm op does
@@ -424,13 +446,14 @@ int trillium_native_decode(void *step_handle, long n, const int64_t *ids, const 
                         kv_heads, step->tables, step->table_stride, step->row_lens, nullptr, scale, nullptr,
                         nullptr, windows[l], 0.0f, attn, threads))
             return -2;
-        if (native_linear(kind[1], w[3], f[4], attn, n, q_size, hidden, proj, threads)) return -2;
+        if (native_linear(kind[1], w[3], PANEL(1), f[4], attn, n, q_size, hidden, proj, threads)) return -2;
         for (long i = 0; i < n * hidden; i++) x[i] = x[i] + proj[i];
         g_rms_norm(x, n, 1, hidden, hidden, 0, f[5], eps, h, threads);
-        if (native_linear(kind[2], w[6], f[7], h, n, hidden, 2 * inter, gate_up, threads)) return -2;
+        if (native_linear(kind[2], w[6], PANEL(2), f[7], h, n, hidden, 2 * inter, gate_up, threads)) return -2;
         g_silu_and_mul(gate_up, n, inter, 2 * inter, act, threads);
-        if (native_linear(kind[3], w[8], f[9], act, n, inter, hidden, proj, threads)) return -2;
+        if (native_linear(kind[3], w[8], PANEL(3), f[9], act, n, inter, hidden, proj, threads)) return -2;
         for (long i = 0; i < n * hidden; i++) x[i] = x[i] + proj[i];
+#undef PANEL
     }
     g_rms_norm(x, n, 1, hidden, hidden, 0, final_norm, eps, out, threads);
     return 0;
@@ -439,7 +462,8 @@ int trillium_native_decode(void *step_handle, long n, const int64_t *ids, const 
 /* Native greedy run (models/native_decode.py NativeDecode.greedy; the executor's multi-step decode,
  * scheduler/multi_step.py): up to `num_steps` decode forwards of the same n rows, each through
  * trillium_native_decode, then the LM head (`head`: native_linear's kind `head_kind`, `head_rows`
- * vocabulary rows, bias or NULL) and each row's argmax, which is the next forward's input token.
+ * vocabulary rows, bias or NULL; `head_panel` its panel-packed copy, read past g_dense_rows rows for
+ * a float32 head) and each row's argmax, which is the next forward's input token.
  *
  * WHY: between two forwards of a one-stream multi-step run the executor's Python (the step's metadata,
  * two tensors, the LM head call, the sampler, the bookkeeping) took ~0.2-0.5 ms with one of the two
@@ -460,14 +484,16 @@ int trillium_native_decode(void *step_handle, long n, const int64_t *ids, const 
  * whose ids the embedding does not have); -2 when a kernel refused midway. */
 int trillium_native_greedy(void *step_handle, long n, long num_steps, const int64_t *first_ids, const int64_t *slots,
                            const int32_t *lens, const int64_t *stop_ids, const long *stop_offsets, const void *head,
-                           const float *head_bias, long head_kind, long head_rows, long num_layers, long hidden,
-                           long heads, long kv_heads, long head_dim, long inter, float eps, float scale,
+                           const float *head_panel, const float *head_bias, long head_kind, long head_rows,
+                           long num_layers, long hidden, long heads, long kv_heads, long head_dim, long inter,
+                           float eps, float scale,
                            const long *windows, const void *const *layer_ptrs, const long *linear_kinds,
-                           const float *embed, long vocab, const float *final_norm, const float *table,
-                           long table_rows, int64_t *tokens, float *logits_out, int threads) {
+                           const float *const *panels, const float *embed, long vocab, const float *final_norm,
+                           const float *table, long table_rows, int64_t *tokens, float *logits_out, int threads) {
     Step *step = static_cast<Step *>(step_handle);
     if (step == nullptr || n <= 0 || num_steps <= 0 || step->num_tokens != n || step->layers.empty() ||
-        head_rows <= 0 || head_rows > vocab)
+        head_rows <= 0 || head_rows > vocab ||
+        (head_kind < 0 && n > g_dense_rows && (g_panel == nullptr || head_panel == nullptr)))
         return -1;
     for (long i = 0; i < num_steps * n; i++)
         if (slots[i] < 0 || slots[i] >= step->layers[0].slots || lens[i] < 1 || lens[i] > table_rows) return -1;
@@ -482,10 +508,10 @@ int trillium_native_greedy(void *step_handle, long n, long num_steps, const int6
         step->slot_mapping = slots + j * n, step->row_lens = lens + j * n;
         for (long t = 0; t < n; t++) positions[t] = lens[j * n + t] - 1;
         rc = trillium_native_decode(step, n, ids.data(), positions.data(), num_layers, hidden, heads, kv_heads,
-                                    head_dim, inter, eps, scale, windows, layer_ptrs, linear_kinds, embed, vocab,
-                                    final_norm, table, table_rows, out.data(), threads);
-        if (rc == 0 && native_linear(head_kind, head, head_bias, out.data(), n, hidden, head_rows, logits.data(),
-                                     threads))
+                                    head_dim, inter, eps, scale, windows, layer_ptrs, linear_kinds, panels, embed,
+                                    vocab, final_norm, table, table_rows, out.data(), threads);
+        if (rc == 0 && native_linear(head_kind, head, head_panel, head_bias, out.data(), n, hidden, head_rows,
+                                     logits.data(), threads))
             rc = -2;
         if (rc != 0) break;
         for (long t = 0; t < n; t++) {

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from trillium.kernels import dense_cpu, gguf_cpu, paged_attention_cpu, rowwise_cpu
+from trillium.kernels import dense_cpu, gguf_cpu, paged_attention_cpu, panel_cpu, rowwise_cpu
 from trillium.kernels.c_library import CXX, CLibrary
 from trillium.kernels.dispatch import ROW_WISE_FAKES
 
@@ -65,6 +65,8 @@ _P, _L = ctypes.c_void_p, ctypes.c_long
 def _declare(lib: ctypes.CDLL) -> None:
     lib.trillium_native_bind.argtypes = [_P, _P, _P, _P, _P, _P, _P, _P]
     lib.trillium_native_bind.restype = None
+    lib.trillium_native_bind_panel.argtypes = [_P, _L]
+    lib.trillium_native_bind_panel.restype = None
     lib.trillium_native_set_live_rows.argtypes = [_L]
     lib.trillium_native_set_live_rows.restype = None
     lib.trillium_native_step_new.argtypes = []
@@ -78,11 +80,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.trillium_native_step_set.argtypes = [_P, _L, _P, _P, _L, _P, _P]
     lib.trillium_native_step_set.restype = None
     lib.trillium_native_decode.argtypes = [_P, _L, _P, _P, _L, _L, _L, _L, _L, _L, ctypes.c_float, ctypes.c_float,
-                                           _P, _P, _P, _P, _L, _P, _P, _L, _P, ctypes.c_int]
+                                           _P, _P, _P, _P, _P, _L, _P, _P, _L, _P, ctypes.c_int]
     lib.trillium_native_decode.restype = ctypes.c_int
-    lib.trillium_native_greedy.argtypes = [_P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _L, _L, _L, _L,
-                                           ctypes.c_float, ctypes.c_float, _P, _P, _P, _P, _L, _P, _P, _L, _P, _P,
-                                           ctypes.c_int]
+    lib.trillium_native_greedy.argtypes = [_P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _L, _L, _L,
+                                           _L, ctypes.c_float, ctypes.c_float, _P, _P, _P, _P, _P, _L, _P, _P, _L, _P,
+                                           _P, ctypes.c_int]
     lib.trillium_native_greedy.restype = ctypes.c_int
 
 
@@ -116,6 +118,9 @@ def load() -> bool:
                              address(dense.trillium_f32_linear), address(attention.trillium_paged_decode_attention),
                              address(rowwise.trillium_rms_norm), address(rowwise.trillium_silu_and_mul),
                              address(rowwise.trillium_rope))
+    # float32 linears past dense_cpu's rows: the panel kernel where models/llama.py runs them on it
+    panel = panel_cpu._LIBRARY.get() if panel_cpu.active() else None
+    lib.trillium_native_bind_panel(None if panel is None else address(panel.trillium_panel_linear), dense_cpu.MAX_ROWS)
     _BOUND.append(lib)
     return True
 

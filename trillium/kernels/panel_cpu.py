@@ -87,6 +87,12 @@ def unavailable_reason() -> str | None:
     return _LIBRARY.unavailable_reason()
 
 
+def active() -> bool:
+    """Does models/llama.py send float32 linears past dense_cpu's rows here (switches and build)?
+    native_ops binds the kernel for native decode's such rows only then, so both run the same one."""
+    return _ON and _LIBRARY.get() is not None
+
+
 def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """float32 CPU x [M > dense_cpu.MAX_ROWS, K] with unit stride in its rows, a contiguous
     float32 parameter [N, K], bias None or contiguous float32; the library built."""
@@ -135,4 +141,4 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out
 
 
-__all__ = ["ENABLED", "WIDTH", "available", "linear", "pack", "takes", "unavailable_reason"]
+__all__ = ["ENABLED", "WIDTH", "active", "available", "linear", "pack", "takes", "unavailable_reason"]

@@ -15,9 +15,17 @@ over the layers with its buffers kept between calls.
 What it takes (else build() says why, and compiled decode runs the graphs as before): exactly the
 plain Llama modules (`LlamaForCausalLM` with `DecoderLayer`, `Attention` without softcapping, its
 q/k norms RMSNorm if any, `MLP` with SiLU, `RMSNorm`; Llama, Mistral, Qwen2, Qwen3), float32 on the
-CPU, one tensor-parallel rank, the C kernels built. Per forward: a decode step (one token a row) of
-at most dense_cpu.MAX_ROWS rows on float32 caches the native step takes; LoRA steps, speculative verify
-steps and anything larger run the graphs (or eager).
+CPU, one tensor-parallel rank, the C kernels built. Per forward: a decode step (one token a row) on
+float32 caches the native step takes, of no more rows than every linear's kernel takes: float32 ones
+dense_cpu.MAX_ROWS, or up to MAX_ROWS where panel_cpu runs float32 linears past those rows (a Zen
+4-class CPU; then on the weights' panel-packed copies, as the graphs' `trillium::cpu_linear` runs
+them); packed GGUF ones their kernel's 32 / 64. LoRA steps, speculative verify steps and anything
+larger run the graphs (or eager).
+
+WHY past dense_cpu's rows too: at 40 rows (the all-at-once workload's decode) a graph step left the
+second core spinning at OpenMP's barriers ~22% of its time (perf) while the first ran the graph's
+Python, torch's output allocations and zero fills, and the sampler between forwards; natively the
+kernels are ~86% of both cores' time (72% through the graphs) and 64 requests at once ran ~1.06x.
 
 The weights are read at each call through the module's Parameter objects (a `param.data` swap or an
 in-place update is seen); a structural change of the model (a module or parameter registered) turns
@@ -35,12 +43,13 @@ import numpy as np
 import torch
 
 from trillium import kernels
-from trillium.kernels import dense_cpu, gguf_cpu, native_ops
+from trillium.kernels import dense_cpu, gguf_cpu, native_ops, onednn_packed, panel_cpu
 from trillium.kernels.metadata import DecodeRun
 from trillium.models.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM, Linear, RMSNorm
 from trillium.models.packed_linear import GgufLinear, packed_rows
 
 _INT8 = 1 << 16  # native_ops.cpp's kNativeLinearInt8
+MAX_ROWS = 256  # native_ops.cpp's kNativeRows: the most rows a native forward takes
 
 
 class NativeDecode:
@@ -67,12 +76,18 @@ class NativeDecode:
                              gu, gu_b, down, down_b, q_norm, k_norm]
             linears += own
         self._kinds = (ctypes.c_long * len(linears))(*(_kind_of(m) for m in linears))
+        # float32 linears of more than dense_cpu.MAX_ROWS rows run on their panel-packed copies, as the
+        # graphs' trillium::cpu_linear does (models/llama.py `_cpu_linear_rows`): (index, module)
+        self._float_linears = [(i, m) for i, m in enumerate(linears) if not isinstance(m, GgufLinear)]
+        self._panel_ptrs = (ctypes.c_void_p * len(linears))()  # their copies' data (read past dense_cpu's rows)
         # What each must stay (the C++ loop takes the sizes from the config: a swap to another shape
         # would read past a tensor; the graph's ops would raise, so the graph runs it instead)
         self._layouts = [None if p is None else (p.dtype, p.shape) for p in self._params]
-        # the rows every linear's kernel takes (native_ops.cpp: dense_cpu's, the packed kernel's per mode)
-        self.max_rows = min([dense_cpu.MAX_ROWS, *(packed_rows(m.activations) for m in linears
-                                                   if isinstance(m, GgufLinear))])
+        # the rows every linear's kernel takes (native_ops.cpp): float32 ones dense_cpu's, or any up to
+        # MAX_ROWS where panel_cpu runs those past dense_cpu's; packed ones their kernel's per mode
+        float_rows = MAX_ROWS if panel_cpu.active() else dense_cpu.MAX_ROWS
+        self.max_rows = min([MAX_ROWS, *(packed_rows(m.activations) if isinstance(m, GgufLinear) else float_rows
+                                         for m in linears)])
         self._embed = model.model.embed_tokens.weight
         self._final_norm = model.model.norm.weight
         self._params += [self._embed, self._final_norm]  # after the layers' pointers: passed on their own
@@ -84,7 +99,8 @@ class NativeDecode:
         self.greedy_refused = _unsupported_head(model)  # '' when greedy() runs
         # the most rows greedy() takes (0: none): the layers' and the head's kernels'
         self.greedy_rows = 0 if self.greedy_refused else min(
-            self.max_rows, packed_rows(head.activations) if isinstance(head, GgufLinear) else dense_cpu.MAX_ROWS)
+            self.max_rows, packed_rows(head.activations) if isinstance(head, GgufLinear) else float_rows)
+        self._head_panel: int | None = None  # the head's panel-packed copy (greedy runs past dense_cpu's rows)
         self._head_layouts = [None if p is None else (p.dtype, p.shape) for p in (self._head, self._head_bias)]
         self._weights = [p for p in self._params if p is not None]
         self._addresses: list[int] = []  # self._weights' data_ptr()s when self._pointers was filled
@@ -110,6 +126,8 @@ class NativeDecode:
                 or not input_ids.is_contiguous() or not positions.is_contiguous() or positions.shape[0] != n):
             return None
         if not self._refresh():
+            return None
+        if not self._panels(n):
             return None
         out = torch.empty(n, self._shape[1], dtype=torch.float32)
         rc = self._lib.trillium_native_decode(step.handle, n, input_ids.data_ptr(), positions.data_ptr(),
@@ -139,6 +157,8 @@ class NativeDecode:
             raise ValueError(f"logits must be contiguous float32 [{num_steps}, {n}, {self._head.shape[0]}]")
         if not self._refresh():
             return None
+        if not self._panels(n, head=True):
+            return None
         ids = np.asarray(first_ids, dtype=np.int64)
         stops = [sorted(s) for s in stop_ids]
         flat = np.fromiter((t for s in stops for t in s), dtype=np.int64, count=sum(map(len, stops)))
@@ -148,8 +168,8 @@ class NativeDecode:
         bias = self._head_bias
         rc = self._lib.trillium_native_greedy(
             step.handle, n, num_steps, ids.ctypes.data, run.slots.data_ptr(), run.lens.data_ptr(), flat.ctypes.data,
-            offsets.ctypes.data, self._head.data_ptr(), None if bias is None else bias.data_ptr(), self._head_kind,
-            self._head.shape[0], *self._model_args(), tokens.ctypes.data,
+            offsets.ctypes.data, self._head.data_ptr(), self._head_panel, None if bias is None else bias.data_ptr(),
+            self._head_kind, self._head.shape[0], *self._model_args(), tokens.ctypes.data,
             None if logits is None else logits.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
         if rc == -1:
@@ -171,10 +191,30 @@ class NativeDecode:
             self._addresses = addresses
         return True
 
+    def _panels(self, n: int, head: bool = False) -> bool:
+        """Past dense_cpu.MAX_ROWS rows, point the panel pointers (and with `head` the LM head's) at
+        each float32 weight's panel-packed copy, made or checked as the graphs' linear makes or checks
+        it (onednn_packed.copy_of: packed again after a weight changed); up to that many rows the C++
+        loop reads none. False -- the graph runs it -- where panel_cpu would not take a weight."""
+        if n <= dense_cpu.MAX_ROWS:
+            return True
+        weights = [(index, module.weight) for index, module in self._float_linears]
+        if head and self._head_kind < 0:
+            weights.append((-1, self._head))
+        if not all(isinstance(weight, torch.nn.Parameter) for _, weight in weights):
+            return False  # _cpu_linear_rows would run oneDNN: not these bits
+        for index, weight in weights:
+            address = onednn_packed.copy_of(weight, "panel", panel_cpu.pack).data_ptr()
+            if index < 0:
+                self._head_panel = address
+            else:
+                self._panel_ptrs[index] = address
+        return True
+
     def _model_args(self) -> tuple:
         """trillium_native_decode's arguments from num_layers to table_rows."""
         table = self.model.cos_sin_cache
-        return (*self._shape, self._eps, self._scale, self._windows, self._pointers, self._kinds,
+        return (*self._shape, self._eps, self._scale, self._windows, self._pointers, self._kinds, self._panel_ptrs,
                 self._embed.data_ptr(), self._embed.shape[0], self._final_norm.data_ptr(), table.data_ptr(),
                 table.shape[0])
 
