@@ -153,13 +153,14 @@ def test_native_decode_refuses_other_families_and_reshaped_weights(checkpoint) -
 
 
 @pytest.mark.parametrize("rows", [3, 20])
-@pytest.mark.parametrize("case", ["llama", "qwen2", "llama-tied", "gguf-int8"])
+@pytest.mark.parametrize("case", ["llama", "qwen2", "llama-tied", "gguf-int8", "gguf-kquants"])
 def test_native_greedy_run_is_the_eager_forwards_and_argmax(checkpoint, tmp_path, case: str, rows: int) -> None:
     """NativeDecode.greedy (trillium_native_greedy): K decode forwards, each fed the argmax of the one
     before, are the eager forward + compute_logits + torch's argmax, bit for bit (logits, tokens and
-    the keys and values written), on an untied head, a tied one, a biased QKV and a packed head; a
-    row's stop id ends the run after the forward that sampled it. 20 rows: past dense_cpu's 16 on a
-    Zen 4, the layers and the head on their panels (the packed model: its kernels' most rows)."""
+    the keys and values written), on an untied head, a tied one, a biased QKV and packed heads (int8
+    activations; the K-quants' float32 ones beside a float32 QKV); a row's stop id ends the run after
+    the forward that sampled it. 20 rows: past dense_cpu's 16 on a Zen 4, the float32 layers and head
+    on their panels (the packed models: their kernels' most rows, 20 or fewer)."""
     if case.startswith("gguf") and not gguf_cpu.available():
         pytest.skip(f"no packed kernel: {gguf_cpu.unavailable_reason()}")
     model = _model(checkpoint, tmp_path, case)

@@ -25,9 +25,10 @@
  * Python-implemented op cost ~20-50 us of dispatch, checks and ctypes around kernels of ~10-40 us
  * (bench/native_ops.py measures both); the same call into this file costs ~3 us.
  *
- * The C kernels are the ones Python loads (gguf_cpu.c, dense_cpu.c, paged_attention_cpu.c, rowwise_cpu.c, each its
- * own shared library); native_ops.py hands their addresses to trillium_native_bind once, so both
- * paths run the same machine code and give the same bits.
+ * The C kernels are the ones Python loads (gguf_cpu.c, dense_cpu.c, paged_attention_cpu.c, rowwise_cpu.c,
+ * panel_cpu.c, each its own shared library); native_ops.py hands their addresses to trillium_native_bind
+ * (and the panel kernel's to trillium_native_bind_panel) once, so both paths run the same machine
+ * code and give the same bits.
  *
  * Padding rows (kernels/padded_rows.py): a compiled graph of B rows may carry n < B live ones; the
  * Python side tells this thread n (trillium_native_set_live_rows) and the linears compute rows < n
@@ -370,6 +371,12 @@ constexpr long kNativeLayerPointers = 12;
 constexpr long kNativeLinearInt8 = 1L << 16;  // a linear kind's flag: the packed kernel's int8 activations
 constexpr long kNativeRows = 256;             // the most rows a native forward takes (native_decode.MAX_ROWS)
 
+/* Does native_linear take m rows of a linear of this kind? (checked before anything is written) */
+static bool takes_rows(long kind, const void *panel, long m) {
+    if (kind < 0) return m <= g_dense_rows || (g_panel != nullptr && panel != nullptr);
+    return m <= (kind & kNativeLinearInt8 ? kGgufRowsInt8 : kGgufRowsFloat32);
+}
+
 /* y [m, n] = x [m, k] @ W^T (+ bias) as trillium::cpu_linear (kind -1: float32 W; up to g_dense_rows rows
  * dense_cpu.c's kernel, more on W's panel-packed copy `panel`) or ::gguf_linear (kind: the ggml type,
  * | kNativeLinearInt8 for int8 activations; W its blocks) compute it. */
@@ -402,9 +409,8 @@ int trillium_native_decode(void *step_handle, long n, const int64_t *ids, const 
         step->head_dim != head_dim || g_dense == nullptr || g_attention == nullptr || g_rms_norm == nullptr ||
         g_silu_and_mul == nullptr || g_rope == nullptr)
         return -1;
-    if (n > g_dense_rows)  // every float32 linear on its panels, or nothing written
-        for (long i = 0; i < num_layers * 4; i++)
-            if (linear_kinds[i] < 0 && (g_panel == nullptr || panels == nullptr || panels[i] == nullptr)) return -1;
+    for (long i = 0; i < num_layers * 4; i++)  // every linear's kernel takes n rows, or nothing written
+        if (!takes_rows(linear_kinds[i], panels == nullptr ? nullptr : panels[i], n)) return -1;
     for (long t = 0; t < n; t++) {
         if (ids[t] < 0 || ids[t] >= vocab || positions[t] < 0 || positions[t] >= table_rows) return -1;
         if (step->slot_mapping[t] < 0 || step->slot_mapping[t] >= step->layers[0].slots) return -1;
@@ -492,8 +498,7 @@ int trillium_native_greedy(void *step_handle, long n, long num_steps, const int6
                            const float *table, long table_rows, int64_t *tokens, float *logits_out, int threads) {
     Step *step = static_cast<Step *>(step_handle);
     if (step == nullptr || n <= 0 || num_steps <= 0 || step->num_tokens != n || step->layers.empty() ||
-        head_rows <= 0 || head_rows > vocab ||
-        (head_kind < 0 && n > g_dense_rows && (g_panel == nullptr || head_panel == nullptr)))
+        head_rows <= 0 || head_rows > vocab || !takes_rows(head_kind, head_panel, n))
         return -1;
     for (long i = 0; i < num_steps * n; i++)
         if (slots[i] < 0 || slots[i] >= step->layers[0].slots || lens[i] < 1 || lens[i] > table_rows) return -1;

@@ -166,6 +166,31 @@ def test_multi_step_greedy_rows_run_natively_with_the_samplers_tokens(checkpoint
         assert core.forward.num_greedy_steps == before
 
 
+def test_multi_step_greedy_runs_of_more_rows_than_dense_cpus(checkpoint) -> None:
+    """20 greedy rows (past dense_cpu's 16 on a Zen 4, where native decode runs the layers' and the LM
+    head's float32 linears on their panel-packed copies): the native greedy runs take all 20 at once
+    and every request's tokens are the model run from scratch."""
+    cfg = EngineConfig(model=str(checkpoint("llama")), kv_cache_memory="8MiB", num_scheduler_steps=8,
+                       stream_interval=4, enforce_eager=False, max_num_seqs=32).resolve()
+    core, scheduler = ExecutorCore(cfg), build_scheduler(cfg)
+    native = getattr(core.forward, "native_decode", None)
+    if native is None or native.greedy_rows < 20:
+        pytest.skip("no native greedy runs of 20 rows here")
+    widths: list[int] = []
+    greedy = native.greedy
+    native.greedy = lambda first_ids, run, *args, **kwargs: (widths.append(run.num_seqs),
+                                                             greedy(first_ids, run, *args, **kwargs))[1]
+    prompts = {f"r{i}": [5 + i, 9, 13 + 2 * i, 4 + i % 3] for i in range(20)}
+    expected = {rid: _greedy(core, prompt, 12) for rid, prompt in prompts.items()}
+    for rid, prompt in prompts.items():
+        params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+        scheduler.add_request(AddRequest(request_id=rid, prompt_token_ids=np.array(prompt, np.int32),
+                                         sampling=params, eos_token_ids=(2,), arrival_time=time.time()))
+    got, _ = _run_to_end(core, scheduler)
+    assert got == expected
+    assert max(widths) == 20 and core.forward.num_greedy_steps >= 8
+
+
 def _run_to_end(core: ExecutorCore, scheduler) -> tuple[dict[str, list[int]], list]:
     """Step until nothing is left: each request's output tokens, and the AheadTokens sent."""
     got: dict[str, list[int]] = {}
