@@ -382,14 +382,13 @@ static bool takes_rows(long kind, const void *panel, long m) {
  * | kNativeLinearInt8 for int8 activations; W its blocks) compute it. */
 static int native_linear(long kind, const void *w, const float *panel, const float *bias, const float *x, long m,
                          long k, long n, float *y, int threads) {
+    if (!takes_rows(kind, panel, m)) return -1;
     if (kind < 0 && m <= g_dense_rows) return g_dense(x, m, k, k, static_cast<const float *>(w), n, bias, y, threads);
-    if (kind < 0)
-        return g_panel == nullptr || panel == nullptr || g_panel(x, m, k, k, panel, n, bias, y, threads) ? -1 : 0;
+    if (kind < 0) return g_panel(x, m, k, k, panel, n, bias, y, threads) ? -1 : 0;
     const bool int8 = kind & kNativeLinearInt8;
     const int type = static_cast<int>(kind & (kNativeLinearInt8 - 1));
     const gguf_matmul_fn matmul = int8 ? g_gguf_int8 : g_gguf_float32;
-    if (matmul == nullptr || m > (int8 ? kGgufRowsInt8 : kGgufRowsFloat32) || g_gguf_row_bytes(type, k, int8) <= 0)
-        return -1;
+    if (matmul == nullptr || g_gguf_row_bytes(type, k, int8) <= 0) return -1;
     if (matmul(type, x, m, k, k, static_cast<const uint8_t *>(w), n, y, threads)) return -1;
     if (bias != nullptr)  // after the product, as gguf_linear's out.add_(bias)
         for (long i = 0; i < m; i++)
