@@ -130,6 +130,45 @@ def test_native_decode_past_dense_rows_reads_the_updated_weights_panels(checkpoi
     _decode_steps(model, native, rows, seed=6)
     after = onednn_packed.copy_of(params["model.layers.0.mlp.down_proj.weight"], "panel", panel_cpu.pack)
     assert torch.equal(after, before * -3)  # the updated weight's panels (packing is a copy)
+    # and native decode read the copies made after the update (not the freed ones' addresses)
+    assert [native._panel_ptrs[i] for i, _ in native._float_linears] == [
+        onednn_packed.copy_of(m.weight, "panel", panel_cpu.pack).data_ptr() for _, m in native._float_linears]
+
+
+def test_native_decode_refuses_rows_a_kernel_does_not_take_before_writing(checkpoint, tmp_path) -> None:
+    """trillium_native_decode / _greedy check every linear's rows (and the greedy head's) before
+    writing anything (native_ops.cpp takes_rows): past the packed kernel's 64 rows, or past
+    dense_cpu's rows with no panel copy handed over, they refuse (-1: None here) and the cache
+    holds nothing of the step -- Python's max_rows is lifted here to reach them."""
+    cases = [("gguf-int8", None)]
+    if panel_cpu.active():
+        cases.append(("llama", "no panels"))
+    for case, how in cases:
+        if case.startswith("gguf") and not gguf_cpu.available():
+            continue
+        model = _model(checkpoint, tmp_path, case)
+        native, _ = NativeDecode.build(model)
+        native.max_rows = native.greedy_rows = native_decode.MAX_ROWS  # past what its kernels take
+        if how == "no panels":
+            native._panels = lambda n, head=False: True  # the pointers stay NULL
+        rows = 65 if how is None else dense_cpu.MAX_ROWS + 1
+        caches = model.allocate_kv_caches(1 + rows, BLOCK)
+        tables = [[1 + i] for i in range(rows)]
+        step = native_ops.Step()
+        with torch.inference_mode():
+            meta = AttentionMetadata.build([1] * rows, [3] * rows, tables, BLOCK)
+            assert step.set(caches, meta)
+            try:
+                assert native(torch.full((rows,), 5), torch.full((rows,), 2), step) is None, case
+            finally:
+                step.clear()
+            run = DecodeRun.build([3] * rows, tables, BLOCK, 2)
+            assert step.set_decode_run(caches, run)
+            try:
+                assert native.greedy([5] * rows, run, step, [frozenset()] * rows) is None, case
+            finally:
+                step.clear()
+        assert all(not c.k_cache.any() and not c.v_cache.any() for c in caches), case
 
 
 def test_native_decode_refuses_other_families_and_reshaped_weights(checkpoint) -> None:

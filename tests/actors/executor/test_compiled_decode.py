@@ -341,8 +341,8 @@ def test_with_the_default_sizes_no_graph_is_compiled_where_native_decode_takes_e
     if not native_ops.load() or os.environ.get("TRILLIUM_NATIVE_DECODE") == "0":
         pytest.skip(f"no native decode: {native_ops.unavailable_reason() or 'TRILLIUM_NATIVE_DECODE=0'}")
     path = checkpoint("llama")
-    # as many sequences as native decode's float32 rows take (64 on AVX2, 16 on an AVX-512 CPU without
-    # the panel kernel); on a Zen 4 with it, the default 64 (its float32 rows go on to 256): all its steps
+    # as many sequences as native decode's float32 rows take (dense_cpu's: 64 on AVX2 and Intel's AVX-512,
+    # 16 elsewhere); on a Zen 4 with the panel kernel the default 64 (its float32 rows go on to 256)
     config = EngineConfig.build(model=str(path), kv_cache_memory="4MiB", enforce_eager=False,
                                 max_num_seqs=64 if panel_cpu.active() else dense_cpu.MAX_ROWS).resolve()
     assert config.compile_batch_sizes_defaulted and config.compile_batch_sizes  # the defaults, resolved
@@ -355,6 +355,12 @@ def test_with_the_default_sizes_no_graph_is_compiled_where_native_decode_takes_e
     tokens = _greedy(native)
     assert tokens == _greedy(eager)
     assert native.forward.num_native_steps >= 7
+    # with no graph, a step native decode refused would run eager unseen: 20 rows at once run natively
+    many = {f"m{i}": [4 + i, 9, 13 + i] for i in range(20)}
+    before = native.forward.num_native_steps
+    assert _greedy(native, many) == _greedy(eager, many)
+    assert native.forward.num_native_steps >= before + 7 and native.forward.num_compiled_steps == \
+        native.forward.num_native_steps
     # A structural change (a buffer registered on a layer) turns native decode off for good, graphs or
     # not: its steps then run eager, as an engine without graphs runs what native decode refuses.
     native.model.model.layers[0].mlp.register_buffer("extra", torch.zeros(1))

@@ -176,10 +176,16 @@ def test_multi_step_greedy_runs_of_more_rows_than_dense_cpus(checkpoint) -> None
     native = getattr(core.forward, "native_decode", None)
     if native is None or native.greedy_rows < 20:
         pytest.skip("no native greedy runs of 20 rows here")
-    widths: list[int] = []
+    widths: list[int] = []  # the rows of each greedy run that ran (not refused)
     greedy = native.greedy
-    native.greedy = lambda first_ids, run, *args, **kwargs: (widths.append(run.num_seqs),
-                                                             greedy(first_ids, run, *args, **kwargs))[1]
+
+    def counted(first_ids, run, *args, **kwargs):
+        tokens = greedy(first_ids, run, *args, **kwargs)
+        if tokens is not None:
+            widths.append(run.num_seqs)
+        return tokens
+
+    native.greedy = counted
     prompts = {f"r{i}": [5 + i, 9, 13 + 2 * i, 4 + i % 3] for i in range(20)}
     expected = {rid: _greedy(core, prompt, 12) for rid, prompt in prompts.items()}
     for rid, prompt in prompts.items():
